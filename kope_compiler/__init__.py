@@ -1,0 +1,20 @@
+"""KOPE: a PyTorch compiler backend that finds, verifies and remembers the fastest kernel per operator.
+
+`torch.compile(model, backend="kope")` works without importing this package (the backend is
+registered through the `torch_dynamo_backends` entry point). Import it to inspect what ran:
+
+    import kope
+    print(kope.report().format_table())
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from kope.errors import KopeError, OptionError
+from kope.logs import configure_from_env as _configure_logging
+from kope.report import report, reset_report
+
+_configure_logging()
+
+__all__ = ["KopeError", "OptionError", "__version__", "report", "reset_report"]

@@ -1,0 +1,108 @@
+"""The `kope` backend of `torch.compile`.
+
+Registered through the `torch_dynamo_backends` entry point, so `torch.compile(model,
+backend="kope")` works without importing kope. The dynamo graph goes through `aot_autograd`
+to an aten inference graph; `kope.compiler` does the rest.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx as fx
+from torch._dynamo.backends.common import aot_autograd
+from functorch.compile import make_boxed_func
+
+from kope.compiler import compile_graph
+from kope.errors import UnsupportedGraphError
+from kope.options import Options
+
+log = logging.getLogger("kope.compiler")
+
+MAX_SPECIALIZATIONS = 16
+
+
+def kope_backend(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    options: dict[str, Any] | None = None,
+    mode: str | None = None,
+) -> Callable[..., Any]:
+    """Compile a dynamo graph; `options` are `kope.options.Options` fields."""
+    opts = Options.parse(options)
+    if mode not in (None, "default"):
+        log.info("torch.compile mode=%r has no effect on the kope backend", mode)
+    _require_inference(example_inputs)
+    if any(_is_symbolic(x) for x in example_inputs):
+        log.info(
+            "the graph has symbolic shapes (dynamo's automatic dynamic shapes); KOPE "
+            "specialises it per static shape. torch.compile(..., dynamic=False) avoids this."
+        )
+        return ShapeSpecializer(gm, opts)
+    return _aot(gm, example_inputs, opts)
+
+
+def _aot(gm: fx.GraphModule, example_inputs: Sequence[Any], opts: Options) -> Callable[..., Any]:
+    def forward_compiler(aten_gm: fx.GraphModule, _inputs: Sequence[Any]) -> Callable[..., Any]:
+        compiled, _ = compile_graph(aten_gm, opts)
+        return make_boxed_func(compiled.forward)
+
+    def backward_compiler(_gm: fx.GraphModule, _inputs: Sequence[Any]) -> Callable[..., Any]:
+        raise UnsupportedGraphError(_TRAINING_MESSAGE)
+
+    return aot_autograd(fw_compiler=forward_compiler, bw_compiler=backward_compiler)(gm, example_inputs)
+
+
+_TRAINING_MESSAGE = (
+    "KOPE compiles inference graphs only, and this graph needs gradients (grad mode is on and "
+    "an input or parameter requires grad). Call model.eval() and run it under torch.no_grad() "
+    "or torch.inference_mode()."
+)
+
+
+def _require_inference(example_inputs: Sequence[Any]) -> None:
+    if not torch.is_grad_enabled():
+        return
+    if any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
+        raise UnsupportedGraphError(_TRAINING_MESSAGE)
+
+
+def _is_symbolic(value: Any) -> bool:
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    if isinstance(value, torch.Tensor):
+        return any(isinstance(s, torch.SymInt) for s in value.shape)
+    return False
+
+
+class ShapeSpecializer:
+    """Compiles a shape-generic dynamo graph once per concrete input signature."""
+
+    def __init__(self, gm: fx.GraphModule, opts: Options):
+        self.gm = gm
+        self.opts = opts
+        self.compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        self._warned = False
+
+    def __call__(self, *args: Any) -> Any:
+        signature = tuple(
+            (tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args
+        )
+        fn = self.compiled.get(signature)
+        if fn is None:
+            if len(self.compiled) >= MAX_SPECIALIZATIONS:
+                if not self._warned:
+                    log.warning("more than %d input shapes; running further shapes eagerly",
+                                MAX_SPECIALIZATIONS)
+                    self._warned = True
+                return self.gm(*args)
+            fn = _aot(self.gm, list(args), self.opts)
+            self.compiled[signature] = fn
+        if getattr(fn, "_boxed_call", False):
+            return fn(list(args))
+        return fn(*args)
+
+

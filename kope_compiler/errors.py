@@ -1,0 +1,19 @@
+"""Errors KOPE raises to its users. Each message says what was wrong and what to do."""
+
+from __future__ import annotations
+
+
+class KopeError(Exception):
+    """Base class of every error KOPE raises on purpose."""
+
+
+class OptionError(KopeError, ValueError):
+    """An unknown option, or a value an option does not accept."""
+
+
+class UnsupportedGraphError(KopeError):
+    """A graph KOPE cannot compile at all (e.g. a training graph)."""
+
+
+class ModelLoadError(KopeError):
+    """A model given to the CLI could not be loaded, built or traced."""

@@ -1,0 +1,76 @@
+"""The options of `torch.compile(..., backend="kope", options={...})`, validated by name and value."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from kope.errors import OptionError
+from kope.memory.paths import kope_home
+
+KERNEL_POLICIES = ("auto", "reference", "eager")
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a user can choose per compiled model. Every field is an option name."""
+
+    target: str = "cpu"
+    """The hardware target that runs the kernels (`kope.targets` lists them)."""
+    store: str | None = None
+    """The experience store directory; default `$KOPE_HOME` (`~/.cache/kope`)."""
+    kernels: str = "auto"
+    """`auto`: the fastest verified kernel; `reference`: the reference lowering wherever it
+    verifies; `eager`: ATen for everything (compile and partition only)."""
+    workers: int = 1
+    """Isolated worker processes that verify and time candidates."""
+    timeout_s: float = 60.0
+    """Wall-clock limit for building, verifying and timing one candidate in a worker."""
+
+    @property
+    def store_path(self) -> Path:
+        return Path(self.store).expanduser() if self.store else kope_home()
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return sorted(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def parse(cls, given: Mapping[str, Any] | None) -> "Options":
+        """Validate user options; an unknown name or bad value raises `OptionError` naming it."""
+        given = dict(given or {})
+        valid = cls.names()
+        unknown = sorted(k for k in given if k not in valid)
+        if unknown:
+            raise OptionError(
+                f"unknown KOPE option {', '.join(repr(k) for k in unknown)}; "
+                f"valid options are: {', '.join(valid)}"
+            )
+        if isinstance(given.get("store"), os.PathLike):
+            given["store"] = os.fspath(given["store"])
+        opts = cls(**given)
+        opts._validate()
+        return opts
+
+    def _validate(self) -> None:
+        from kope.targets import target_names
+
+        if self.target not in target_names():
+            raise OptionError(
+                f"option target={self.target!r} is not a known target; "
+                f"choose one of: {', '.join(target_names())}"
+            )
+        if self.kernels not in KERNEL_POLICIES:
+            raise OptionError(
+                f"option kernels={self.kernels!r} is not valid; "
+                f"choose one of: {', '.join(KERNEL_POLICIES)}"
+            )
+        if self.store is not None and not isinstance(self.store, str):
+            raise OptionError(f"option store={self.store!r} must be a directory path")
+        if not isinstance(self.workers, int) or isinstance(self.workers, bool) or self.workers < 1:
+            raise OptionError(f"option workers={self.workers!r} must be an integer >= 1")
+        if not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
+            raise OptionError(f"option timeout_s={self.timeout_s!r} must be a positive number")

@@ -1,0 +1,281 @@
+"""Partitioning an aten graph into Tasks, views, and operators that run eagerly (with a reason).
+
+Each compute node becomes a Task at the coarsest level torch-mlir lowers: a node is first
+imported as it is (softmax, layer_norm, ... stay one Task); only when that fails and a
+decomposition is known (torch-mlir's table, plus KOPE's own for fused fast paths) is the node
+replaced by its decomposition in the graph, whose nodes are partitioned in turn.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+from torch._guards import detect_fake_mode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._pytree import tree_flatten, tree_map
+
+from kope.decompositions import decomposition_table
+from kope.task import LoweringError, Task, make_task, op_name
+
+log = logging.getLogger("kope.compiler")
+
+MAX_REFINE_DEPTH = 4
+SUPPORTED_DTYPES = {
+    torch.float64, torch.float32, torch.float16, torch.bfloat16,
+    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+}
+_ALLOCATIONS = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided")
+_VIEW_LIKE = ("_unsafe_view", "alias", "lift_fresh")  # views in all but schema
+
+
+@dataclass
+class EagerNode:
+    """A node that runs as eager ATen, and why."""
+
+    node: fx.Node
+    op: str
+    reason: str
+    compute: bool  # True: a compute operator KOPE could not take (counts against coverage)
+
+
+@dataclass
+class Partition:
+    """The result of partitioning: Tasks, eager nodes with reasons, and how many views."""
+
+    tasks: list[Task] = field(default_factory=list)
+    eager: list[EagerNode] = field(default_factory=list)
+    views: int = 0
+
+
+def _is_aten_op(target: Any) -> bool:
+    return isinstance(target, torch._ops.OpOverload)
+
+
+def _has_symbols(value: Any) -> bool:
+    leaves, _ = tree_flatten(value)
+    for leaf in leaves:
+        if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return True
+        if isinstance(leaf, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in leaf.shape):
+            return True
+    return False
+
+
+def eager_reason(node: fx.Node) -> tuple[str, bool] | None:
+    """Why `node` must run eagerly, and whether it is compute; None if it can be a Task."""
+    target = node.target
+    name = op_name(target)
+    schema = target._schema
+    if schema.is_mutable:
+        return f"{name} mutates its arguments in place", True
+    if torch.Tag.nondeterministic_seeded in target.tags:
+        return f"{name} draws random numbers; its results cannot be verified", True
+    val = node.meta.get("val")
+    if val is None:
+        return f"{name} has no shape information", True
+    if _has_symbols(val) or _has_symbols(node.args) or _has_symbols(node.kwargs):
+        return f"{name} has symbolic shapes; KOPE specialises on static shapes", True
+    outputs = list(val) if isinstance(val, (tuple, list)) else [val]
+    if not outputs or not all(isinstance(v, torch.Tensor) for v in outputs):
+        return f"{name} does not return tensors", False
+    tensors = [v for v in outputs]
+    for arg in node.all_input_nodes:
+        arg_val = arg.meta.get("val")
+        if isinstance(arg_val, torch.Tensor):
+            tensors.append(arg_val)
+        elif arg_val is not None and not isinstance(arg_val, (int, float, bool)):
+            return f"{name} takes a non-tensor graph value ({type(arg_val).__name__})", True
+    if not node.all_input_nodes:
+        return f"{name} creates a tensor from constants (not a compute operator)", False
+    for t in tensors:
+        if t.device.type != "cpu":
+            return f"{name} runs on {t.device}; this target takes CPU tensors", True
+        if t.dtype not in SUPPORTED_DTYPES:
+            return f"{name} uses dtype {t.dtype}, which KOPE kernels do not support", True
+        if t.layout != torch.strided:
+            return f"{name} uses layout {t.layout}", True
+    return None
+
+
+aten = torch.ops.aten
+
+
+def _values_only(op: Any, remap: Callable[[tuple[Any, ...]], tuple[Any, ...]]) -> Any:
+    return lambda args: (op, remap(args))
+
+
+def _same_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return args
+
+
+def _dim_to_list(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return (args[0], [args[1]], *args[2:])
+
+
+def _batch_norm_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    x, weight, bias, mean, var, momentum, eps = args
+    return (x, weight, bias, mean, var, False, momentum, eps, False)
+
+
+# Multi-output ops whose first output alone has an op of its own that torch-mlir lowers whole
+# (and that skips computing the unread outputs).
+_VALUES_ONLY_OPS: dict[Any, Callable[[tuple[Any, ...]], tuple[Any, tuple[Any, ...]]]] = {
+    aten._native_batch_norm_legit_no_training.default: _values_only(
+        aten.batch_norm.default, _batch_norm_args
+    ),
+    aten.max_pool2d_with_indices.default: _values_only(aten.max_pool2d.default, _same_args),
+    aten.max_pool3d_with_indices.default: _values_only(aten.max_pool3d.default, _same_args),
+    aten.max.dim: _values_only(aten.amax.default, _dim_to_list),
+    aten.min.dim: _values_only(aten.amin.default, _dim_to_list),
+}
+
+
+def drop_unused_outputs(gm: fx.GraphModule) -> int:
+    """Replace multi-output ops whose later outputs nobody reads by their values-only op."""
+    rewritten = 0
+    for node in list(gm.graph.nodes):
+        rewrite = _VALUES_ONLY_OPS.get(node.target) if node.op == "call_function" else None
+        if rewrite is None or node.kwargs:
+            continue
+        users = list(node.users)
+        if not users or any(u.target is not operator.getitem or u.args[1] != 0 for u in users):
+            continue
+        op, args = rewrite(tuple(node.args))
+        with gm.graph.inserting_before(node):
+            values = gm.graph.call_function(op, args)
+        values.meta = dict(node.meta)
+        values.meta["val"] = node.meta["val"][0]
+        for user in users:
+            user.replace_all_uses_with(values)
+            gm.graph.erase_node(user)
+        gm.graph.erase_node(node)
+        rewritten += 1
+    return rewritten
+
+
+def partition(gm: fx.GraphModule, target_key: str) -> Partition:
+    """Make Tasks of `gm`'s compute nodes, decomposing nodes torch-mlir cannot lower."""
+    result = Partition()
+    table = decomposition_table()
+    drop_unused_outputs(gm)
+    depth: dict[fx.Node, int] = {}
+    worklist = list(gm.graph.nodes)
+    while worklist:
+        node = worklist.pop(0)
+        if node.op != "call_function" or getattr(node, "_erased", False):
+            continue
+        if node.target is operator.getitem:
+            continue
+        if not _is_aten_op(node.target):
+            result.eager.append(EagerNode(node, str(node.target), "not an ATen operator", False))
+            continue
+        name = op_name(node.target)
+        if node.target.is_view or node.target._opname in _VIEW_LIKE:
+            result.views += 1
+            continue
+        if node.target._opname in _ALLOCATIONS:
+            result.eager.append(EagerNode(node, name, "allocates without computing", False))
+            continue
+        refusal = eager_reason(node)
+        if refusal is not None:
+            failure, compute = refusal
+            if not (compute and node.target._schema.is_mutable and node.target in table):
+                result.eager.append(EagerNode(node, name, failure, compute))
+                continue
+            # e.g. batch norm's decompositions pass through a mutating overload.
+        else:
+            try:
+                result.tasks.append(make_task(node, target_key))
+                continue
+            except LoweringError as err:
+                failure = f"torch-mlir cannot lower {name}: {err}"
+        level = depth.get(node, 0)
+        replacement = None
+        if node.target in table and level < MAX_REFINE_DEPTH:
+            replacement = decompose_in_place(gm, node, table[node.target])
+        if replacement is None:
+            result.eager.append(EagerNode(node, name, failure, True))
+            continue
+        log.debug("%s does not lower as a whole (%s); decomposed into %d nodes",
+                  name, failure, len(replacement))
+        for new in replacement:
+            depth[new] = level + 1
+        worklist = replacement + worklist
+    return result
+
+
+def decompose_in_place(
+    gm: fx.GraphModule, node: fx.Node, decomposition: Callable[..., Any]
+) -> list[fx.Node] | None:
+    """Replace `node` by the graph of `decomposition`; the new nodes, or None if it fails."""
+    inputs = node.all_input_nodes
+    vals = [n.meta["val"] for n in inputs]
+    position = {n: i for i, n in enumerate(inputs)}
+
+    def call(*tensors: Any) -> Any:
+        def sub(value: Any) -> Any:
+            return tensors[position[value]] if isinstance(value, fx.Node) else value
+
+        return decomposition(*tree_map(sub, tuple(node.args)), **tree_map(sub, dict(node.kwargs)))
+
+    fake_mode = detect_fake_mode(vals)
+    try:
+        if fake_mode is not None:
+            with fake_mode:
+                sub = make_fx(call)(*vals)
+        else:
+            sub = make_fx(call, tracing_mode="fake")(*vals)
+    except Exception as err:  # a decomposition can refuse arguments it does not handle
+        log.debug("decomposition of %s failed: %s", op_name(node.target), err)
+        return None
+    if any(n.op == "call_function" and n.target is node.target for n in sub.graph.nodes):
+        return None  # it did not make progress
+    env: dict[fx.Node, Any] = {}
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    for ph, original in zip(placeholders, inputs):
+        env[ph] = original
+    added: list[fx.Node] = []
+    result: Any = None
+    with gm.graph.inserting_before(node):
+        for n in sub.graph.nodes:
+            if n.op == "placeholder":
+                continue
+            if n.op == "output":
+                result = tree_map(lambda v: env[v] if isinstance(v, fx.Node) else v, n.args[0])
+                continue
+            if n.op == "get_attr":
+                name = _fresh_attr(gm, "_kope_const")
+                setattr(gm, name, getattr(sub, n.target))
+                copy = gm.graph.get_attr(name)
+                copy.meta = dict(n.meta)
+            else:
+                copy = gm.graph.node_copy(n, lambda v: env[v])
+            env[n] = copy
+            added.append(copy)
+    _replace_uses(node, result)
+    gm.graph.erase_node(node)
+    return added
+
+
+def _replace_uses(node: fx.Node, result: Any) -> None:
+    if isinstance(result, (tuple, list)):
+        for user in list(node.users):
+            if user.target is operator.getitem:
+                user.replace_all_uses_with(result[user.args[1]])
+                user.graph.erase_node(user)
+            else:
+                raise RuntimeError(f"unexpected use of multi-output {node} by {user}")
+    else:
+        node.replace_all_uses_with(result)
+
+
+def _fresh_attr(gm: fx.GraphModule, prefix: str) -> str:
+    i = 0
+    while hasattr(gm, f"{prefix}{i}"):
+        i += 1
+    return f"{prefix}{i}"

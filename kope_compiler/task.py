@@ -1,0 +1,166 @@
+"""A Task: one compute operator of an aten graph, imported alone to its reference lowering.
+
+The reference lowering is torch-mlir's FX import of the single node, lowered to
+linalg-on-tensors (`func.func @main`), in canonical form; its key is the sha256 of that text
+and the target key (`kope.passes.keys`), so every path to the same function finds the same
+kernel.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_map
+from torch_mlir import ir
+from torch_mlir.dialects import torch as torch_d
+from torch_mlir.extras.fx_importer import FxImporter
+
+from kope.passes.keys import canonicalize_module_text, task_key, workload_digest
+from kope.passes.pipeline import PipelineError, run_pipeline
+from kope.targets.base import InputRef, OpCall, TaskSpec, TensorSpec
+
+log = logging.getLogger("kope.compiler")
+
+# torch-mlir's own path from an imported FX graph to linalg-on-tensors.
+IMPORT_PIPELINE = [
+    "func.func(torch-match-quantized-custom-ops)",
+    "torchdynamo-export-to-torch-backend-pipeline",
+    "torch-backend-to-linalg-on-tensors-backend-pipeline{allow-non-finites=true}",
+]
+
+
+class LoweringError(Exception):
+    """torch-mlir could not import or lower an operator."""
+
+
+@dataclass
+class Task:
+    """One operator: the fx node it came from, its signature, reference lowering and key."""
+
+    node: fx.Node
+    input_nodes: list[fx.Node]
+    spec: TaskSpec
+    payload: str  # canonical linalg-on-tensors module with func.func @main
+    key: str
+    workload: str
+
+    @property
+    def op(self) -> str:
+        return self.spec.eager.op
+
+    @property
+    def label(self) -> str:
+        return self.spec.label
+
+
+def op_name(target: Any) -> str:
+    """`aten.mm.default` for an OpOverload."""
+    return f"{target.namespace}.{target._opname}.{target._overloadname}"
+
+
+def node_signature(node: fx.Node) -> tuple[list[fx.Node], OpCall, tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """Input nodes (first-use order), the eager call, and input/output specs of a node."""
+    inputs: list[fx.Node] = []
+
+    def ref(value: Any) -> Any:
+        if isinstance(value, fx.Node):
+            if value not in inputs:
+                inputs.append(value)
+            return InputRef(inputs.index(value))
+        return value
+
+    args = tree_map(ref, tuple(node.args))
+    kwargs = tuple(sorted((k, tree_map(ref, v)) for k, v in node.kwargs.items()))
+    call = OpCall(op_name(node.target), args, kwargs)
+    in_specs = tuple(TensorSpec.of(n.meta["val"]) for n in inputs)
+    out_specs = tuple(TensorSpec.of(v) for v in output_values(node))
+    return inputs, call, in_specs, out_specs
+
+
+def output_values(node: fx.Node) -> list[torch.Tensor]:
+    val = node.meta["val"]
+    return list(val) if isinstance(val, (tuple, list)) else [val]
+
+
+def label_for(call: OpCall, in_specs: tuple[TensorSpec, ...]) -> str:
+    def show(value: Any) -> str:
+        if isinstance(value, InputRef):
+            return str(in_specs[value.index])
+        if isinstance(value, (list, tuple)):
+            return "[" + ", ".join(show(v) for v in value) + "]"
+        if isinstance(value, torch.dtype):
+            return str(value).removeprefix("torch.")
+        return repr(value)
+
+    parts = [show(a) for a in call.args] + [f"{k}={show(v)}" for k, v in call.kwargs]
+    namespace, name, overload = call.op.split(".")
+    head = f"{namespace}.{name}" + ("" if overload == "default" else f".{overload}")
+    return f"{head}({', '.join(parts)})"
+
+
+def single_node_graph(node: fx.Node) -> fx.GraphModule:
+    """A graph holding `node` alone: tensor arguments become placeholders, outputs a tuple."""
+    graph = fx.Graph()
+    placeholders: dict[fx.Node, fx.Node] = {}
+
+    def lift(value: Any) -> Any:
+        if isinstance(value, fx.Node):
+            if value not in placeholders:
+                ph = graph.placeholder(f"in{len(placeholders)}")
+                ph.meta["val"] = value.meta["val"]
+                placeholders[value] = ph
+            return placeholders[value]
+        return value
+
+    args = tree_map(lift, tuple(node.args))
+    kwargs = tree_map(lift, dict(node.kwargs))
+    call = graph.call_function(node.target, args, kwargs)
+    call.meta["val"] = node.meta["val"]
+    if isinstance(node.meta["val"], (tuple, list)):
+        outs = []
+        for i, v in enumerate(node.meta["val"]):
+            item = graph.call_function(operator.getitem, (call, i))
+            item.meta["val"] = v
+            outs.append(item)
+        graph.output(tuple(outs))
+    else:
+        graph.output((call,))
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def import_node(node: fx.Node) -> str:
+    """The reference lowering of one node: linalg-on-tensors module text (`@main`)."""
+    gm = single_node_graph(node)
+    context = ir.Context()
+    context.enable_multithreading(False)
+    torch_d.register_dialect(context)
+    importer = FxImporter(context=context)
+    try:
+        importer.import_stateless_graph(gm.graph, func_name="main")
+    except Exception as err:  # the importer raises many kinds on unsupported nodes
+        raise LoweringError(f"FX import failed: {_first_line(err)}") from None
+    module = importer.module
+    try:
+        run_pipeline(module, list(IMPORT_PIPELINE), description=f"import {op_name(node.target)}")
+    except PipelineError as err:
+        diagnostics = [d for d in err.diagnostics if d] or [str(err).splitlines()[0]]
+        raise LoweringError(diagnostics[0].split(": error: ", 1)[-1][:300]) from None
+    return module.operation.get_asm(enable_debug_info=False)
+
+
+def make_task(node: fx.Node, target_key: str) -> Task:
+    """Import `node` and key it; raises LoweringError when torch-mlir cannot lower it."""
+    inputs, call, in_specs, out_specs = node_signature(node)
+    payload = canonicalize_module_text(import_node(node))
+    spec = TaskSpec(label_for(call, in_specs), in_specs, out_specs, call)
+    return Task(node, inputs, spec, payload, task_key(payload, target_key), workload_digest(payload))
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip() or type(err).__name__
+    return text.splitlines()[0][:300]

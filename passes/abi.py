@@ -1,0 +1,88 @@
+"""`kope-destination-abi`: give a tensor payload KOPE's one safe calling convention.
+
+`func.func @main(tensors) -> tensors` gains a public wrapper
+`func.func @kope_kernel(input memrefs..., output memrefs...)` with `llvm.emit_c_interface`:
+inputs enter through `bufferization.to_tensor restrict`, results leave through
+`bufferization.materialize_in_destination ... restrict writable` into caller-allocated outputs.
+No tensor result crosses the boundary, so nothing is returned through aliasing descriptors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch_mlir import ir
+
+from kope.passes.base import ModulePass, PassError
+
+ENTRY = "kope_kernel"
+PAYLOAD = "main"
+
+
+def find_func(module: ir.Operation, name: str) -> ir.Operation | None:
+    for op in module.regions[0].blocks[0].operations:
+        if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
+            return op.operation
+    return None
+
+
+def function_type(func: ir.Operation) -> ir.FunctionType:
+    return ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+
+
+def _memref_of(t: ir.Type) -> str:
+    if not isinstance(t, ir.RankedTensorType):
+        raise PassError(f"@{PAYLOAD} must take and return ranked tensors, got {t}")
+    rt = t
+    if not rt.has_static_shape:
+        raise PassError(f"@{PAYLOAD} must have static shapes, got {t}")
+    return str(ir.MemRefType.get(rt.shape, rt.element_type))
+
+
+@dataclass
+class DestinationAbi(ModulePass):
+    """Wrap `@main` into `@kope_kernel(inputs..., outputs...)` with destination outputs."""
+
+    name = "kope-destination-abi"
+    summary = "Wrap @main (tensors) into @kope_kernel (memref inputs, memref destinations)"
+
+    def run(self, module: ir.Operation) -> None:
+        if find_func(module, ENTRY) is not None:
+            return  # already in the calling convention
+        payload = find_func(module, PAYLOAD)
+        if payload is None:
+            raise PassError(f"module has neither @{ENTRY} nor a @{PAYLOAD} payload function")
+        ftype = function_type(payload)
+        ins = [str(t) for t in ftype.inputs]
+        outs = [str(t) for t in ftype.results]
+        in_mem = [_memref_of(t) for t in ftype.inputs]
+        out_mem = [_memref_of(t) for t in ftype.results]
+        payload.attributes["sym_visibility"] = ir.StringAttr.get("private")
+
+        params = [f"%in{i}: {m}" for i, m in enumerate(in_mem)]
+        params += [f"%out{j}: {m}" for j, m in enumerate(out_mem)]
+        body = [
+            f"%t{i} = bufferization.to_tensor %in{i} restrict : {m} to {t}"
+            for i, (m, t) in enumerate(zip(in_mem, ins))
+        ]
+        call_args = ", ".join(f"%t{i}" for i in range(len(ins)))
+        results = f"%r:{len(outs)} = " if outs else ""
+        body.append(
+            f"{results}func.call @{PAYLOAD}({call_args}) : ({', '.join(ins)}) -> ({', '.join(outs)})"
+        )
+        body += [
+            f"bufferization.materialize_in_destination %r#{j} in restrict writable %out{j}"
+            f" : ({t}, {m}) -> ()"
+            for j, (t, m) in enumerate(zip(outs, out_mem))
+        ]
+        body.append("func.return")
+        text = (
+            f"func.func @{ENTRY}({', '.join(params)}) attributes {{llvm.emit_c_interface}} {{\n  "
+            + "\n  ".join(body)
+            + "\n}"
+        )
+        # A declaration of @main lets the wrapper verify on its own; only the wrapper moves.
+        declaration = f"func.func private @{PAYLOAD}({', '.join(ins)}) -> ({', '.join(outs)})"
+        wrapper = ir.Module.parse(declaration + "\n" + text, module.context)
+        entry = wrapper.body.operations[1]
+        module.regions[0].blocks[0].append(entry.operation)

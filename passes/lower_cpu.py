@@ -1,0 +1,60 @@
+"""`kope-lower-cpu`: the fixed pipeline from linalg-on-tensors to the LLVM dialect for the CPU JIT.
+
+This is the reference lowering's pipeline; speedups are quoted against what it produces at
+`opt_level=3`. The order encodes lessons from DESIGN.md: outputs are destinations (no tensor
+results cross the boundary), `memref.copy` never reaches the `memrefCopy` runtime call,
+`lower-affine` runs again after `expand-strided-metadata`, and vector transfers unroll fully
+(the partial form allocates on the stack inside loops and overflows it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kope.passes.abi import DestinationAbi
+from kope.passes.base import PipelineElement, PipelinePass
+from kope.passes.memref_copy import MemrefCopyToLinalg
+
+BUFFERIZE = (
+    "one-shot-bufferize{bufferize-function-boundaries "
+    "function-boundary-type-conversion=identity-layout-map}"
+)
+
+TO_LLVM = [
+    "func.func(convert-linalg-to-loops)",
+    "convert-bufferization-to-memref",
+    "func.func(convert-vector-to-scf{full-unroll=true})",
+    "lower-affine",
+    "convert-scf-to-cf",
+    "expand-strided-metadata",
+    "lower-affine",
+    "convert-vector-to-llvm",
+    "finalize-memref-to-llvm",
+    "convert-math-to-llvm",
+    "convert-math-to-libm",
+    "convert-arith-to-llvm",
+    "convert-ub-to-llvm",
+    "convert-func-to-llvm",
+    "convert-cf-to-llvm",
+    "convert-index-to-llvm",
+    "reconcile-unrealized-casts",
+]
+
+
+@dataclass
+class LowerCpu(PipelinePass):
+    """linalg-on-tensors (`@main` or `@kope_kernel`) to LLVM dialect, ready for the JIT."""
+
+    name = "kope-lower-cpu"
+    summary = "Lower a linalg-on-tensors kernel to the LLVM dialect for the CPU JIT"
+
+    def expand(self) -> list[PipelineElement]:
+        return [
+            DestinationAbi(),
+            "inline",
+            "symbol-dce",
+            BUFFERIZE,
+            "buffer-deallocation-pipeline",
+            MemrefCopyToLinalg(),
+            *TO_LLVM,
+        ]

@@ -1,0 +1,270 @@
+"""`kope-outline-operators`: one private function per compute operator, tagged with its key.
+
+Each linalg operator (with the producers of its init tensors: `tensor.empty`, `linalg.fill`
+and the constants they use) moves into its own `func.func private @kope_op_<n>`, carrying
+`kope.key` (the key the backend computes for the identical function) and `kope.label`;
+the operator is replaced by a `func.call`. Functions already tagged are left alone, so the
+pass is idempotent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch_mlir import ir
+
+from kope.passes.base import ModulePass
+from kope.passes.keys import KEY_ATTR, LABEL_ATTR, canonical_function, task_key
+
+_NOT_OPERATORS = {"linalg.yield", "linalg.index"}
+_INIT_PRODUCERS = {"tensor.empty", "linalg.fill", "arith.constant"}
+
+
+def is_operator(op: ir.Operation) -> bool:
+    return op.name.startswith("linalg.") and op.name not in _NOT_OPERATORS
+
+
+def _defining_op(value: ir.Value) -> ir.Operation | None:
+    owner = value.owner
+    return owner if isinstance(owner, ir.Operation) else getattr(owner, "operation", None)
+
+
+def _is_op_result(value: ir.Value) -> bool:
+    return isinstance(value, ir.OpResult)
+
+
+def operator_label(op: ir.Operation) -> str:
+    operands = ", ".join(_short_type(v.type) for v in op.operands)
+    results = ", ".join(_short_type(r.type) for r in op.results)
+    return f"{op.name}({operands}) -> {results}"
+
+
+def _short_type(t: ir.Type) -> str:
+    if isinstance(t, ir.ShapedType):
+        return "x".join([*(str(d) for d in t.shape), str(t.element_type)])
+    return str(t)
+
+
+@dataclass
+class OutlineOperators(ModulePass):
+    """Split every function's linalg operators into keyed private functions."""
+
+    name = "kope-outline-operators"
+    summary = "Outline each compute operator into a private function tagged with its key"
+
+    target: str = "cpu"
+
+    def run(self, module: ir.Operation) -> None:
+        from kope.targets import get_target
+
+        target_key = get_target(self.target).key()
+        body = module.regions[0].blocks[0]
+        funcs = [
+            op.operation
+            for op in body.operations
+            if op.operation.name == "func.func" and KEY_ATTR not in op.operation.attributes
+        ]
+        counter = _Counter(body)
+        for func in funcs:
+            if not func.regions[0].blocks:
+                continue  # a declaration
+            for op in _operators_in(func):
+                self._outline(op, module, counter, target_key)
+
+    def _outline(
+        self, op: ir.Operation, module: ir.Operation, counter: "_Counter", target_key: str
+    ) -> None:
+        ctx = module.context
+        inits = _init_chain(op)
+        inside = {id_of(o) for o in inits} | {id_of(op)}
+        args: list[ir.Value] = []
+        for value in _external_operands(op, inits, inside):
+            if not any(value == a for a in args):
+                args.append(value)
+        loc = op.location
+        name = counter.next_name()
+        arg_types = [a.type for a in args]
+        result_types = [r.type for r in op.results]
+        ftype = ir.FunctionType.get(arg_types, result_types, ctx)
+        with ctx, loc:
+            func = _new_func(module, name, ftype)
+            block = func.regions[0].blocks.append(*arg_types)
+            mapping: list[tuple[ir.Value, ir.Value]] = list(zip(args, block.arguments))
+            with ir.InsertionPoint(block):
+                for producer in [*inits, op]:
+                    clone = producer.clone()
+                    for old, new in mapping:
+                        _replace_in(clone, old, new)
+                    mapping += list(zip(producer.results, clone.results))
+                cloned_results = [new for old, new in mapping if any(old == r for r in op.results)]
+                ir.Operation.create("func.return", operands=cloned_results)
+            func.attributes["sym_visibility"] = ir.StringAttr.get("private")
+            func.attributes[KEY_ATTR] = ir.StringAttr.get(task_key(canonical_function(func), target_key))
+            func.attributes[LABEL_ATTR] = ir.StringAttr.get(operator_label(op))
+            with ir.InsertionPoint(op):
+                call = ir.Operation.create(
+                    "func.call",
+                    results=result_types,
+                    operands=args,
+                    attributes={"callee": ir.FlatSymbolRefAttr.get(name)},
+                )
+        for old, new in zip(op.results, call.results):
+            old.replace_all_uses_with(new)
+        op.erase()
+        for producer in reversed(inits):
+            if all(_unused(r) for r in producer.results):
+                producer.erase()
+
+
+class _Counter:
+    """Fresh `@kope_op_<n>` names that do not collide with existing symbols."""
+
+    def __init__(self, body: ir.Block):
+        self.taken = {
+            ir.StringAttr(op.attributes["sym_name"]).value
+            for op in body.operations
+            if "sym_name" in op.attributes
+        }
+        self.n = 0
+
+    def next_name(self) -> str:
+        while f"kope_op_{self.n}" in self.taken:
+            self.n += 1
+        name = f"kope_op_{self.n}"
+        self.taken.add(name)
+        return name
+
+
+def id_of(op: ir.Operation) -> int:
+    return hash(op)
+
+
+def _operators_in(func: ir.Operation) -> list[ir.Operation]:
+    """Top-level linalg operators of a function, skipping pure init producers."""
+    ops: list[ir.Operation] = []
+    for block in func.regions[0].blocks:
+        for view in block.operations:
+            op = view.operation
+            if is_operator(op) and not _only_feeds_inits(op):
+                ops.append(op)
+    return ops
+
+
+def _only_feeds_inits(op: ir.Operation) -> bool:
+    """A `linalg.fill` whose every use is as the init (outs) of a linalg operator."""
+    if op.name != "linalg.fill":
+        return False
+    for result in op.results:
+        for use in result.uses:
+            user = use.owner
+            if not is_operator(user) or not _is_init_operand(user, use.operand_number):
+                return False
+    return bool(list(op.results[0].uses))
+
+
+def _is_init_operand(op: ir.Operation, index: int) -> bool:
+    sizes = op.attributes["operandSegmentSizes"] if "operandSegmentSizes" in op.attributes else None
+    if sizes is None:
+        return False
+    n_inputs = ir.DenseI32ArrayAttr(sizes)[0]
+    return index >= n_inputs
+
+
+def _init_chain(op: ir.Operation) -> list[ir.Operation]:
+    """Producers of `op`'s init operands (and the constants they use), in program order."""
+    chain: list[ir.Operation] = []
+    seen: set[int] = set()
+
+    def visit(value: ir.Value) -> None:
+        if not _is_op_result(value):
+            return
+        producer = _defining_op(value)
+        if producer is None or producer.name not in _INIT_PRODUCERS or id_of(producer) in seen:
+            return
+        for operand in producer.operands:
+            visit(operand)
+        seen.add(id_of(producer))
+        chain.append(producer)
+
+    for index, operand in enumerate(op.operands):
+        if _is_init_operand(op, index):
+            visit(operand)
+    for value in _captured_values(op):
+        visit(value)
+    return chain
+
+
+def _captured_values(op: ir.Operation) -> list[ir.Value]:
+    """Values used inside `op`'s regions but defined outside it."""
+    captured: list[ir.Value] = []
+
+    def walk(inner: ir.Operation) -> ir.WalkResult:
+        for operand in inner.operands:
+            if _is_op_result(operand):
+                owner = _defining_op(operand)
+                if owner is not None and not _is_inside(owner, op):
+                    captured.append(operand)
+            elif isinstance(operand, ir.BlockArgument):
+                parent = operand.owner.owner
+                if not _is_inside(parent, op):
+                    captured.append(operand)
+        return ir.WalkResult.ADVANCE
+
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                inner.operation.walk(walk)
+    return captured
+
+
+def _is_inside(candidate: ir.Operation, ancestor: ir.Operation) -> bool:
+    current: ir.Operation | None = candidate
+    while current is not None:
+        if current == ancestor:
+            return True
+        parent = current.parent
+        current = parent.operation if parent is not None else None
+    return False
+
+
+def _external_operands(
+    op: ir.Operation, inits: list[ir.Operation], inside: set[int]
+) -> list[ir.Value]:
+    values: list[ir.Value] = []
+    for producer in [*inits, op]:
+        for operand in producer.operands:
+            owner = _defining_op(operand) if _is_op_result(operand) else None
+            if owner is None or id_of(owner) not in inside:
+                values.append(operand)
+    for value in _captured_values(op):
+        owner = _defining_op(value) if _is_op_result(value) else None
+        if owner is None or id_of(owner) not in inside:
+            values.append(value)
+    return values
+
+
+def _replace_in(clone: ir.Operation, old: ir.Value, new: ir.Value) -> None:
+    clone.replace_uses_of_with(old, new)
+
+    def walk(inner: ir.Operation) -> ir.WalkResult:
+        inner.replace_uses_of_with(old, new)
+        return ir.WalkResult.ADVANCE
+
+    clone.walk(walk)
+
+
+def _unused(value: ir.Value) -> bool:
+    return not list(value.uses)
+
+
+def _new_func(module: ir.Operation, name: str, ftype: ir.FunctionType) -> ir.Operation:
+    body = module.regions[0].blocks[0]
+    with ir.InsertionPoint(body):
+        return ir.Operation.create(
+            "func.func",
+            regions=1,
+            attributes={
+                "sym_name": ir.StringAttr.get(name),
+                "function_type": ir.TypeAttr.get(ftype),
+            },
+        )

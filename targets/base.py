@@ -1,0 +1,184 @@
+"""The target interface: what every target offers the compiler, and the plain data it exchanges.
+
+A target builds a candidate kernel for one operator, runs it in an isolated worker, verifies it
+against an oracle, times it against eager ATen, and loads verified kernels into the calling
+process for dispatch. Failures are data (`Evaluation.verdict`, `Evaluation.error`), never
+exceptions that escape to the caller.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Sequence
+
+import torch
+
+# Verdicts, in the order a candidate can fail.
+COMPILE_ERROR = "compile_error"
+RUNTIME_ERROR = "runtime_error"
+TIMEOUT = "timeout"
+MISMATCH = "mismatch"
+VERIFIED = "verified"
+VERDICTS = (COMPILE_ERROR, RUNTIME_ERROR, TIMEOUT, MISMATCH, VERIFIED)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape and dtype of one kernel argument; kernels are specialised on static shapes."""
+
+    shape: tuple[int, ...]
+    dtype: str  # a torch dtype name: "float32", "int64", "bool", ...
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> "TensorSpec":
+        return cls(tuple(int(s) for s in t.shape), str(t.dtype).removeprefix("torch."))
+
+    def __str__(self) -> str:
+        dims = "x".join(str(s) for s in self.shape)
+        short = _SHORT_DTYPE.get(self.dtype, self.dtype)
+        return f"{dims}x{short}" if dims else short
+
+
+_SHORT_DTYPE = {
+    "float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16",
+    "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "i1",
+}
+
+
+@dataclass(frozen=True)
+class InputRef:
+    """Stands for the kernel's i-th input inside an `OpCall`'s arguments."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class OpCall:
+    """How to run an operator eagerly: an ATen overload by name, tensor arguments as `InputRef`s.
+
+    This is the baseline every kernel is timed against and the oracle of the reference lowering.
+    It is plain data so that it can cross into a worker process.
+    """
+
+    op: str  # e.g. "aten.mm.default"
+    args: tuple[Any, ...]
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+    def resolve(self) -> Callable[..., Any]:
+        namespace, name, overload = self.op.split(".")
+        return getattr(getattr(getattr(torch.ops, namespace), name), overload)
+
+    def bind(self, inputs: Sequence[torch.Tensor]) -> Callable[[], Any]:
+        """A zero-argument callable running the op on `inputs` (for timing loops)."""
+        fn = self.resolve()
+        args = _substitute(self.args, inputs)
+        kwargs = {k: _substitute(v, inputs) for k, v in self.kwargs}
+        return lambda: fn(*args, **kwargs)
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        out = self.bind(inputs)()
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _substitute(value: Any, inputs: Sequence[torch.Tensor]) -> Any:
+    if isinstance(value, InputRef):
+        return inputs[value.index]
+    if isinstance(value, (list, tuple)):
+        return type(value)(_substitute(v, inputs) for v in value)
+    return value
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One operator as a target sees it: its signature and its eager baseline."""
+
+    label: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    eager: OpCall
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A candidate kernel as MLIR text.
+
+    `source` holds either `func.func @main` on tensors (a linalg payload; the target wraps it in
+    its calling convention) or `func.func @kope_kernel` on memrefs, inputs then outputs, with
+    outputs as destinations (already in the calling convention).
+    """
+
+    source: str
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Timing:
+    """A latency distribution: median and interquartile spread of per-call samples."""
+
+    median_us: float
+    spread_us: float
+    repeats: int
+    threads: int
+
+
+@dataclass
+class Evaluation:
+    """What happened to one candidate: verdict, error text, accuracy and timings."""
+
+    verdict: str
+    error: str | None = None
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    kernel: Timing | None = None
+    eager: Timing | None = None
+    reference: Timing | None = None  # the oracle kernel, timed alongside when there is one
+    oracle: str = ""  # what the outputs were checked against
+    trials: int = 0
+    wall_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def verified(self) -> bool:
+        return self.verdict == VERIFIED
+
+
+class Target(ABC):
+    """A hardware target: builds, isolates, verifies, times and loads kernels."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def key(self) -> str:
+        """Everything about the target that can change a kernel's result or speed."""
+
+    @abstractmethod
+    def evaluate(
+        self,
+        task: TaskSpec,
+        kernel: Kernel,
+        *,
+        oracle: Kernel | None = None,
+        measure: bool = True,
+        seed: int = 0,
+    ) -> Evaluation:
+        """Build, verify and (if verified and `measure`) time `kernel` in an isolated worker.
+
+        The oracle is `oracle` when given, else eager ATen (in float64 where the op allows).
+        Never raises for a bad candidate: the verdict says what went wrong.
+        """
+
+    @abstractmethod
+    def load(self, task: TaskSpec, kernel: Kernel) -> Callable[..., tuple[torch.Tensor, ...]]:
+        """Build a verified kernel into this process: a callable from input to output tensors."""
+
+    def close(self) -> None:
+        """Release workers and other resources."""

@@ -1,0 +1,304 @@
+"""The CPU target: MLIR → LLVM through `kope-lower-cpu`, JIT by the ExecutionEngine in torch-mlir.
+
+Candidates are built, verified and timed in isolated worker processes (`WorkerPool`); only
+verified kernels are loaded into the calling process. Kernels run single-threaded; eager ATen
+is timed with the thread count of the calling process (`torch.get_num_threads()`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import platform
+import time
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Callable, Sequence
+
+import torch
+from torch_mlir import ir
+
+from kope.targets import verify
+from kope.targets.base import (
+    COMPILE_ERROR,
+    MISMATCH,
+    RUNTIME_ERROR,
+    TIMEOUT,
+    VERIFIED,
+    Evaluation,
+    Kernel,
+    Target,
+    TaskSpec,
+    TensorSpec,
+)
+from kope.targets.jit import ENTRY, JitKernel
+from kope.targets.measure import MeasureConfig, measure_interleaved
+from kope.targets.worker import WorkerPool
+
+log = logging.getLogger("kope.targets.cpu")
+
+KERNEL_THREADS = 1
+_ISA_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+              "avx512_bf16", "amx_tile", "asimd", "sve")
+_MLIR_ELEMENT = {
+    "float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16",
+    "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "i8", "bool": "i1",
+}
+
+
+class BuildError(Exception):
+    """A kernel that does not parse, does not fit the operator, or does not lower."""
+
+
+def _package_version(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "unknown"
+
+
+@functools.cache
+def cpu_fingerprint() -> str:
+    """Processor model, the ISA extensions that change code generation, and the core count."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name":
+                    model = value.strip()
+                elif key in ("flags", "Features"):
+                    flags = set(value.split())
+                if model and flags:
+                    break
+    except OSError:
+        pass
+    isa = "+".join(f for f in _ISA_FLAGS if f in flags) or platform.machine()
+    return f"{model}|{isa}|{os.cpu_count()}cores"
+
+
+def memref_type(spec: TensorSpec) -> str:
+    element = _MLIR_ELEMENT.get(spec.dtype)
+    if element is None:
+        raise BuildError(f"dtype {spec.dtype} has no CPU kernel support")
+    dims = "".join(f"{d}x" for d in spec.shape)
+    return f"memref<{dims}{element}>"
+
+
+# -- building (in whichever process runs the kernel) --------------------------------------------
+
+
+def lower_kernel(task: TaskSpec, kernel: Kernel) -> ir.Module:
+    """Parse `kernel`, check it fits `task`, and lower it with `kope-lower-cpu`."""
+    from kope.passes.abi import DestinationAbi, find_func, function_type
+    from kope.passes.lower_cpu import LowerCpu
+    from kope.passes.pipeline import PipelineError, run_pipeline
+
+    context = ir.Context()
+    context.enable_multithreading(False)
+    try:
+        module = ir.Module.parse(kernel.source, context)
+    except ir.MLIRError as err:
+        from kope.passes.pipeline import format_diagnostics
+
+        raise BuildError("kernel does not parse:\n" + "\n".join(format_diagnostics(err, "kernel.mlir"))) from None
+    try:
+        run_pipeline(module, [DestinationAbi()], description=f"abi {task.label}")
+    except PipelineError as err:
+        raise BuildError(str(err)) from None
+    entry = find_func(module.operation, ENTRY)
+    assert entry is not None
+    got = [str(t) for t in function_type(entry).inputs]
+    want = [memref_type(s) for s in (*task.inputs, *task.outputs)]
+    if got != want or list(function_type(entry).results):
+        raise BuildError(
+            f"@{ENTRY} has signature ({', '.join(got)}) -> "
+            f"({', '.join(str(t) for t in function_type(entry).results)}); the operator needs "
+            f"({', '.join(want)}) -> (): inputs, then outputs as destinations"
+        )
+    try:
+        run_pipeline(module, [LowerCpu()], description=f"lower {task.label}")
+    except PipelineError as err:
+        raise BuildError(str(err)) from None
+    return module
+
+
+def build_kernel(task: TaskSpec, kernel: Kernel) -> JitKernel:
+    module = lower_kernel(task, kernel)
+    try:
+        return JitKernel(module, task.inputs, task.outputs)
+    except RuntimeError as err:
+        raise BuildError(f"JIT compilation failed: {err}") from None
+
+
+# -- evaluation (inside a worker) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EvalJob:
+    task: TaskSpec
+    kernel: Kernel
+    oracle: Kernel | None
+    measure: bool
+    seed: int
+    eager_threads: int
+    config: MeasureConfig = MeasureConfig()
+
+
+_BUILT: dict[tuple[str, str], JitKernel] = {}
+
+
+def _cached_build(task: TaskSpec, kernel: Kernel) -> JitKernel:
+    key = (task.label + repr(task.inputs) + repr(task.outputs), kernel.digest)
+    if key not in _BUILT:
+        _BUILT[key] = build_kernel(task, kernel)
+    return _BUILT[key]
+
+
+def evaluate_job(job: EvalJob, phase: Callable[[str], None]) -> Evaluation:
+    """Build, verify and time one candidate. Runs in a worker; may crash it."""
+    start = time.perf_counter()
+    torch.set_num_threads(job.eager_threads)
+    phase("build")
+    try:
+        kernel = _cached_build(job.task, job.kernel)
+        oracle_kernel = _cached_build(job.task, job.oracle) if job.oracle else None
+    except BuildError as err:
+        return Evaluation(COMPILE_ERROR, error=str(err), wall_s=time.perf_counter() - start)
+    phase("verify")
+    result = _verify(job, kernel, oracle_kernel)
+    if result.verified and job.measure:
+        phase("measure")
+        inputs = verify.make_inputs(job.task.inputs, verify.Trial("random", job.seed))
+        fns = {"kernel": lambda: kernel(*inputs), "eager": job.task.eager.bind(inputs)}
+        threads = {"kernel": KERNEL_THREADS, "eager": job.eager_threads}
+        if oracle_kernel is not None:
+            fns["reference"] = lambda: oracle_kernel(*inputs)
+            threads["reference"] = KERNEL_THREADS
+        timings = measure_interleaved(fns, job.config, threads)
+        result.kernel, result.eager = timings["kernel"], timings["eager"]
+        result.reference = timings.get("reference")
+    result.wall_s = time.perf_counter() - start
+    return result
+
+
+def _verify(job: EvalJob, kernel: JitKernel, oracle_kernel: JitKernel | None) -> Evaluation:
+    task = job.task
+    oracle_name = "reference lowering" if oracle_kernel else "eager ATen (float64 where it runs)"
+    max_abs = max_rel = 0.0
+    notes: list[str] = []
+    trials = 0
+    for trial in verify.trials_for(job.seed):
+        inputs = verify.make_inputs(task.inputs, trial)
+        try:
+            expected = _oracle_outputs(task, oracle_kernel, inputs)
+        except Exception as err:  # the oracle itself rejects these inputs
+            if trial.kind == "random":
+                return Evaluation(RUNTIME_ERROR, error=f"the oracle ({oracle_name}) failed on random inputs: {err}", oracle=oracle_name)
+            notes.append(f"{trial.kind} trial skipped: the oracle rejects it ({str(err).splitlines()[0][:120]})")
+            continue
+        pristine = [t.clone() for t in inputs]
+        outputs = verify.GuardedOutputs(task.outputs)
+        kernel.run(inputs, outputs.views)
+        trials += 1
+        damage = outputs.check() or verify.inputs_unchanged(pristine, inputs)
+        if damage:
+            return Evaluation(RUNTIME_ERROR, error=f"{trial.kind} trial: {damage}", oracle=oracle_name, trials=trials)
+        for index, (got, want) in enumerate(zip(outputs.views, expected)):
+            cmp = verify.compare(got, want, index)
+            max_abs, max_rel = max(max_abs, cmp.max_abs_err), max(max_rel, cmp.max_rel_err)
+            if not cmp.ok:
+                return Evaluation(
+                    MISMATCH, error=f"{trial.kind} trial (seed {trial.seed}): {cmp.message}",
+                    max_abs_err=cmp.max_abs_err, max_rel_err=cmp.max_rel_err,
+                    oracle=oracle_name, trials=trials,
+                )
+    return Evaluation(VERIFIED, max_abs_err=max_abs, max_rel_err=max_rel,
+                      oracle=oracle_name, trials=trials, notes=notes)
+
+
+def _oracle_outputs(
+    task: TaskSpec, oracle_kernel: JitKernel | None, inputs: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, ...]:
+    if oracle_kernel is not None:
+        return oracle_kernel(*inputs)
+    if any(t.is_floating_point() for t in inputs):
+        try:
+            return verify.run_oracle(task.eager, verify.upcast(inputs))
+        except Exception:  # the op has no float64 kernel: fall back to its own dtype
+            pass
+    return verify.run_oracle(task.eager, inputs)
+
+
+# -- the target -----------------------------------------------------------------------------------
+
+
+class CpuTarget(Target):
+    """MLIR on the host CPU: lowered by `kope-lower-cpu`, JIT-compiled at opt_level 3."""
+
+    name = "cpu"
+
+    def __init__(self, workers: int = 1, timeout_s: float = 60.0):
+        self.workers = workers
+        self.timeout_s = timeout_s
+        self._pool: WorkerPool | None = None
+        self._loaded: dict[tuple[str, str], JitKernel] = {}
+
+    def key(self) -> str:
+        versions = (
+            f"torch-{torch.__version__}|torch-mlir-{_package_version('torch-mlir')}"
+            f"|kope-{_package_version('kope')}"
+        )
+        return f"cpu|{cpu_fingerprint()}|{versions}"
+
+    @property
+    def pool(self) -> WorkerPool:
+        if self._pool is None:
+            self._pool = WorkerPool(self.workers, preload="kope.targets.cpu")
+        return self._pool
+
+    def evaluate(
+        self,
+        task: TaskSpec,
+        kernel: Kernel,
+        *,
+        oracle: Kernel | None = None,
+        measure: bool = True,
+        seed: int = 0,
+        config: MeasureConfig = MeasureConfig(),
+    ) -> Evaluation:
+        job = EvalJob(task, kernel, oracle, measure, seed, torch.get_num_threads(), config)
+        start = time.perf_counter()
+        outcome = self.pool.call("kope.targets.cpu:evaluate_job", job, self.timeout_s)
+        if outcome.ok:
+            result: Evaluation = outcome.value
+            return result
+        in_build = outcome.phase in ("start", "build")
+        if outcome.failure == "timeout":
+            verdict = TIMEOUT
+        elif in_build:
+            verdict = COMPILE_ERROR
+        else:
+            verdict = RUNTIME_ERROR
+        what = {"crash": "crashed", "timeout": "timed out", "error": "raised"}[outcome.failure or "error"]
+        return Evaluation(
+            verdict,
+            error=f"the worker {what} during {outcome.phase}: {outcome.detail}",
+            wall_s=time.perf_counter() - start,
+        )
+
+    def load(self, task: TaskSpec, kernel: Kernel) -> JitKernel:
+        key = (repr((task.inputs, task.outputs)), kernel.digest)
+        if key not in self._loaded:
+            self._loaded[key] = build_kernel(task, kernel)
+        return self._loaded[key]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+
+__all__ = ["BuildError", "CpuTarget", "MISMATCH", "VERIFIED", "build_kernel", "cpu_fingerprint"]

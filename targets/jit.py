@@ -1,0 +1,89 @@
+"""The CPU calling convention: LLVM-dialect kernels JIT-compiled and called through memref descriptors.
+
+A kernel `@kope_kernel(in..., out...)` (see `kope-destination-abi`) is JIT-compiled once by the
+ExecutionEngine bundled in torch-mlir. Descriptors are built once per kernel (shapes are static);
+a call only writes data pointers and enters the packed wrapper, so dispatch stays in the
+microseconds.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Sequence
+
+import torch
+from torch_mlir import ir
+from torch_mlir.execution_engine import ExecutionEngine
+
+from kope.targets.base import TensorSpec
+
+ENTRY = "kope_kernel"
+OPT_LEVEL = 3
+
+_DESCRIPTOR_TYPES: dict[int, type[ctypes.Structure]] = {}
+
+
+def descriptor_type(rank: int) -> type[ctypes.Structure]:
+    """The C struct of a ranked memref descriptor: {allocated, aligned, offset, sizes, strides}."""
+    if rank not in _DESCRIPTOR_TYPES:
+        fields: list[tuple[str, type]] = [
+            ("allocated", ctypes.c_void_p),
+            ("aligned", ctypes.c_void_p),
+            ("offset", ctypes.c_int64),
+        ]
+        if rank:
+            fields += [("sizes", ctypes.c_int64 * rank), ("strides", ctypes.c_int64 * rank)]
+        _DESCRIPTOR_TYPES[rank] = type(f"MemRef{rank}D", (ctypes.Structure,), {"_fields_": fields})
+    return _DESCRIPTOR_TYPES[rank]
+
+
+def contiguous_descriptor(spec: TensorSpec) -> ctypes.Structure:
+    desc = descriptor_type(len(spec.shape))()
+    stride = 1
+    for dim in reversed(range(len(spec.shape))):
+        desc.sizes[dim] = spec.shape[dim]
+        desc.strides[dim] = stride
+        stride *= max(spec.shape[dim], 1)
+    return desc
+
+
+class JitKernel:
+    """A JIT-compiled kernel with fixed input/output specs; call it like a function of tensors."""
+
+    def __init__(
+        self,
+        llvm_module: ir.Module,
+        inputs: Sequence[TensorSpec],
+        outputs: Sequence[TensorSpec],
+    ):
+        self.inputs = tuple(inputs)
+        self.outputs = tuple(outputs)
+        self._module = llvm_module  # the engine refers to it; keep it alive
+        self._engine = ExecutionEngine(llvm_module, opt_level=OPT_LEVEL)
+        address = self._engine.raw_lookup("_mlir_ciface_" + ENTRY)
+        if not address:
+            raise RuntimeError(f"JIT-compiled module has no @{ENTRY} entry point")
+        # PYFUNCTYPE keeps the GIL held during the call: two threads never race on descriptors.
+        self._fn = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)(address)
+        self._in_desc = [contiguous_descriptor(s) for s in self.inputs]
+        self._out_desc = [contiguous_descriptor(s) for s in self.outputs]
+        descriptors = self._in_desc + self._out_desc
+        self._holders = [ctypes.c_void_p(ctypes.addressof(d)) for d in descriptors]
+        self._packed = (ctypes.c_void_p * len(descriptors))(
+            *[ctypes.addressof(h) for h in self._holders]
+        )
+        self._out_shapes = [(s.shape, s.torch_dtype) for s in self.outputs]
+
+    def run(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        """Run on contiguous `inputs`, writing into the contiguous destinations `outputs`."""
+        for desc, tensor in zip(self._in_desc, inputs):
+            desc.allocated = desc.aligned = tensor.data_ptr()
+        for desc, tensor in zip(self._out_desc, outputs):
+            desc.allocated = desc.aligned = tensor.data_ptr()
+        self._fn(self._packed)
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ins = [t if t.is_contiguous() else t.contiguous() for t in inputs]
+        outs = [torch.empty(shape, dtype=dtype) for shape, dtype in self._out_shapes]
+        self.run(ins, outs)
+        return tuple(outs)

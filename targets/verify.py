@@ -1,0 +1,217 @@
+"""Verification of a kernel against an oracle: inputs, tolerances, poisoned and guarded outputs.
+
+Every claim that a kernel is right rests on this module:
+- fresh seeded inputs per trial: random values, edge values (zeros, negative zero, large,
+  tiny), and non-finite values (NaN, ±Inf) where the oracle defines a result for them;
+- a tolerance per dtype, written down below, scaled to the magnitude of the expected output;
+- outputs poisoned before each run (a NaN payload for floats, a sentinel for integers), so an
+  element the kernel never wrote cannot pass, and NaN never matches a number;
+- canary bytes on both sides of every output and a check that inputs are unchanged, so a
+  silent out-of-bounds write or a write into an input is caught.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from kope.targets.base import TensorSpec
+
+# (rtol, atol): |got - want| <= atol * max(1, max|want|) + rtol * |want|, elementwise.
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-7, 1e-9),
+    torch.float32: (1e-4, 1e-5),
+    torch.float16: (1e-2, 1e-3),
+    torch.bfloat16: (2e-2, 1e-2),
+}
+EXACT = (0.0, 0.0)
+
+GUARD_BYTES = 4096
+CANARY = 0xA5
+_INT_POISON = 0x5A
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One set of inputs: `kind` is random, edge or nonfinite."""
+
+    kind: str
+    seed: int
+
+
+def trials_for(seed: int) -> list[Trial]:
+    return [
+        Trial("random", seed),
+        Trial("random", seed + 1),
+        Trial("edge", seed + 2),
+        Trial("nonfinite", seed + 3),
+    ]
+
+
+def make_inputs(specs: Sequence[TensorSpec], trial: Trial) -> list[torch.Tensor]:
+    """Inputs for one trial. Non-finite values go into the first floating input only (the data
+    operand by ATen's convention); the others get edge values: NaN weights or statistics say
+    little about an operator, and the oracle's answer for them is an accident of its formula."""
+    gen = torch.Generator().manual_seed(trial.seed)
+    first_float = next((i for i, s in enumerate(specs) if s.torch_dtype.is_floating_point), -1)
+    inputs = []
+    for index, spec in enumerate(specs):
+        kind = trial.kind
+        if kind == "nonfinite" and index != first_float:
+            kind = "edge"
+        inputs.append(_make_one(spec, kind, gen))
+    return inputs
+
+
+def _make_one(spec: TensorSpec, kind: str, gen: torch.Generator) -> torch.Tensor:
+    dtype = spec.torch_dtype
+    shape = spec.shape
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=gen) < 0.5
+    if not dtype.is_floating_point:
+        # Small non-negative integers are valid indices, counts and class ids for most ops.
+        if kind == "edge":
+            return torch.zeros(shape, dtype=dtype)
+        return torch.randint(0, 4, shape, generator=gen, dtype=dtype)
+    values = torch.randn(shape, generator=gen, dtype=torch.float64)
+    if kind in ("edge", "nonfinite"):
+        info = torch.finfo(dtype)
+        large = min(1e4, info.max**0.25)
+        specials = [0.0, -0.0, large, -large, info.tiny * 4, -info.tiny * 4]
+        if kind == "nonfinite":
+            specials += [math.nan, math.inf, -math.inf]
+        pick = torch.randint(0, 2 * len(specials), shape, generator=gen)
+        for i, special in enumerate(specials):
+            values = torch.where(pick == i, torch.tensor(special, dtype=torch.float64), values)
+    return values.to(dtype)
+
+
+def upcast(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Float inputs in float64, for the eager oracle."""
+    return [t.double() if t.is_floating_point() else t for t in inputs]
+
+
+# -- guarded outputs --------------------------------------------------------------------------
+
+
+class GuardedOutputs:
+    """Output buffers poisoned inside, canaries outside; `check` reports any damage."""
+
+    def __init__(self, specs: Sequence[TensorSpec]):
+        self.specs = list(specs)
+        self.buffers: list[torch.Tensor] = []
+        self.views: list[torch.Tensor] = []
+        for spec in self.specs:
+            dtype = spec.torch_dtype
+            nbytes = math.prod(spec.shape) * _itemsize(dtype)
+            buf = torch.full((GUARD_BYTES * 2 + nbytes,), CANARY, dtype=torch.uint8)
+            body = buf[GUARD_BYTES : GUARD_BYTES + nbytes]
+            if dtype.is_floating_point:
+                body.view(dtype).fill_(math.nan)
+            else:
+                body.fill_(_INT_POISON)
+            self.buffers.append(buf)
+            view = body.view(dtype).view(spec.shape) if nbytes else torch.empty(spec.shape, dtype=dtype)
+            self.views.append(view)
+
+    def check(self) -> str | None:
+        """None if every canary is intact, else where the kernel wrote out of bounds."""
+        for index, buf in enumerate(self.buffers):
+            head = buf[:GUARD_BYTES]
+            tail = buf[-GUARD_BYTES:]
+            for side, region in (("before", head), ("after", tail)):
+                bad = (region != CANARY).nonzero()
+                if bad.numel():
+                    offset = int(bad[0 if side == "after" else -1])
+                    distance = offset + 1 if side == "after" else GUARD_BYTES - offset
+                    return (
+                        f"out-of-bounds write {side} output {index}: "
+                        f"{int(bad.numel())} canary bytes changed, nearest {distance} bytes {side} it"
+                    )
+        return None
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+# -- comparison -------------------------------------------------------------------------------
+
+
+@dataclass
+class Comparison:
+    ok: bool
+    max_abs_err: float
+    max_rel_err: float
+    message: str = ""
+
+
+def compare(got: torch.Tensor, want: torch.Tensor, index: int = 0) -> Comparison:
+    """Compare one output with its dtype's tolerance; NaN and ±Inf must match exactly."""
+    if tuple(got.shape) != tuple(want.shape):
+        return Comparison(False, math.inf, math.inf, f"output {index}: shape {tuple(got.shape)} != {tuple(want.shape)}")
+    if got.numel() == 0:
+        return Comparison(True, 0.0, 0.0)
+    if not got.dtype.is_floating_point:
+        diff = _as_int(got) != _as_int(want)
+        if diff.any():
+            where = _first(diff)
+            return Comparison(
+                False, math.inf, math.inf,
+                f"output {index}: {int(diff.sum())} of {got.numel()} elements differ, first at "
+                f"{list(where)}: got {got[where].item()}, expected {want[where].item()}",
+            )
+        return Comparison(True, 0.0, 0.0)
+    rtol, atol = TOLERANCES.get(got.dtype, EXACT)
+    g, w = got.double(), want.double()
+    both_finite = torch.isfinite(g) & torch.isfinite(w)
+    same_special = (torch.isnan(g) & torch.isnan(w)) | (torch.isinf(w) & (g == w))
+    inf = torch.tensor(math.inf, dtype=torch.float64)
+    abs_err = torch.where(
+        both_finite, (g - w).abs(), torch.where(same_special, torch.zeros_like(g), inf)
+    )
+    finite_w = w[torch.isfinite(w)]
+    scale = max(1.0, float(finite_w.abs().max())) if finite_w.numel() else 1.0
+    bound = atol * scale + rtol * torch.where(torch.isfinite(w), w.abs(), torch.zeros_like(w))
+    bad = abs_err > bound
+    max_abs = float(abs_err.max())
+    max_rel = float((abs_err / w.abs().clamp_min(atol * scale)).max())
+    if bad.any():
+        where = _first(bad)
+        return Comparison(
+            False, max_abs, max_rel,
+            f"output {index}: {int(bad.sum())} of {got.numel()} elements outside "
+            f"rtol={rtol:g} atol={atol:g}*{scale:.3g}, first at {list(where)}: "
+            f"got {g[where].item():.7g}, expected {w[where].item():.7g}",
+        )
+    return Comparison(True, max_abs, max_rel)
+
+
+def _as_int(t: torch.Tensor) -> torch.Tensor:
+    # A bool byte the kernel never wrote holds the poison, which only a byte view can see.
+    return t.view(torch.uint8).long() if t.dtype == torch.bool else t.long()
+
+
+def _first(mask: torch.Tensor) -> tuple[int, ...]:
+    return tuple(int(i) for i in mask.nonzero()[0])
+
+
+def inputs_unchanged(before: Sequence[torch.Tensor], after: Sequence[torch.Tensor]) -> str | None:
+    for index, (b, a) in enumerate(zip(before, after)):
+        if not torch.equal(_bytes(b), _bytes(a)):
+            return f"the kernel wrote into its input {index}"
+    return None
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8) if t.numel() else t.reshape(-1)
+
+
+def run_oracle(
+    oracle: Callable[[Sequence[torch.Tensor]], tuple[torch.Tensor, ...]],
+    inputs: Sequence[torch.Tensor],
+) -> tuple[torch.Tensor, ...]:
+    return tuple(t.detach() for t in oracle(inputs))
