@@ -2,7 +2,7 @@
 
 This is the reference lowering's pipeline; speedups are quoted against what it produces at
 `opt_level=3`. The order encodes lessons from DESIGN.md: outputs are destinations (no tensor
-results cross the boundary), `memref.copy` never reaches the `memrefCopy` runtime call,
+results cross the boundary, and empty-tensor elimination computes them in place), `memref.copy` never reaches the `memrefCopy` runtime call,
 `lower-affine` runs again after `expand-strided-metadata`, and vector transfers unroll fully
 (the partial form allocates on the stack inside loops and overflows it).
 """
@@ -53,6 +53,7 @@ class LowerCpu(PipelinePass):
             DestinationAbi(),
             "inline",
             "symbol-dce",
+            "eliminate-empty-tensors",  # results are computed in the destinations, not copied
             BUFFERIZE,
             "buffer-deallocation-pipeline",
             MemrefCopyToLinalg(),

@@ -135,7 +135,7 @@ def format_diagnostics(err: ir.MLIRError, filename: str = "-") -> list[str]:
 
 def _format_one(diag: ir.DiagnosticInfo, filename: str, kind: str) -> str:
     match = _LOC.search(str(diag.location))
-    if match:
+    if match and match.group(2) != "0":
         file, line, col = match.groups()
         file = filename if file in ("-", "<stdin>", "") else file
         return f"{file}:{line}:{col}: {kind}: {diag.message}"

@@ -1,0 +1,94 @@
+"""Loading a model named on the command line.
+
+Three forms are accepted:
+- `path/to/file.py`: defines `Model`, `get_inputs()` and `get_init_inputs()` (the convention of
+  public kernel benchmark suites); the model is `Model(*get_init_inputs())`.
+- `package.module:factory`: `factory()` returns `(model, example_inputs)`.
+- a zoo name (`kope.zoo.ZOO`): `mlp`, `cnn`, `transformer_block`, `encoder_layer`, `odd_shapes`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kope.errors import ModelLoadError
+from kope.zoo import ZOO
+
+
+def load_model(spec: str) -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    """The model and example inputs named by `spec`; ModelLoadError says what went wrong."""
+    if spec in ZOO:
+        return ZOO[spec]()
+    if spec.endswith(".py") or Path(spec).is_file():
+        return _from_file(Path(spec))
+    if ":" in spec:
+        return _from_factory(spec)
+    raise ModelLoadError(
+        f"cannot tell what model {spec!r} is: give a file.py defining Model, get_inputs() and "
+        f"get_init_inputs(), a module:factory, or one of the examples: {', '.join(ZOO)}"
+    )
+
+
+def _from_file(path: Path) -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: no such file")
+    name = f"kope_model_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ModelLoadError(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        raise ModelLoadError(f"{path}: failed to import: {_where(err)}") from err
+    missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if not hasattr(module, n)]
+    if missing:
+        raise ModelLoadError(
+            f"{path}: does not define {', '.join(missing)} "
+            "(expected Model, get_inputs() and get_init_inputs())"
+        )
+    try:
+        model = module.Model(*module.get_init_inputs())
+        inputs = tuple(module.get_inputs())
+    except Exception as err:
+        raise ModelLoadError(f"{path}: building the model or its inputs failed: {_where(err)}") from err
+    return _checked(str(path), model, inputs)
+
+
+def _from_factory(spec: str) -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:
+        raise ModelLoadError(f"{spec}: cannot import {module_name}: {_where(err)}") from err
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise ModelLoadError(f"{spec}: {module_name} has no callable {attr!r}")
+    try:
+        result = factory()
+        model, inputs = result
+    except Exception as err:
+        raise ModelLoadError(
+            f"{spec}: the factory must return (model, example_inputs); calling it failed: {_where(err)}"
+        ) from err
+    return _checked(spec, model, tuple(inputs))
+
+
+def _checked(name: str, model: Any, inputs: tuple[Any, ...]) -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    if not isinstance(model, torch.nn.Module):
+        raise ModelLoadError(f"{name}: the model is a {type(model).__name__}, not a torch.nn.Module")
+    return model.eval(), inputs
+
+
+def _where(err: BaseException) -> str:
+    frames = traceback.extract_tb(err.__traceback__)
+    location = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return f"{type(err).__name__}: {err}{location}"
