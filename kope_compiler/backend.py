@@ -46,14 +46,29 @@ def kope_backend(
 
 
 def _aot(gm: fx.GraphModule, example_inputs: Sequence[Any], opts: Options) -> Callable[..., Any]:
+    """aot_autograd to an aten inference graph, compiled by `compile_graph`.
+
+    When no operator got a JIT kernel, the dynamo graph itself runs: it computes the same ATen
+    calls without aot_autograd's runtime wrappers, so such a graph costs nothing over eager.
+    """
+    uses_kernels = False
+
     def forward_compiler(aten_gm: fx.GraphModule, _inputs: Sequence[Any]) -> Callable[..., Any]:
-        compiled, _ = compile_graph(aten_gm, opts)
+        nonlocal uses_kernels
+        compiled, report = compile_graph(aten_gm, opts)
+        uses_kernels = any(task.jit for task in report.tasks)
         return make_boxed_func(compiled.forward)
 
     def backward_compiler(_gm: fx.GraphModule, _inputs: Sequence[Any]) -> Callable[..., Any]:
         raise UnsupportedGraphError(_TRAINING_MESSAGE)
 
-    return aot_autograd(fw_compiler=forward_compiler, bw_compiler=backward_compiler)(gm, example_inputs)
+    compiled = aot_autograd(fw_compiler=forward_compiler, bw_compiler=backward_compiler)(
+        gm, example_inputs
+    )
+    if not uses_kernels:
+        log.debug("no operator of this graph runs a JIT kernel: running the graph eagerly")
+        return gm.forward
+    return compiled
 
 
 _TRAINING_MESSAGE = (
@@ -101,8 +116,6 @@ class ShapeSpecializer:
                 return self.gm(*args)
             fn = _aot(self.gm, list(args), self.opts)
             self.compiled[signature] = fn
-        if getattr(fn, "_boxed_call", False):
-            return fn(list(args))
         return fn(*args)
 
 

@@ -77,6 +77,9 @@ class ModulePass:
                 loc = err.location or op.location
                 loc.emit_error(f"{self.name}: {err}")
                 pass_.signal_pass_failure()
+            except Exception as err:  # a defect in the pass: report it as a pass failure
+                op.location.emit_error(f"{self.name}: internal error: {type(err).__name__}: {err}")
+                pass_.signal_pass_failure()
 
         pm.add(run, name=type(self).__name__, argument=self.name, description=self.summary)
 

@@ -54,6 +54,15 @@ class OutlineOperators(ModulePass):
 
     target: str = "cpu"
 
+    def __post_init__(self) -> None:
+        from kope.targets import target_names
+
+        if self.target not in target_names():
+            raise ValueError(
+                f"pass '{self.name}' option target={self.target!r} is not a known target; "
+                f"known targets: {', '.join(target_names())}"
+            )
+
     def run(self, module: ir.Operation) -> None:
         from kope.targets import get_target
 
@@ -92,7 +101,7 @@ class OutlineOperators(ModulePass):
             mapping: list[tuple[ir.Value, ir.Value]] = list(zip(args, block.arguments))
             with ir.InsertionPoint(block):
                 for producer in [*inits, op]:
-                    clone = producer.clone()
+                    clone = producer.clone().operation
                     for old, new in mapping:
                         _replace_in(clone, old, new)
                     mapping += list(zip(producer.results, clone.results))
@@ -163,11 +172,8 @@ def _only_feeds_inits(op: ir.Operation) -> bool:
 
 
 def _is_init_operand(op: ir.Operation, index: int) -> bool:
-    sizes = op.attributes["operandSegmentSizes"] if "operandSegmentSizes" in op.attributes else None
-    if sizes is None:
-        return False
-    n_inputs = ir.DenseI32ArrayAttr(sizes)[0]
-    return index >= n_inputs
+    # Destination-style ops on tensors have one init operand per result, at the end.
+    return index >= len(op.operands) - len(op.results)
 
 
 def _init_chain(op: ir.Operation) -> list[ir.Operation]:

@@ -1,0 +1,46 @@
+"""Shared test set-up: one temporary KOPE_HOME per session, seeded randomness, markers."""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Set before kope is imported anywhere, so no test touches the user's ~/.cache/kope.
+_SESSION_HOME = Path(tempfile.mkdtemp(prefix="kope-test-home-"))
+os.environ["KOPE_HOME"] = str(_SESSION_HOME)
+
+import torch  # noqa: E402
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-slow", action="store_true", help="also run tests marked slow")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: pass --run-slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _seeded() -> None:
+    random.seed(0)
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def kope_home() -> Path:
+    return _SESSION_HOME
+
+
+@pytest.fixture
+def fresh_store(tmp_path: Path) -> Path:
+    """An empty store directory for tests that must measure from scratch."""
+    return tmp_path / "store"

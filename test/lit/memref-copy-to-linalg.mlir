@@ -1,0 +1,11 @@
+// RUN: kope-opt --kope-memref-copy-to-linalg %s | FileCheck %s
+
+// CHECK-LABEL: func.func @copy
+// CHECK-NOT: memref.copy
+// CHECK: linalg.copy {{.*}}ins(%{{.*}} : memref<2x3xf32, strided<[5, 1], offset: ?>>) outs(%{{.*}} : memref<2x3xf32>)
+func.func @copy(%src: memref<4x5xf32>, %dst: memref<2x3xf32>) {
+  %view = memref.subview %src[1, 1] [2, 3] [1, 1] : memref<4x5xf32> to memref<2x3xf32, strided<[5, 1], offset: 6>>
+  %cast = memref.cast %view : memref<2x3xf32, strided<[5, 1], offset: 6>> to memref<2x3xf32, strided<[5, 1], offset: ?>>
+  memref.copy %cast, %dst : memref<2x3xf32, strided<[5, 1], offset: ?>> to memref<2x3xf32>
+  return
+}

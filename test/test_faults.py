@@ -1,0 +1,125 @@
+"""Planted faulty candidates: each is a recorded failure; the compiler and the store carry on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from kope.memory.schema import SOURCE_AGENT
+from kope.memory.store import ExperienceStore
+from kope.partition import partition
+from kope.selection import record_evaluation
+from kope.targets.base import InputRef, Kernel, OpCall, TaskSpec, TensorSpec
+from kope.targets.cpu import CpuTarget
+
+KERNELS = Path(__file__).parent / "kernels"
+RELU = TaskSpec(
+    "aten.relu(8x16xf32)",
+    (TensorSpec((8, 16), "float32"),),
+    (TensorSpec((8, 16), "float32"),),
+    OpCall("aten.relu.default", (InputRef(0),)),
+)
+
+
+@pytest.fixture(scope="module")
+def target():
+    cpu = CpuTarget(workers=1, timeout_s=10.0)
+    yield cpu
+    cpu.close()
+
+
+def kernel(name: str) -> Kernel:
+    return Kernel((KERNELS / name).read_text())
+
+
+def test_good_kernel_verifies(target: CpuTarget) -> None:
+    result = target.evaluate(RELU, kernel("relu_good.mlir"))
+    assert result.verdict == "verified", result.error
+    assert result.kernel is not None and result.eager is not None
+    assert result.eager.threads == torch.get_num_threads() and result.kernel.threads == 1
+
+
+def test_segfault_is_a_runtime_error(target: CpuTarget) -> None:
+    result = target.evaluate(RELU, kernel("relu_segfault.mlir"))
+    assert result.verdict == "runtime_error"
+    assert "SIGSEGV" in result.error and "verify" in result.error
+
+
+def test_hang_is_a_timeout(target: CpuTarget) -> None:
+    hang = CpuTarget(workers=1, timeout_s=3.0)
+    try:
+        result = hang.evaluate(RELU, kernel("relu_hang.mlir"))
+    finally:
+        hang.close()
+    assert result.verdict == "timeout"
+    assert "3 s" in result.error
+
+
+def test_silent_out_of_bounds_write_is_caught(target: CpuTarget) -> None:
+    result = target.evaluate(RELU, kernel("relu_oob_write.mlir"))
+    assert result.verdict == "runtime_error"
+    assert "out-of-bounds write after output 0" in result.error
+
+
+def test_write_into_input_is_caught(target: CpuTarget) -> None:
+    result = target.evaluate(RELU, kernel("relu_input_write.mlir"))
+    assert result.verdict == "runtime_error"
+    assert "input 0" in result.error
+
+
+def test_unwritten_output_is_caught(target: CpuTarget) -> None:
+    result = target.evaluate(RELU, kernel("relu_partial.mlir"))
+    assert result.verdict == "mismatch"
+    assert "[7, " in result.error  # the first element of the unwritten last row
+
+
+def test_nan_never_passes(target: CpuTarget) -> None:
+    result = target.evaluate(RELU, kernel("relu_nan.mlir"))
+    assert result.verdict == "mismatch"
+    assert "got nan" in result.error
+
+
+def test_wrong_axis_is_a_mismatch(target: CpuTarget) -> None:
+    x = torch.randn(8, 16)
+    right = partition(make_fx(lambda t: torch.softmax(t, -1), tracing_mode="fake")(x), "k").tasks[0]
+    wrong = partition(make_fx(lambda t: torch.softmax(t, 0), tracing_mode="fake")(x), "k").tasks[0]
+    assert right.key != wrong.key
+    result = target.evaluate(right.spec, Kernel(wrong.payload))
+    assert result.verdict == "mismatch"
+    assert result.max_abs_err is not None and result.max_abs_err > 1e-3
+    good = target.evaluate(right.spec, Kernel(right.payload))
+    assert good.verdict == "verified", good.error
+
+
+def test_malformed_mlir_names_line_and_column(target: CpuTarget) -> None:
+    source = "func.func @kope_kernel(%in: memref<8x16xf32>) {\n  %0 = arith.addf %in, %nope : f32\n}\n"
+    result = target.evaluate(RELU, Kernel(source))
+    assert result.verdict == "compile_error"
+    assert "kernel.mlir:2:" in result.error
+
+
+def test_wrong_signature_is_a_compile_error(target: CpuTarget) -> None:
+    source = kernel("relu_good.mlir").source.replace("8x16xf32", "8x15xf32")
+    result = target.evaluate(RELU, Kernel(source))
+    assert result.verdict == "compile_error"
+    assert "memref<8x16xf32>" in result.error and "signature" in result.error
+
+
+def test_failures_are_recorded_and_the_store_carries_on(target: CpuTarget, tmp_path: Path) -> None:
+    store = ExperienceStore(tmp_path)
+    from kope.memory.schema import TaskRecord
+
+    store.add_task(TaskRecord("relu-key", "aten.relu.default", RELU.label, "w", [], [], "cpu", "t"))
+    names = ["relu_segfault.mlir", "relu_oob_write.mlir", "relu_nan.mlir", "relu_good.mlir"]
+    for name in names:
+        evaluation = target.evaluate(RELU, kernel(name))
+        record_evaluation(store, "relu-key", evaluation, SOURCE_AGENT, kernel(name).source)
+    reopened = ExperienceStore(tmp_path)
+    verdicts = [a.verdict for a in reopened.attempts("relu-key") if a.source == SOURCE_AGENT]
+    assert verdicts == ["runtime_error", "runtime_error", "mismatch", "verified"]
+    best = reopened.best("relu-key")
+    assert best is not None and best.verdict == "verified"
+    assert reopened.get_artifact(reopened.attempts("relu-key")[0].artifact) is not None

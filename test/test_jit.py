@@ -1,0 +1,64 @@
+"""The CPU calling convention: descriptors for every rank and dtype, destinations, no copies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from kope.partition import partition
+from kope.targets.base import Kernel
+from kope.targets.cpu import BuildError, build_kernel
+
+
+def _task(fn, *args):
+    tasks = partition(make_fx(fn, tracing_mode="fake")(*args), "test").tasks
+    assert len(tasks) == 1, "each case must be a single operator"
+    return tasks[0]
+
+
+@pytest.mark.parametrize(
+    "fn, args",
+    [
+        (lambda x: x.sum(), (torch.randn(7, 3),)),  # rank-0 output
+        (lambda x: x * 2, (torch.randn(()),)),  # rank-0 input
+        (lambda x: x + 1, (torch.arange(12, dtype=torch.int64).reshape(3, 4),)),
+        (lambda x: x > 0, (torch.randn(3, 5, dtype=torch.float64),)),  # bool output
+        (torch.where, (torch.rand(4, 4) > 0.5, torch.randn(4, 4), torch.randn(4, 4))),  # bool input
+        (lambda x: torch.max(x, 1), (torch.randn(5, 6),)),  # two outputs
+        (lambda x: x.to(torch.float16), (torch.randn(8),)),
+        (lambda x: torch.nn.functional.pad(x, (1, 2)), (torch.randn(3, 4),)),  # copies
+        (lambda x: x[:, :0] + 1, (torch.randn(3, 4),)),  # zero elements
+    ],
+)
+def test_kernels_match_eager(fn, args) -> None:
+    task = _task(fn, *args)
+    kernel = build_kernel(task.spec, Kernel(task.payload))
+    got = kernel(*args)
+    want = fn(*args)
+    want = want if isinstance(want, tuple) else (want,)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        torch.testing.assert_close(g, w)
+
+
+def test_non_contiguous_input_is_made_contiguous() -> None:
+    x = torch.randn(6, 4)
+    task = _task(lambda t: t * 3, x.t().contiguous())
+    kernel = build_kernel(task.spec, Kernel(task.payload))
+    torch.testing.assert_close(kernel(x.t())[0], x.t() * 3)
+
+
+def test_no_memref_copy_runtime_call_remains() -> None:
+    from kope.targets.cpu import lower_kernel
+
+    task = _task(lambda x, w: torch.nn.functional.conv2d(x, w, padding=1),
+                 torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3))
+    text = str(lower_kernel(task.spec, Kernel(task.payload)))
+    assert "memrefCopy" not in text
+
+
+def test_build_error_is_raised_for_a_kernel_that_does_not_parse() -> None:
+    task = _task(torch.relu, torch.randn(3))
+    with pytest.raises(BuildError, match="kernel.mlir:1:"):
+        build_kernel(task.spec, Kernel("func.func @kope_kernel(%a: memref<3xf32>) { oops }"))
