@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The README's set-up commands. Each installs everything first (idempotent), then:
+#   bash run.sh demo   compile the example transformer block with backend="kope" and print,
+#                      per operator, the kernel it runs and its latency against eager
+#   bash run.sh test   run pytest and the lit suite of the MLIR passes
+#   bash run.sh bench  run benchmarks/dispatch_overhead.py
+# PYTHON=/path/to/python chooses the interpreter (default: python3).
+set -euo pipefail
+cd "$(dirname "$0")"
+PYTHON=${PYTHON:-python3}
+
+install() {
+  "$PYTHON" -m pip install --quiet --disable-pip-version-check torch==2.13.0
+  "$PYTHON" -m pip install --quiet --disable-pip-version-check -e '.[test]'
+}
+
+bin=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+export PATH="$bin:$PATH"  # the kope and kope-opt scripts, which tests and lit call by name
+case "${1:-}" in
+  demo)
+    install
+    kope compile transformer_block
+    ;;
+  test)
+    install
+    "$PYTHON" -m pytest -q
+    lit -sv test/lit
+    ;;
+  bench)
+    install
+    "$PYTHON" benchmarks/dispatch_overhead.py
+    ;;
+  *)
+    echo "usage: bash run.sh demo|test|bench" >&2
+    exit 2
+    ;;
+esac
