@@ -8,6 +8,7 @@ from importlib.metadata import entry_points
 from kope.passes.base import ModulePass, PassError, PipelinePass
 
 _BUILTIN = {
+    "kope-apply-schedule": "kope.passes.schedule:ApplySchedule",
     "kope-destination-abi": "kope.passes.abi:DestinationAbi",
     "kope-lower-cpu": "kope.passes.lower_cpu:LowerCpu",
     "kope-memref-copy-to-linalg": "kope.passes.memref_copy:MemrefCopyToLinalg",

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from kope.passes.abi import DestinationAbi
 from kope.passes.base import PipelineElement, PipelinePass
 from kope.passes.memref_copy import MemrefCopyToLinalg
+from kope.passes.schedule import ApplySchedule
 
 BUFFERIZE = (
     "one-shot-bufferize{bufferize-function-boundaries "
@@ -43,13 +44,14 @@ TO_LLVM = [
 
 @dataclass
 class LowerCpu(PipelinePass):
-    """linalg-on-tensors (`@main` or `@kope_kernel`) to LLVM dialect, ready for the JIT."""
+    """linalg-on-tensors (`@main`, optionally scheduled, or `@kope_kernel`) to LLVM dialect."""
 
     name = "kope-lower-cpu"
     summary = "Lower a linalg-on-tensors kernel to the LLVM dialect for the CPU JIT"
 
     def expand(self) -> list[PipelineElement]:
         return [
+            ApplySchedule(),  # a kernel's own schedule, on its tensor payload
             DestinationAbi(),
             "inline",
             "symbol-dce",
