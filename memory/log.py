@@ -43,6 +43,7 @@ class RecordLog:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fd: int | None = None
+        self._rfd: int | None = None
 
     def _writer(self) -> int:
         if self._fd is None:
@@ -69,44 +70,80 @@ class RecordLog:
 
     def read_from(self, offset: int) -> tuple[list[dict[str, Any]], int]:
         """Records after byte `offset`, and the offset to continue from."""
+        records: list[dict[str, Any]] = []
+        more = True
+        while more:
+            entries, offset, more = self.scan(offset)
+            records.extend(record for _, _, record in entries)
+        return records, offset
+
+    def scan(
+        self, offset: int, max_bytes: int = 1 << 26
+    ) -> tuple[list[tuple[int, int, dict[str, Any]]], int, bool]:
+        """(byte offset, length, record) of the records after byte `offset`, at most about
+        `max_bytes` of them; the offset to continue from; and whether more remain."""
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:
-            return [], 0
+            return [], 0, False
         try:
+            # Under the shared lock no writer is mid-line, so every line before `size` is
+            # whole (or torn for good by a crash); those bytes never change afterwards.
             fcntl.flock(fd, fcntl.LOCK_SH)
             try:
                 size = os.fstat(fd).st_size
-                if size < offset:
-                    log.warning("%s shrank below what was read; reading it again", self.path)
-                    offset = 0
-                os.lseek(fd, offset, os.SEEK_SET)
-                data = _read_all(fd, size - offset)
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
+            if size < offset:
+                log.warning("%s shrank below what was read; reading it again", self.path)
+                offset = 0
+            data = _pread_all(fd, min(size - offset, max_bytes), offset)
+            last = offset + len(data) >= size
+            if not last and b"\n" not in data:  # one line longer than max_bytes
+                data, last = _pread_all(fd, size - offset, offset), True
         finally:
             os.close(fd)
-        records: list[dict[str, Any]] = []
-        position = offset
-        for line in data.split(b"\n")[:-1]:
-            lineno_offset = position
-            position += len(line) + 1
-            if not line:
-                continue
-            try:
-                records.append(decode(line))
-            except (ValueError, json.JSONDecodeError) as err:
-                log.warning("%s: skipping a damaged record at byte %d (%s)", self.path, lineno_offset, err)
-        tail = data[data.rfind(b"\n") + 1 :]
-        if tail:
-            log.warning("%s: skipping a torn record at its end (%d bytes)", self.path, len(tail))
-            position += len(tail)
-        return records, position
+        end = data.rfind(b"\n") + 1
+        entries: list[tuple[int, int, dict[str, Any]]] = []
+        start = 0
+        while start < end:
+            stop = data.index(b"\n", start)
+            if stop > start:
+                try:
+                    entries.append((offset + start, stop - start, decode(data[start:stop])))
+                except (ValueError, json.JSONDecodeError) as err:
+                    log.warning("%s: skipping a damaged record at byte %d (%s)",
+                                self.path, offset + start, err)
+            start = stop + 1
+        if not last:
+            return entries, offset + end, True
+        if end < len(data):
+            log.warning("%s: skipping a torn record at its end (%d bytes)", self.path, len(data) - end)
+        return entries, offset + len(data), False
+
+    def read_at(self, offset: int, length: int) -> dict[str, Any]:
+        """The record stored at `offset` (as returned by `scan`); ValueError if damaged."""
+        if self._rfd is None:
+            self._rfd = os.open(self.path, os.O_RDONLY)
+        return decode(os.pread(self._rfd, length, offset))
+
+    def read_bytes(self, offset: int, length: int) -> bytes:
+        """Raw bytes of the log, for checking that a snapshot still matches it."""
+        if self._rfd is None:
+            self._rfd = os.open(self.path, os.O_RDONLY)
+        return os.pread(self._rfd, length, offset)
+
+    def size(self) -> int:
+        try:
+            return os.path.getsize(self.path)
+        except FileNotFoundError:
+            return 0
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        for fd in (self._fd, self._rfd):
+            if fd is not None:
+                os.close(fd)
+        self._fd = self._rfd = None
 
 
 def _last_byte(path: Path, size: int) -> bytes:
@@ -115,12 +152,13 @@ def _last_byte(path: Path, size: int) -> bytes:
         return f.read(1)
 
 
-def _read_all(fd: int, n: int) -> bytes:
+def _pread_all(fd: int, n: int, offset: int) -> bytes:
     chunks = []
     while n > 0:
-        chunk = os.read(fd, min(n, 1 << 24))
+        chunk = os.pread(fd, min(n, 1 << 24), offset)
         if not chunk:
             break
         chunks.append(chunk)
         n -= len(chunk)
+        offset += len(chunk)
     return b"".join(chunks)

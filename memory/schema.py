@@ -3,6 +3,14 @@
 Records are plain data with stable string ids (never rustworkx indices, which are reused
 after removal). They are stored as JSON; `SCHEMA_VERSION` changes when a field's meaning
 does, and `MIGRATIONS` brings older records forward.
+
+Edges, by kind (direction src -> dst):
+- `attempt`: task -> attempt (implied by `AttemptRecord.task`, never written on its own)
+- `refines`: attempt -> the attempt it was derived from (implied by `AttemptRecord.parent`);
+  the decision order, whose siblings are the alternative branches
+- `transferred_from`: attempt -> an attempt of another task whose kernel it reused
+- `similar`: task -> task
+- `supports` / `contradicts`: insight -> attempt that is evidence for / against it
 """
 
 from __future__ import annotations
@@ -13,23 +21,44 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Edge kinds.
 HAS_ATTEMPT = "attempt"  # task -> attempt
 REFINES = "refines"  # attempt -> attempt it was derived from (decision order)
 TRANSFERRED_FROM = "transferred_from"  # attempt -> attempt of another task it reused
 SIMILAR = "similar"  # task -> task
-EDGE_KINDS = (HAS_ATTEMPT, REFINES, TRANSFERRED_FROM, SIMILAR)
+SUPPORTS = "supports"  # insight -> attempt
+CONTRADICTS = "contradicts"  # insight -> attempt
+EDGE_KINDS = (HAS_ATTEMPT, REFINES, TRANSFERRED_FROM, SIMILAR, SUPPORTS, CONTRADICTS)
 
 # Where an attempt's kernel came from.
 SOURCE_EAGER = "eager"
 SOURCE_REFERENCE = "reference"
 SOURCE_AGENT = "agent"
+SOURCES = (SOURCE_EAGER, SOURCE_REFERENCE, SOURCE_AGENT)
+
+VERIFIED = "verified"
+VERDICTS = (VERIFIED, "compile_error", "runtime_error", "timeout", "mismatch")
 
 
 def new_id(prefix: str) -> str:
+    """A fresh stable id; random, so that processes writing at once never collide."""
     return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def hardware_of(target_key: str) -> str:
+    """The hardware part of a target key (`cpu|<model, ISA, cores>|torch-...|kope-...`): its
+    fields before the first toolkit version."""
+    kept: list[str] = []
+    for part in target_key.split("|"):
+        if part.startswith(_VERSION_PREFIXES):
+            break
+        kept.append(part)
+    return "|".join(kept)
+
+
+_VERSION_PREFIXES = ("torch-", "kope-", "triton-", "cann-")
 
 
 @dataclass
@@ -45,6 +74,11 @@ class TaskRecord:
     target: str
     target_key: str
     created: float = field(default_factory=time.time)
+    hardware: str = ""  # hardware fingerprint; derived from target_key when not given
+
+    def __post_init__(self) -> None:
+        if not self.hardware:
+            self.hardware = hardware_of(self.target_key)
 
     @property
     def id(self) -> str:
@@ -77,25 +111,67 @@ class AttemptRecord:
     reference_us: float | None = None
     speedup_vs_eager: float | None = None
     speedup_vs_reference: float | None = None
-    parent: str | None = None
+    parent: str | None = None  # the attempt this one refines
     created: float = field(default_factory=time.time)
+    transferred_from: str | None = None  # an attempt of another task whose kernel it reused
+
+
+@dataclass
+class InsightRecord:
+    """A distilled lesson: a decision and what it did on an op family, with its evidence.
+
+    `support` and `contradict` count the attempts linked by `supports` / `contradicts`
+    edges; `weight` is the posterior mean (support + 1) / (support + contradict + 2), so
+    contradicting evidence lowers it. Re-recorded (same id) whenever the counts change.
+    """
+
+    id: str
+    family: str  # op family, e.g. "matmul"
+    dtype: str
+    decision: str  # normalised decision text
+    text: str  # the lesson, for people and prompts
+    support: int = 0
+    contradict: int = 0
+    weight: float = 0.5
+    best_speedup: float | None = None  # best verified speedup vs eager among its support
+    best_attempt: str | None = None
+    created: float = field(default_factory=time.time)
+    updated: float = field(default_factory=time.time)
 
 
 @dataclass
 class EdgeRecord:
+    """A typed edge between two records named by their stable ids."""
+
     src: str
     dst: str
     kind: str
 
 
-RECORD_TYPES: dict[str, type] = {"task": TaskRecord, "attempt": AttemptRecord, "edge": EdgeRecord}
+RECORD_TYPES: dict[str, type] = {
+    "task": TaskRecord, "attempt": AttemptRecord, "insight": InsightRecord, "edge": EdgeRecord,
+}
 _TYPE_NAMES = {cls: name for name, cls in RECORD_TYPES.items()}
 
+
+def _v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """v2 gave tasks a hardware fingerprint; v1 tasks get it from their target key."""
+    if data.get("t") == "task" and not data.get("hardware"):
+        data = {**data, "hardware": hardware_of(str(data.get("target_key", "")))}
+    return {**data, "v": 2}
+
+
 # Migrations from version v to v+1, applied in order to older records.
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _v1_to_v2}
+
+
+def type_name(record: Any) -> str:
+    """The stored type tag of a record ("task", "attempt", "insight", "edge")."""
+    return _TYPE_NAMES[type(record)]
 
 
 def to_json(record: Any) -> dict[str, Any]:
+    """The record as a JSON-ready dict tagged with its type and the schema version."""
     data = dataclasses.asdict(record)
     data["v"] = SCHEMA_VERSION
     data["t"] = _TYPE_NAMES[type(record)]
