@@ -8,6 +8,8 @@ from importlib.metadata import entry_points
 from kope.passes.base import ModulePass, PassError, PipelinePass
 
 _BUILTIN = {
+    "kope-annotate-experience": "kope.passes.experience:AnnotateExperience",
+    "kope-apply-kernels": "kope.passes.apply_kernels:ApplyKernels",
     "kope-apply-schedule": "kope.passes.schedule:ApplySchedule",
     "kope-destination-abi": "kope.passes.abi:DestinationAbi",
     "kope-lower-cpu": "kope.passes.lower_cpu:LowerCpu",

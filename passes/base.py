@@ -3,16 +3,57 @@
 The MLIR Python bindings have no pass registry and `PassManager.add(callable)` takes no options,
 so each pass instance binds its options in a closure when it is added to a pass manager.
 Pipeline-valued passes (`kope-lower-cpu`) expand into upstream pipeline strings and KOPE passes.
+An option's help text is the field's `metadata["help"]`; `kope-opt --help` prints it.
+
+The bindings can emit only error diagnostics (`Location.emit_error`). Warnings and remarks of
+KOPE passes go through `emit_diagnostic` to the handler installed by `diagnostic_handler`
+(kope-opt prints them as `file:line:col: warning: ...` and checks them under
+`--verify-diagnostics`); with no handler installed they are logged under `kope.passes`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+import logging
+import shlex
 from dataclasses import dataclass
-from typing import Any, ClassVar, Union
+from typing import Any, Callable, ClassVar, Iterator, Union
 
 from torch_mlir import ir
 from torch_mlir.passmanager import PassManager
+
+log = logging.getLogger("kope.passes")
+
+WARNING = "warning"
+REMARK = "remark"
+
+DiagnosticHandler = Callable[[str, ir.Location, str], None]
+_HANDLERS: contextvars.ContextVar[tuple[DiagnosticHandler, ...]] = contextvars.ContextVar(
+    "kope_diagnostic_handlers", default=()
+)
+
+
+def emit_diagnostic(severity: str, location: ir.Location, message: str) -> None:
+    """Report a warning or remark at `location` to the innermost handler, else to the log."""
+    handlers = _HANDLERS.get()
+    if handlers:
+        handlers[-1](severity, location, message)
+    elif severity == WARNING:
+        log.warning("%s: %s", location, message)
+    else:
+        log.info("%s: %s", location, message)
+
+
+@contextlib.contextmanager
+def diagnostic_handler(handler: DiagnosticHandler) -> Iterator[None]:
+    """Route the warnings and remarks of KOPE passes run inside this block to `handler`."""
+    token = _HANDLERS.set((*_HANDLERS.get(), handler))
+    try:
+        yield
+    finally:
+        _HANDLERS.reset(token)
 
 
 class PassError(Exception):
@@ -33,10 +74,27 @@ class ModulePass:
     def run(self, module: ir.Operation) -> None:
         raise NotImplementedError
 
+    def warn(self, location: ir.Location, message: str) -> None:
+        """A warning diagnostic naming this pass: something was skipped that a user may want."""
+        emit_diagnostic(WARNING, location, f"{self.name}: {message}")
+
+    def remark(self, location: ir.Location, message: str) -> None:
+        """A remark diagnostic naming this pass: what it did, for those who ask."""
+        emit_diagnostic(REMARK, location, f"{self.name}: {message}")
+
     # -- options ---------------------------------------------------------------------------
     @classmethod
     def option_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def option_help(cls) -> list[tuple[str, str]]:
+        """(`name=DEFAULT`, help text) per option, for `kope-opt --help`."""
+        rows = []
+        for f in dataclasses.fields(cls):
+            default = "" if f.default is dataclasses.MISSING else _format(f.default)
+            rows.append((f"{f.name}={default}", str(f.metadata.get("help", ""))))
+        return rows
 
     @classmethod
     def from_options(cls, options: dict[str, str]) -> "ModulePass":
@@ -102,6 +160,17 @@ class PipelinePass(ModulePass):
                 element.add_to(pm)
 
 
+def check_target(pass_name: str, target: str) -> None:
+    """Raise `ValueError` naming the known targets unless `target` is one of them."""
+    from kope.targets import target_names
+
+    if target not in target_names():
+        raise ValueError(
+            f"pass '{pass_name}' option target={target!r} is not a known target; "
+            f"known targets: {', '.join(target_names())}"
+        )
+
+
 def _convert(pass_name: str, key: str, text: str, annotation: Any) -> Any:
     kind = str(annotation)
     try:
@@ -125,4 +194,6 @@ def _convert(pass_name: str, key: str, text: str, annotation: Any) -> Any:
 def _format(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    return str(value)
+    text = str(value)
+    # Options are read back with shlex (see `pipeline.parse_options`): quote what it would split.
+    return shlex.quote(text) if any(c in text for c in " \t\"'{}") else text

@@ -3,7 +3,7 @@
 Every path that produces the same operator function — the backend importing one aten node,
 `kope precompile`, `kope-outline-operators` on an IR file — must land on the same key, so the
 canonical form is computed here only: the function alone in a fresh module, named `@main`,
-public, without KOPE's own attributes or locations, after `canonicalize` and `cse`.
+public, without KOPE's own `kope.*` attributes or locations, after `canonicalize` and `cse`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from torch_mlir.passmanager import PassManager
 CANONICAL_NAME = "main"
 KEY_ATTR = "kope.key"
 LABEL_ATTR = "kope.label"
+KERNEL_ATTR = "kope.kernel"  # a function whose body is a kernel from memory, not an outlined operator
 
 
 def canonical_function(func: ir.Operation) -> str:
@@ -33,9 +34,10 @@ def canonicalize_module_text(text: str, context: ir.Context | None = None) -> st
         raise ValueError(f"expected exactly one func.func to canonicalize, found {len(funcs)}")
     func = funcs[0].operation
     func.attributes["sym_name"] = ir.StringAttr.get(CANONICAL_NAME, ctx)
-    for name in ("sym_visibility", KEY_ATTR, LABEL_ATTR):
-        if name in func.attributes:
-            del func.attributes[name]
+    # KOPE's own attributes (key, label, experience, kernel provenance) say things about the
+    # function, not what it computes.
+    for name in [a for a in func.attributes if a == "sym_visibility" or a.startswith("kope.")]:
+        del func.attributes[name]
     with ctx:
         PassManager.parse("builtin.module(canonicalize,cse)").run(module.operation)
     return module.operation.get_asm(enable_debug_info=False)

@@ -4,7 +4,10 @@
 
 Passes come either from `--pass-pipeline='builtin.module(...)'` or from one flag per pass in
 order (`--kope-outline-operators --canonicalize`); a pass with options takes them as
-`--kope-apply-kernels="store=/s target=cpu"`. Errors print `file:line:col: error: ...`.
+`--kope-apply-kernels="store=/s target=cpu"`. Like LLVM's tools, a long option may start with
+one dash or two. Diagnostics print as `file:line:col: error|warning|remark|note: ...`, both
+MLIR's and the warnings and remarks of KOPE passes (`kope.passes.base.emit_diagnostic`), and
+`--verify-diagnostics` checks all of them against `expected-*` comments, as mlir-opt does.
 """
 
 from __future__ import annotations
@@ -17,36 +20,51 @@ from typing import TextIO
 
 from torch_mlir import ir
 
-from kope.passes.base import PipelineElement
-from kope.passes.pipeline import (
-    PipelineError,
-    build_pass_manager,
-    format_diagnostics,
-    parse_pipeline,
-    split_top_level,
-)
+from kope.passes.base import PipelineElement, PipelinePass, diagnostic_handler
+from kope.passes.pipeline import PipelineError, build_pass_manager, parse_pipeline, pipeline_text
 
 SPLIT_MARKER = re.compile(r"^// -----\s*$", re.MULTILINE)
+# `{{` to the last `}}` of the line: an -re message holds its own `{{regex}}` parts.
 _EXPECTED = re.compile(
-    r"//\s*expected-(error|warning|note|remark)\s*(@[+-]\d+|@above|@below)?\s*\{\{(.*?)\}\}"
+    r"//\s*expected-(error|warning|note|remark)(-re)?\s*(@[+-]\d+|@above|@below)?\s*\{\{(.*)\}\}"
 )
-_DRIVER_FLAGS = {"--split-input-file", "--verify-diagnostics", "--mlir-print-ir-after-all"}
+_REGEX_PART = re.compile(r"\{\{(.*?)\}\}")
+_LOCATION = re.compile(r'"([^"]*)":(\d+):(\d+)')
+_DRIVER_FLAGS = {
+    "--split-input-file": "split",
+    "--verify-diagnostics": "verify",
+    "--mlir-print-ir-after-all": "print_after",
+    "--mlir-print-ir-before-all": "print_before",
+    "--allow-unregistered-dialect": "unregistered",
+    "--dump-pass-pipeline": "dump_pipeline",
+}
+_SEVERITY = {
+    ir.DiagnosticSeverity.ERROR: "error",
+    ir.DiagnosticSeverity.WARNING: "warning",
+    ir.DiagnosticSeverity.REMARK: "remark",
+    ir.DiagnosticSeverity.NOTE: "note",
+}
 
 USAGE = """usage: kope-opt [options] [input.mlir | -]
 
 Runs KOPE's MLIR passes (and upstream ones) on MLIR files, like mlir-opt.
 
-options:
-  -o FILE                    write the output here (default: stdout)
-  --pass-pipeline=PIPELINE   a textual pipeline, e.g. 'builtin.module(kope-outline-operators,cse)'
-  --PASS[=OPTIONS]           add one pass; KOPE passes below, or any upstream MLIR pass
-                             (e.g. --canonicalize); options as "key=value key=value"
-  --split-input-file         treat '// -----' as separate inputs
-  --verify-diagnostics       check diagnostics against expected-error/warning/note comments
-  --mlir-print-ir-after-all  print the IR after every pass (to stderr)
-  -h, --help                 show this help
+options (a long option may start with - or --):
+  -o FILE                       write the output here (default: stdout)
+  --pass-pipeline=PIPELINE      a textual pipeline, e.g.
+                                'builtin.module(kope-outline-operators,kope-apply-kernels{target=cpu},cse)'
+  --PASS[=OPTIONS]              add one pass, in order: a KOPE pass below or any upstream MLIR
+                                pass (--canonicalize); options as --PASS="key=value key=value"
+  --split-input-file            treat '// -----' as separate inputs
+  --verify-diagnostics          check diagnostics against expected-error/warning/remark/note[-re]
+                                comments
+  --mlir-print-ir-after-all     print the IR after every pass (to stderr)
+  --mlir-print-ir-before-all    print the IR before every pass (to stderr)
+  --allow-unregistered-dialect  accept operations of unknown dialects
+  --dump-pass-pipeline          print the pipeline, KOPE pipelines expanded, to stderr
+  -h, --help                    show this help
 
-KOPE passes:
+KOPE passes (options with their defaults):
 """
 
 
@@ -61,7 +79,10 @@ class Invocation:
     pipeline: list[PipelineElement] | None = None
     split: bool = False
     verify: bool = False
-    print_ir: bool = False
+    print_after: bool = False
+    print_before: bool = False
+    unregistered: bool = False
+    dump_pipeline: bool = False
 
 
 def parse_args(argv: list[str]) -> Invocation:
@@ -72,30 +93,25 @@ def parse_args(argv: list[str]) -> Invocation:
     args = list(argv)
     while args:
         arg = args.pop(0)
-        if arg == "-o":
-            if not args:
-                raise UsageError("-o needs a file name")
-            inv.output = args.pop(0)
-        elif arg.startswith("-o") and len(arg) > 2 and not arg.startswith("--"):
-            inv.output = arg[2:]
-        elif arg.startswith("--pass-pipeline"):
-            _, eq, value = arg.partition("=")
+        if arg == "-" or not arg.startswith("-"):
+            inputs.append(arg)
+            continue
+        if not arg.startswith("--"):
+            arg = "-" + arg  # LLVM's tools take -split-input-file as well as --split-input-file
+        name, eq, value = arg.partition("=")
+        if name in ("--o", "--pass-pipeline"):
             if not eq:
                 if not args:
-                    raise UsageError("--pass-pipeline needs a pipeline")
+                    raise UsageError(f"{name[1:] if name == '--o' else name} needs a value")
                 value = args.pop(0)
-            pipeline_text = value
+            if name == "--o":
+                inv.output = value
+            else:
+                pipeline_text = value
         elif arg in _DRIVER_FLAGS:
-            inv.split |= arg == "--split-input-file"
-            inv.verify |= arg == "--verify-diagnostics"
-            inv.print_ir |= arg == "--mlir-print-ir-after-all"
-        elif arg.startswith("--"):
-            name, eq, options = arg[2:].partition("=")
-            flags.append(f"{name}{{{options}}}" if eq and options else name)
-        elif arg == "-" or not arg.startswith("-"):
-            inputs.append(arg)
+            setattr(inv, _DRIVER_FLAGS[arg], True)
         else:
-            raise UsageError(f"unknown option '{arg}'; see kope-opt --help")
+            flags.append(f"{name[2:]}{{{value}}}" if eq and value else name[2:])
     if len(inputs) > 1:
         raise UsageError(f"one input file at a time, got {len(inputs)}: {' '.join(inputs)}")
     if inputs:
@@ -114,6 +130,17 @@ class Diagnostic:
     col: int
     message: str
 
+    @classmethod
+    def at(cls, severity: str, location: ir.Location, message: str) -> "Diagnostic":
+        match = _LOCATION.search(str(location))
+        line, col = (int(match.group(2)), int(match.group(3))) if match else (0, 0)
+        return cls(severity, line, col, message)
+
+    def render(self, name: str, offset: int) -> str:
+        """`file:line:col: severity: message`, the line counted in the whole input file."""
+        where = f"{name}:{self.line + offset}:{self.col}" if self.line else name
+        return f"{where}: {self.severity}: {self.message}"
+
 
 def _chunks(text: str, split: bool) -> list[tuple[int, str]]:
     """(first line number - 1, text) of each input chunk."""
@@ -131,18 +158,29 @@ def _chunks(text: str, split: bool) -> list[tuple[int, str]]:
 def _collect(err: ir.MLIRError) -> list[Diagnostic]:
     found = []
     for diag in err.error_diagnostics:
-        for info, severity in [(diag, "error"), *[(n, "note") for n in diag.notes]]:
-            match = re.search(r'":(\d+):(\d+)', str(info.location))
-            line, col = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
-            found.append(Diagnostic(severity, line, col, info.message))
+        found.append(Diagnostic.at("error", diag.location, diag.message))
+        found += [Diagnostic.at("note", n.location, n.message) for n in diag.notes]
+    if not found:
+        found.append(Diagnostic("error", 0, 0, err.message))
     return found
 
 
-def _expected(text: str) -> list[Diagnostic]:
+@dataclass
+class Expected:
+    """An `expected-<severity>[-re] [@where] {{message}}` comment: a substring, or with -re a
+    text whose `{{...}}` parts are regular expressions (as in mlir-opt)."""
+
+    severity: str
+    line: int
+    message: str
+    pattern: re.Pattern[str]
+
+
+def _expected(text: str) -> list[Expected]:
     wanted = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         for match in _EXPECTED.finditer(line):
-            severity, where, message = match.groups()
+            severity, is_re, where, message = match.groups()
             target = lineno
             if where in ("@above",):
                 target = lineno - 1
@@ -150,17 +188,22 @@ def _expected(text: str) -> list[Diagnostic]:
                 target = lineno + 1
             elif where:
                 target = lineno + int(where[1:])
-            wanted.append(Diagnostic(severity, target, 0, message))
+            if is_re:
+                parts = _REGEX_PART.split(message)  # literal, regex, literal, regex, ...
+                pattern = "".join(p if i % 2 else re.escape(p) for i, p in enumerate(parts))
+            else:
+                pattern = re.escape(message)
+            wanted.append(Expected(severity, target, message, re.compile(pattern)))
     return wanted
 
 
-def _verify(name: str, offset: int, got: list[Diagnostic], wanted: list[Diagnostic], err: TextIO) -> bool:
+def _verify(name: str, offset: int, got: list[Diagnostic], wanted: list[Expected], err: TextIO) -> bool:
     ok = True
     unmatched = list(got)
     for want in wanted:
         hit = next(
             (g for g in unmatched if g.severity == want.severity and g.line == want.line
-             and want.message in g.message),
+             and want.pattern.search(g.message)),
             None,
         )
         if hit is None:
@@ -170,8 +213,8 @@ def _verify(name: str, offset: int, got: list[Diagnostic], wanted: list[Diagnost
         else:
             unmatched.remove(hit)
     for g in unmatched:
-        if g.severity == "error":
-            err.write(f"{name}:{g.line + offset}:{g.col}: error: unexpected error: {g.message}\n")
+        if g.severity != "note":  # as in mlir-opt, a note may go unmentioned
+            err.write(f"{name}:{g.line + offset}:{g.col}: error: unexpected {g.severity}: {g.message}\n")
             ok = False
     return ok
 
@@ -183,29 +226,19 @@ def run(inv: Invocation, out: TextIO, err: TextIO) -> int:
     except OSError as e:
         err.write(f"kope-opt: cannot read {name}: {e.strerror}\n")
         return 1
+    if inv.dump_pipeline:
+        err.write(pipeline_text(_expanded(inv.pipeline or [])) + "\n")
     results: list[str] = []
     status = 0
     for offset, chunk in _chunks(text, inv.split):
-        context = ir.Context()
-        context.enable_multithreading(False)
-        diagnostics: list[Diagnostic] = []
-        produced: str | None = None
-        try:
-            module = ir.Module.parse(chunk, context)
-            pm = build_pass_manager(inv.pipeline or [], context)
-            if inv.print_ir:
-                pm.enable_ir_printing()
-            with context:
-                pm.run(module.operation)
-            produced = str(module)
-        except ir.MLIRError as e:
-            diagnostics = _collect(e)
-            if not inv.verify:
-                for line in format_diagnostics(e, name):
-                    err.write(_shift(line, name, offset) + "\n")
-                status = 1
+        diagnostics, produced = _run_chunk(inv, chunk)
         if inv.verify:
             if not _verify(name, offset, diagnostics, _expected(chunk), err):
+                status = 1
+        else:
+            for diagnostic in diagnostics:
+                err.write(diagnostic.render(name, offset) + "\n")
+            if produced is None:
                 status = 1
         if produced is not None:
             results.append(produced)
@@ -217,14 +250,44 @@ def run(inv: Invocation, out: TextIO, err: TextIO) -> int:
     return status
 
 
-def _shift(line: str, name: str, offset: int) -> str:
-    """Make a chunk-relative `file:line:col` absolute within the whole input file."""
-    if not offset:
-        return line
-    match = re.match(rf"{re.escape(name)}:(\d+):(\d+):", line)
-    if not match:
-        return line
-    return f"{name}:{int(match.group(1)) + offset}:{match.group(2)}:" + line[match.end():]
+def _run_chunk(inv: Invocation, chunk: str) -> tuple[list[Diagnostic], str | None]:
+    """Parse and run one input; its diagnostics in the order they came, and the output IR."""
+    context = ir.Context()
+    context.enable_multithreading(False)
+    context.allow_unregistered_dialects = inv.unregistered
+    diagnostics: list[Diagnostic] = []
+
+    def on_mlir(diag: ir.Diagnostic) -> bool:
+        # Errors stay with the MLIRError that parsing or the pass manager raises.
+        if diag.severity == ir.DiagnosticSeverity.ERROR:
+            return False
+        diagnostics.append(Diagnostic.at(_SEVERITY[diag.severity], diag.location, diag.message))
+        diagnostics.extend(Diagnostic.at("note", n.location, n.message) for n in diag.notes)
+        return True
+
+    def on_kope(severity: str, location: ir.Location, message: str) -> None:
+        diagnostics.append(Diagnostic.at(severity, location, message))
+
+    context.attach_diagnostic_handler(on_mlir)
+    try:
+        with diagnostic_handler(on_kope):
+            module = ir.Module.parse(chunk, context)
+            pm = build_pass_manager(inv.pipeline or [], context)
+            if inv.print_after or inv.print_before:
+                pm.enable_ir_printing(print_before_all=inv.print_before, print_after_all=inv.print_after)
+            with context:
+                pm.run(module.operation)
+    except ir.MLIRError as e:
+        return diagnostics + _collect(e), None
+    return diagnostics, str(module)
+
+
+def _expanded(elements: list[PipelineElement]) -> list[PipelineElement]:
+    """The pipeline with KOPE's named pipelines (kope-lower-cpu) replaced by their passes."""
+    flat: list[PipelineElement] = []
+    for element in elements:
+        flat += _expanded(element.expand()) if isinstance(element, PipelinePass) else [element]
+    return flat
 
 
 def usage() -> str:
@@ -233,9 +296,9 @@ def usage() -> str:
     lines = [USAGE]
     for pass_name in pass_names():
         cls = pass_class(pass_name)
-        options = cls.option_names()
-        suffix = f"  [options: {', '.join(options)}]" if options else ""
-        lines.append(f"  --{pass_name:<28} {cls.summary}{suffix}")
+        lines.append(f"  --{pass_name:<30} {cls.summary}")
+        for option, text in cls.option_help():
+            lines.append(f"      {option:<28} {text}")
     return "\n".join(lines) + "\n"
 
 

@@ -4,17 +4,17 @@ Each linalg operator (with the producers of its init tensors: `tensor.empty`, `l
 and the constants they use) moves into its own `func.func private @kope_op_<n>`, carrying
 `kope.key` (the key the backend computes for the identical function) and `kope.label`;
 the operator is replaced by a `func.call`. Functions already tagged are left alone, so the
-pass is idempotent.
+pass is idempotent, and so are kernels `kope-apply-kernels` put in (`kope.kernel`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch_mlir import ir
 
-from kope.passes.base import ModulePass
-from kope.passes.keys import KEY_ATTR, LABEL_ATTR, canonical_function, task_key
+from kope.passes.base import ModulePass, check_target
+from kope.passes.keys import KEY_ATTR, KERNEL_ATTR, LABEL_ATTR, canonical_function, task_key
 
 _NOT_OPERATORS = {"linalg.yield", "linalg.index"}
 _INIT_PRODUCERS = {"tensor.empty", "linalg.fill", "arith.constant"}
@@ -52,16 +52,10 @@ class OutlineOperators(ModulePass):
     name = "kope-outline-operators"
     summary = "Outline each compute operator into a private function tagged with its key"
 
-    target: str = "cpu"
+    target: str = field(default="cpu", metadata={"help": "the target whose key goes into kope.key"})
 
     def __post_init__(self) -> None:
-        from kope.targets import target_names
-
-        if self.target not in target_names():
-            raise ValueError(
-                f"pass '{self.name}' option target={self.target!r} is not a known target; "
-                f"known targets: {', '.join(target_names())}"
-            )
+        check_target(self.name, self.target)
 
     def run(self, module: ir.Operation) -> None:
         from kope.targets import get_target
@@ -71,7 +65,9 @@ class OutlineOperators(ModulePass):
         funcs = [
             op.operation
             for op in body.operations
-            if op.operation.name == "func.func" and KEY_ATTR not in op.operation.attributes
+            if op.operation.name == "func.func"
+            and KEY_ATTR not in op.operation.attributes
+            and KERNEL_ATTR not in op.operation.attributes
         ]
         counter = _Counter(body)
         for func in funcs:

@@ -19,6 +19,7 @@ from torch_mlir.passmanager import PassManager
 from kope.passes.base import ModulePass, PipelineElement
 
 _LOC = re.compile(r'"([^"]*)":(\d+):(\d+)')
+_NESTED_KOPE = re.compile(r"[(,]\s*(kope-[\w-]+)")  # a KOPE pass named inside a nested pipeline
 
 
 class PipelineError(Exception):
@@ -96,6 +97,11 @@ def parse_pipeline(text: str) -> list[PipelineElement]:
                     raise PipelineError(f"malformed options in pipeline element {item!r}")
                 options = item[item.index("{") + 1 : -1]
             elements.append(make_pass(name, options))
+        elif (nested := _NESTED_KOPE.search(item)) is not None:
+            raise PipelineError(
+                f"KOPE passes run on the whole module: put '{nested.group(1)}' at the top level "
+                f"of builtin.module(...), not inside '{item}'"
+            )
         else:
             elements.append(item)
     return elements

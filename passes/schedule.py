@@ -9,6 +9,7 @@ A module without a schedule is left alone.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from torch_mlir import ir
@@ -18,6 +19,7 @@ from kope.passes.base import ModulePass, PassError
 
 ENTRY_POINT = "__transform_main"
 WITH_NAMED_SEQUENCE = "transform.with_named_sequence"
+_MESSAGE_AT = re.compile(r"^(Diagnostic message )?at loc\(.*?\):\s*")
 
 
 def find_schedule(module: ir.Operation) -> ir.Operation | None:
@@ -52,5 +54,11 @@ class ApplySchedule(ModulePass):
             interpreter.apply_named_sequence(module, schedule, module)
         except ir.MLIRError as err:
             detail = "; ".join(d.message for d in err.error_diagnostics) or str(err)
+            raise PassError(f"the schedule failed: {detail}", schedule.location) from None
+        except ValueError as err:
+            # The interpreter reports a failed transform as a ValueError whose text holds the
+            # diagnostics, one per line after a headline.
+            lines = str(err).splitlines()[1:] or [str(err)]
+            detail = "; ".join(_MESSAGE_AT.sub("", line) for line in lines)
             raise PassError(f"the schedule failed: {detail}", schedule.location) from None
         strip_transforms(module)

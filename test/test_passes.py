@@ -37,9 +37,11 @@ def test_pipeline_mixes_upstream_and_kope_passes() -> None:
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("kope-nonesuch", "unknown KOPE pass 'kope-nonesuch'; KOPE passes are: kope-destination-abi"),
+        ("kope-nonesuch", "unknown KOPE pass 'kope-nonesuch'; KOPE passes are: " + ", ".join(pass_names())),
         ("kope-outline-operators{color=red}", "has no option 'color'; its options are: target"),
         ("kope-outline-operators{target}", "not of the form key=value"),
+        ("kope-apply-kernels{target=tpu}", "option target='tpu' is not a known target; known targets: cpu"),
+        ("func.func(cse,kope-outline-operators)", "put 'kope-outline-operators' at the top level"),
     ],
 )
 def test_pipeline_errors_name_the_problem(text: str, message: str) -> None:
@@ -115,3 +117,81 @@ def test_verify_diagnostics_reports_a_missing_expectation(tmp_path: Path) -> Non
     proc = subprocess.run(["kope-opt", "--verify-diagnostics", str(source)], capture_output=True, text=True)
     assert proc.returncode == 1
     assert f"{source}:2: error: expected error \"this never happens\" was not produced" in proc.stderr
+
+
+def test_options_round_trip_through_pipeline_text() -> None:
+    """A store path with spaces survives `str(pass)`, as in the repro command."""
+    elements = parse_pipeline("kope-apply-kernels{store='/tmp/a store' target=cpu},cse")
+    assert pipeline_text(elements) == "builtin.module(kope-apply-kernels{store='/tmp/a store'},cse)"
+    again = parse_pipeline(pipeline_text(elements))
+    assert getattr(again[0], "store") == "/tmp/a store"
+
+
+def test_kope_opt_help_lists_options_with_defaults_and_help() -> None:
+    proc = subprocess.run(["kope-opt", "--help"], capture_output=True, text=True, check=True)
+    lines = proc.stdout.splitlines()
+    at = lines.index(next(line for line in lines if line.strip().startswith("--kope-apply-kernels")))
+    assert lines[at + 1].split()[0] == "store=" and "$KOPE_HOME" in lines[at + 1]
+    assert lines[at + 2].split()[0] == "target=cpu"
+
+
+_ABI_INPUT = "func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> { return %a : tensor<2xf32> }"
+
+
+def test_kope_opt_takes_single_dash_options_like_llvm_tools(tmp_path: Path) -> None:
+    out = tmp_path / "out.mlir"
+    proc = subprocess.run(
+        ["kope-opt", "-kope-destination-abi", "-canonicalize", f"-o={out}", "-"],
+        input=_ABI_INPUT, capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "func.func @kope_kernel" in out.read_text()
+
+
+def test_kope_opt_dump_pass_pipeline_expands_kope_pipelines() -> None:
+    proc = subprocess.run(
+        ["kope-opt", "--dump-pass-pipeline", "--kope-lower-cpu", "-"],
+        input=_ABI_INPUT, capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    dumped = proc.stderr.splitlines()[0]
+    assert dumped.startswith("builtin.module(kope-apply-schedule,kope-destination-abi,inline,")
+    assert "kope-lower-cpu" not in dumped and "kope-memref-copy-to-linalg" in dumped
+
+
+def test_kope_opt_allow_unregistered_dialect() -> None:
+    text = 'func.func @f() { "mystery.op"() : () -> () \n return }'
+    refused = subprocess.run(["kope-opt", "-"], input=text, capture_output=True, text=True)
+    assert refused.returncode == 1 and "<stdin>:1:30: error: operation being parsed with an unregistered dialect" in refused.stderr
+    allowed = subprocess.run(["kope-opt", "--allow-unregistered-dialect", "-"], input=text,
+                             capture_output=True, text=True)
+    assert allowed.returncode == 0 and '"mystery.op"()' in allowed.stdout
+
+
+_STALE = (
+    "func.func private @stale(%a: tensor<4xf32>) -> tensor<4xf32> attributes "
+    '{kope.key = "00"} {\n  return %a : tensor<4xf32>\n}\n'
+)
+
+
+def test_verify_diagnostics_fails_on_an_unexpected_warning(tmp_path: Path) -> None:
+    (tmp_path / "store").mkdir()
+    source = tmp_path / "t.mlir"
+    source.write_text(_STALE)
+    flags = ["--verify-diagnostics", f"--kope-apply-kernels=store={tmp_path / 'store'}", str(source)]
+    proc = subprocess.run(["kope-opt", *flags], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert f"{source}:1:1: error: unexpected warning: kope-apply-kernels: @stale left untouched" in proc.stderr
+    source.write_text("// expected-warning-re @+1 {{@st{{[a-z]+}} left untouched: its kope.key 00...}}\n" + _STALE)
+    proc = subprocess.run(["kope-opt", *flags], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_pass_warnings_are_logged_outside_kope_opt(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Run as a library (no diagnostic handler), a pass's warning goes to the kope.passes log."""
+    (tmp_path / "store").mkdir()
+    module = ir.Module.parse(_STALE, ir.Context())
+    with caplog.at_level("WARNING", logger="kope.passes"):
+        run_pipeline(module, parse_pipeline(f"kope-apply-kernels{{store={tmp_path / 'store'}}}"),
+                     description="stale key")
+    assert any("@stale left untouched" in r.getMessage() for r in caplog.records)

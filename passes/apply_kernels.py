@@ -1,0 +1,176 @@
+"""`kope-apply-kernels`: give each outlined operator the best verified kernel memory knows for it.
+
+For every function carrying `kope.key` (see `kope-outline-operators`), the pass asks the
+experience store for the best verified attempt of that key. When the winner is an agent kernel
+whose artifact is a tensor-level module (`func.func @main`, optionally with its transform
+schedule `@__transform_main`), the schedule is applied to a copy of the artifact exactly as
+`kope-lower-cpu` would (`kope-apply-schedule`), and the function's body is replaced by the
+scheduled `@main`. The function keeps its name, visibility, key and label, and gains
+`kope.kernel = "agent"`, `kope.attempt` and `kope.artifact`, so a second run leaves it alone.
+
+Left untouched: operators memory does not know, operators whose winner is eager ATen or the
+reference lowering (the outlined body *is* the reference lowering). Left untouched with a
+warning: a function whose `kope.key` is not its key on `target` (outlined for another target,
+or edited since), an artifact that is missing, does not parse, holds only a memref-level
+`@kope_kernel` (destination-passing: it cannot stand in for a function on tensors), has a
+schedule that fails, or has another signature than the function.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from torch_mlir import ir
+
+from kope.memory import AttemptRecord, ExperienceStore
+from kope.passes.abi import ENTRY, PAYLOAD, find_func, function_type
+from kope.passes.base import ModulePass, PassError, check_target
+from kope.passes.experience import (
+    STORE_HELP,
+    function_key,
+    keyed_functions,
+    open_store,
+    symbol_name,
+)
+from kope.passes.keys import KERNEL_ATTR, canonical_function, task_key
+from kope.passes.schedule import ApplySchedule
+
+log = logging.getLogger("kope.passes")
+
+ATTEMPT_ATTR = "kope.attempt"
+ARTIFACT_ATTR = "kope.artifact"
+AGENT = "agent"  # kope.memory.schema.SOURCE_AGENT: the only source with a kernel to apply
+
+
+class _Skip(Exception):
+    """Why one function keeps its body; reported as a warning at the function."""
+
+
+@dataclass
+class ApplyKernels(ModulePass):
+    """Replace each keyed function's body by the best verified agent kernel for its key."""
+
+    name = "kope-apply-kernels"
+    summary = "Replace each keyed operator's body by the best verified kernel in the experience store"
+
+    store: str = field(default="", metadata={"help": STORE_HELP})
+    target: str = field(
+        default="cpu", metadata={"help": "the target the kernels were verified on"}
+    )
+
+    def __post_init__(self) -> None:
+        check_target(self.name, self.target)
+
+    def run(self, module: ir.Operation) -> None:
+        from kope.targets import get_target
+
+        target_key = get_target(self.target).key()
+        store = open_store(self.store, self.name)
+        try:
+            for func in keyed_functions(module):
+                if KERNEL_ATTR in func.attributes:
+                    continue  # replaced by an earlier run: its body no longer hashes to its key
+                try:
+                    self._apply(module, func, store, target_key)
+                except _Skip as why:
+                    self.warn(func.location, f"@{symbol_name(func)} left untouched: {why}")
+        finally:
+            store.close()
+
+    def _apply(
+        self, module: ir.Operation, func: ir.Operation, store: ExperienceStore, target_key: str
+    ) -> None:
+        key = function_key(func)
+        # A kernel is only right for the computation it was verified on: recompute the key
+        # rather than trust an attribute that may have outlived an edit of the body.
+        if task_key(canonical_function(func), target_key) != key:
+            raise _Skip(
+                f"its kope.key {key[:12]}... is not the key of its body on target "
+                f"'{self.target}' (outlined for another target, or changed since)"
+            )
+        best = store.best(key)
+        if best is None or best.source != AGENT:
+            log.debug("@%s: %s", symbol_name(func), "unknown" if best is None else best.source)
+            return
+        if best.artifact is None:
+            raise _Skip(f"attempt {best.id} won but recorded no kernel text")
+        text = store.get_artifact(best.artifact)
+        if text is None:
+            raise _Skip(f"the kernel text {best.artifact[:12]}... of attempt {best.id} is missing or damaged")
+        kernel = self._scheduled_payload(text, best, func.context)
+        payload = find_func(kernel.operation, PAYLOAD)
+        assert payload is not None
+        want, got = function_type(func), function_type(payload)
+        if want != got:
+            raise _Skip(f"attempt {best.id}'s @{PAYLOAD} has type {got}, the function has {want}")
+        log.info(
+            "@%s (%s): applying attempt %s, %s x eager",
+            symbol_name(func), key[:12], best.id, best.speedup_vs_eager,
+        )
+        _replace(module, func, kernel.operation, best)
+
+    def _scheduled_payload(self, text: str, best: AttemptRecord, context: ir.Context) -> ir.Module:
+        """The artifact parsed afresh, its schedule applied and erased."""
+        try:
+            kernel = ir.Module.parse(text, context)
+        except ir.MLIRError as err:
+            detail = "; ".join(d.message for d in err.error_diagnostics) or str(err)
+            raise _Skip(f"the kernel of attempt {best.id} does not parse: {detail}") from None
+        if find_func(kernel.operation, PAYLOAD) is None:
+            if find_func(kernel.operation, ENTRY) is not None:
+                raise _Skip(
+                    f"attempt {best.id} is a memref-level @{ENTRY} in destination-passing form, "
+                    f"which cannot replace a function on tensors"
+                )
+            raise _Skip(f"the kernel of attempt {best.id} has no @{PAYLOAD}")
+        try:
+            ApplySchedule().run(kernel.operation)
+        except PassError as err:
+            raise _Skip(f"attempt {best.id}: {err}") from None
+        return kernel
+
+
+def _replace(
+    module: ir.Operation, func: ir.Operation, kernel: ir.Operation, best: AttemptRecord
+) -> None:
+    """Put the kernel's `@main` in place of `func` (same symbol and attributes), helpers beside it."""
+    name = symbol_name(func)
+    payload = find_func(kernel, PAYLOAD)
+    assert payload is not None
+    taken = {
+        symbol_name(op.operation)
+        for op in module.regions[0].blocks[0].operations
+        if "sym_name" in op.operation.attributes
+    }
+    for op in list(kernel.regions[0].blocks[0].operations):
+        op = op.operation
+        if op == payload:
+            continue
+        if "sym_name" in op.attributes:
+            # A helper of the kernel (a function, a global): private, under a fresh name.
+            old, new, n = symbol_name(op), f"{name}_{symbol_name(op)}", 0
+            while new in taken:
+                n += 1
+                new = f"{name}_{old}_{n}"
+            taken.add(new)
+            ir.SymbolTable.replace_all_symbol_uses(old, new, kernel)
+            op.attributes["sym_name"] = ir.StringAttr.get(new)
+            op.attributes["sym_visibility"] = ir.StringAttr.get("private")
+        if op.name == "func.func":
+            _mark(op, best)  # part of the kernel: not an operator to outline
+        op.move_before(func)
+    for attr in list(payload.attributes):
+        del payload.attributes[attr]
+    for attr in list(func.attributes):
+        payload.attributes[attr] = func.attributes[attr]
+    _mark(payload, best)
+    payload.move_before(func)
+    func.erase()
+
+
+def _mark(func: ir.Operation, best: AttemptRecord) -> None:
+    """Say where a function's body came from."""
+    func.attributes[KERNEL_ATTR] = ir.StringAttr.get(best.source)
+    func.attributes[ATTEMPT_ATTR] = ir.StringAttr.get(best.id)
+    func.attributes[ARTIFACT_ATTR] = ir.StringAttr.get(best.artifact or "")
