@@ -117,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     compile_p.add_argument("--repeat", type=int, default=100,
                            help="calls timed for the end-to-end comparison (default: 100)")
     compile_p.set_defaults(run=_compile_command)
+    from kope.memory.cli import add_commands; add_commands(sub)  # noqa: E702
     return parser
 
 

@@ -1,0 +1,182 @@
+"""`kope memory ...`: look into the experience store from the command line.
+
+`add_commands(subparsers)` registers the `memory` command on the `kope` parser; each
+subcommand opens the store given by `--store DIR` (default `$KOPE_HOME`, else
+`~/.cache/kope`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from kope.memory.paths import kope_home
+from kope.memory.schema import AttemptRecord, TaskRecord
+from kope.memory.store import TASK, ExperienceStore
+
+
+class MemoryCommandError(Exception):
+    """A `kope memory` argument that cannot be acted on (the message says why)."""
+
+
+def add_commands(subparsers: Any) -> None:
+    """Register `memory` and its subcommands on an argparse subparsers object."""
+    memory = subparsers.add_parser(
+        "memory", help="inspect the experience store (stats, show, context, export, prune)",
+        description="Inspect KOPE's experience store: what was tried for each operator, what "
+        "worked, and what the agent would be shown.",
+    )
+    memory.set_defaults(run=lambda args: (memory.print_help(), 0)[1])
+    sub = memory.add_subparsers(dest="memory_command", metavar="SUBCOMMAND")
+
+    def command(name: str, help_text: str, run: Any) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("--store", type=Path, default=None,
+                       help="store directory (default: $KOPE_HOME or ~/.cache/kope)")
+        p.set_defaults(run=lambda args: _guarded(run, args))
+        return p
+
+    stats = command("stats", "counts of tasks, attempts, verified attempts and insights", _stats)
+    stats.add_argument("--json", action="store_true", help="print JSON")
+    show = command("show", "a task's trajectory: attempts as a tree of refinements", _show)
+    show.add_argument("key", help="task key, or a unique prefix of one")
+    context = command("context", "exactly the context ACMI would inject for a task, with scores",
+                      _context)
+    context.add_argument("key", help="task key, or a unique prefix of one")
+    context.add_argument("--budget", type=int, default=4000, help="token budget (default 4000)")
+    context.add_argument("--counter", choices=["estimate", "bpe"], default="estimate",
+                         help="token counter: the offline estimate, or o200k from bpe-openai")
+    context.add_argument("--json", action="store_true", help="print the context as JSON")
+    export = command("export", "write the whole graph as JSON, GraphML or DOT", _export)
+    export.add_argument("--format", choices=["json", "graphml", "dot"], default="json")
+    export.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
+    prune = command("prune", "delete kernel texts of old failed attempts; keep the graph's "
+                    "history", _prune)
+    prune.add_argument("--older-than", type=float, default=30.0, metavar="DAYS",
+                       help="only attempts recorded more than DAYS ago (default 30)")
+    prune.add_argument("--dry-run", action="store_true", help="say what would go; delete nothing")
+    command("compact", "write a snapshot so that the store opens without replaying its log",
+            _compact)
+
+
+def _guarded(run: Any, args: argparse.Namespace) -> int:
+    try:
+        code: int = run(args, ExperienceStore(args.store or kope_home()))
+        return code
+    except MemoryCommandError as err:
+        print(f"kope memory: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _stats(args: argparse.Namespace, store: ExperienceStore) -> int:
+    summary = store.summary()
+    if args.json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+        return 0
+    width = max(len(k) for k in summary)
+    for key, value in summary.items():
+        print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def resolve_key(store: ExperienceStore, prefix: str) -> str:
+    """The task key that `prefix` names; MemoryCommandError if none or several."""
+    if store.task(prefix) is not None:
+        return prefix
+    matches = sorted(store.id_of(r) for r in store.rows_of_kind(TASK)
+                     if store.id_of(r).startswith(prefix))
+    if not matches:
+        raise MemoryCommandError(f"no task key starts with {prefix!r} in {store.root}; "
+                                 "`kope memory stats` says what the store holds")
+    if len(matches) > 1:
+        shown = ", ".join(m[:16] for m in matches[:5])
+        raise MemoryCommandError(f"{prefix!r} names {len(matches)} tasks ({shown}...); "
+                                 "give more of the key")
+    return matches[0]
+
+
+def _show(args: argparse.Namespace, store: ExperienceStore) -> int:
+    key = resolve_key(store, args.key)
+    task = store.task(key)
+    assert isinstance(task, TaskRecord)
+    attempts = store.attempts(key)
+    best = store.best(key)
+    print(f"{task.label}  [{task.op}, {task.target}]")
+    print(f"key {task.key}")
+    print(f"hardware {task.hardware}; {len(attempts)} attempts; best: "
+          f"{_line(best) if best else 'none verified'}")
+    ids = {a.id for a in attempts}
+    children: dict[str | None, list[AttemptRecord]] = {}
+    for a in attempts:
+        children.setdefault(a.parent if a.parent in ids else None, []).append(a)
+
+    def walk(parent: str | None, depth: int) -> None:
+        for a in children.get(parent, []):
+            mark = "*" if best is not None and a.id == best.id else " "
+            print(f"{mark} {'  ' * depth}{'└─ ' if depth else ''}{_line(a)}")
+            walk(a.id, depth + 1)
+
+    walk(None, 0)
+    return 0
+
+
+def _line(a: AttemptRecord) -> str:
+    latency = f"{a.latency_us:.1f} us" if a.latency_us is not None else "-"
+    speed = f" {a.speedup_vs_eager:.2f}x eager" if a.speedup_vs_eager is not None else ""
+    decision = f" {a.decision}" if a.decision else ""
+    return f"{a.id[:16]} {a.source:9s} {a.verdict:13s} {latency:>11s}{speed}{decision}"
+
+
+def _context(args: argparse.Namespace, store: ExperienceStore) -> int:
+    from kope.memory.retrieval import dumps, retrieve
+    from kope.memory.tokens import BpeCounter, EstimatingCounter, TokenCounter
+
+    key = resolve_key(store, args.key)
+    counter: TokenCounter
+    if args.counter == "bpe":
+        try:
+            counter = BpeCounter()
+        except ImportError as err:
+            raise MemoryCommandError(f"--counter bpe needs bpe-openai ({err}); "
+                                     "pip install bpe-openai, or use --counter estimate") from err
+    else:
+        counter = EstimatingCounter()
+    context = retrieve(store, key, args.budget, counter=counter)
+    if args.json:
+        print(dumps(context))
+        return 0
+    print(context.explain())
+    print("---- injected text " + "-" * 50)
+    print(context.text)
+    return 0
+
+
+def _export(args: argparse.Namespace, store: ExperienceStore) -> int:
+    from kope.memory.export import export
+
+    if args.output is None:
+        export(store, args.format, sys.stdout)
+        return 0
+    with open(args.output, "w") as out:
+        export(store, args.format, out)
+    print(f"wrote {args.output} ({args.format})", file=sys.stderr)
+    return 0
+
+
+def _prune(args: argparse.Namespace, store: ExperienceStore) -> int:
+    from kope.memory.export import prune
+
+    report = prune(store, args.older_than, args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    print(f"{verb} {report.artifacts_removed} artifacts ({report.bytes_removed} bytes); "
+          f"kept {report.artifacts_kept}")
+    return 0
+
+
+def _compact(args: argparse.Namespace, store: ExperienceStore) -> int:
+    store.compact()
+    print(f"snapshot of {store.rows()} nodes written to {store.root}")
+    return 0

@@ -1,0 +1,388 @@
+"""Active Context Management and Injection (ACMI): the experience worth a prompt's tokens.
+
+`retrieve(store, task, budget_tokens)` ranks what the graph knows and packs it under the
+budget, deterministically (same store, same arguments, same text):
+
+1. Tasks like this one, by `similarity.distance` (same op and target first, then other
+   shapes and dtypes, then other targets, then other ops of the family); at most
+   `max_tasks`, ties broken by key.
+2. Their agent attempts, scored by relevance exp(-distance / 2) x outcome quality
+   (latency of the task's best verified attempt / this one's: 1 for each task's best, so
+   quality is normalised per task) x recency (half-life `half_life_days`, against the newest
+   record considered, not the clock) x graph proximity (1 + 0.5 / hops from this task in the
+   graph, following attempt, refines, transferred_from and similar edges). Failed attempts
+   are scored the same without quality and packed from their own quota (`min_failures`),
+   so a few instructive failures are always shown when there are any.
+3. Insights of the op family, by weight and support.
+4. Packing: the best known kernel of this task first, in full (its room is reserved: it
+   only falls back to a summary line when it alone would not fit); then the failures, then
+   `min_insights` insights, then the rest by score (failures beyond the quota weighted by
+   `FAILURE_WEIGHT`) with a diversity penalty (each item already shown with the same
+   decision halves a score, each from the same task multiplies it by 0.8); at most
+   `full_kernels` other kernels in full. Each item is rendered at the richest level that fits: `full`
+   (kernel text), `summary` (one detailed line), `line` (a short line); code is skipped,
+   never truncated. The whole text is counted again at the end and is within the budget.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kope.memory.schema import (
+    HAS_ATTEMPT,
+    SIMILAR,
+    SOURCES,
+    SOURCE_AGENT,
+    VERDICTS,
+    AttemptRecord,
+    InsightRecord,
+    TaskRecord,
+)
+from kope.memory.similarity import W_FAMILY, decision_hash, distances, features
+from kope.memory.store import INSIGHT, ExperienceStore
+from kope.memory.tokens import TokenCounter, default_counter
+
+LEVELS = ("full", "summary", "line")
+_AGENT = SOURCES.index(SOURCE_AGENT)
+FAILURE_WEIGHT = 0.5
+
+
+@dataclass
+class ContextItem:
+    """One piece of injected experience, why it was chosen, and what it cost."""
+
+    kind: str  # best | attempt | failure | insight
+    id: str  # the stable id of the attempt or insight
+    task: str  # the task key it belongs to ("" for insights)
+    score: float
+    level: str  # full | summary | line
+    tokens: int
+    why: str
+    text: str
+
+
+@dataclass
+class Context:
+    """The rendered context for one task under a token budget."""
+
+    task: str
+    budget_tokens: int
+    tokens: int
+    counter: str
+    text: str
+    items: list[ContextItem] = field(default_factory=list)
+    considered: int = 0  # candidates scored
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def explain(self) -> str:
+        """One line per item: score, level, tokens and why (for people and the CLI)."""
+        lines = [f"context for {self.task}: {self.tokens}/{self.budget_tokens} tokens "
+                 f"({self.counter}), {len(self.items)} items of {self.considered} candidates"]
+        for item in self.items:
+            lines.append(f"  {item.score:7.4f}  {item.kind:8s} {item.level:7s} {item.tokens:5d} tok  "
+                         f"{item.id}  {item.why}")
+        return "\n".join(lines)
+
+
+@dataclass
+class _Candidate:
+    row: int
+    task_row: int
+    kind: str
+    score: float
+    why: str
+    dhash: int = 0
+
+
+def retrieve(
+    store: ExperienceStore,
+    task: str | TaskRecord,
+    budget_tokens: int,
+    *,
+    counter: TokenCounter | None = None,
+    max_tasks: int = 24,
+    min_failures: int = 2,
+    full_kernels: int = 2,
+    min_insights: int = 2,
+    max_insights: int = 6,
+    max_items: int = 64,
+    half_life_days: float = 30.0,
+    now: float | None = None,
+) -> Context:
+    """The experience of `task` (a key in the store, or a record not yet stored) packed
+    under `budget_tokens` tokens as counted by `counter` (default: the offline estimator)."""
+    counter = counter or default_counter()
+    record = store.task(task) if isinstance(task, str) else task
+    if record is None:
+        raise KeyError(f"no task {task!r} in {store.root}; `kope memory stats` lists the store")
+    feats = features(record.op, record.inputs, record.outputs, record.target, record.hardware)
+    table = store.task_table()
+    dist = distances(feats, store.codes_for(feats), table) if len(table["row"]) else np.empty(0)
+    task_rows, task_dist = _nearest(store, table["row"], dist, max_tasks)
+    self_row = store.row_of(record.key)
+    hops = _hops(store, self_row) if self_row is not None else {}
+    candidates = _score_attempts(store, task_rows, task_dist, hops, half_life_days, now)
+    best = store.best(record.key) if self_row is not None else None
+    packer = _Packer(store, counter, budget_tokens, record)
+    best_row = store.row_of(best.id) if best is not None and best.source == SOURCE_AGENT else None
+    if best_row is not None and self_row is not None:
+        packer.add(_Candidate(best_row, self_row, "best", 1.0, "best known kernel of this task",
+                              decision_hash(best.decision)), ("full", "summary", "line"))
+    failures = [c for c in candidates if c.kind == "failure"]
+    for c in failures[:min_failures]:
+        packer.add(c, ("summary", "line"))
+    insights = _score_insights(store, feats.family, feats.dtype)
+    for c in insights[:min_insights]:
+        packer.add(c, ("summary", "line"))
+    for c in failures[min_failures:]:
+        c.score *= FAILURE_WEIGHT  # beyond the quota a failure teaches less than a success
+    rest = [c for c in candidates + insights[:max_insights] if not packer.has(c.row)]
+    heap = [(-c.score, store.id_of(c.row), i) for i, c in enumerate(rest)]
+    heapq.heapify(heap)
+    full_left, misses = full_kernels, 0
+    # Lazy greedy: penalties only lower scores, so a popped item whose penalised score still
+    # beats the next stale score is the true maximum.
+    while heap and len(packer.items) < max_items and misses < 16 and not packer.full():
+        _, key, i = heapq.heappop(heap)
+        c = rest[i]
+        score = c.score * packer.penalty(c)
+        if heap and score < -heap[0][0]:
+            heapq.heappush(heap, (-score, key, i))
+            continue
+        chosen = _Candidate(c.row, c.task_row, c.kind, score, c.why, c.dhash)
+        levels = LEVELS if full_left > 0 and c.kind == "attempt" else LEVELS[1:]
+        level = packer.add(chosen, levels)
+        misses = 0 if level else misses + 1
+        full_left -= level == "full"
+    context = packer.finish()
+    context.considered = len(candidates) + len(insights)
+    return context
+
+
+def _nearest(store: ExperienceStore, rows: np.ndarray, dist: np.ndarray,
+             k: int) -> tuple[list[int], list[float]]:
+    """The k tasks of the op's family nearest by distance, ties broken by key."""
+    inside = np.flatnonzero(dist < W_FAMILY)
+    if not len(inside):
+        return [], []
+    order = inside[np.argsort(dist[inside], kind="stable")]
+    cutoff = dist[order[min(k, len(order)) - 1]]
+    chosen = [int(i) for i in order if dist[i] <= cutoff]
+    chosen.sort(key=lambda i: (float(dist[i]), store.id_of(int(rows[i]))))
+    chosen = chosen[:k]
+    return [int(rows[i]) for i in chosen], [float(dist[i]) for i in chosen]
+
+
+def _hops(store: ExperienceStore, start: int, depth: int = 3, cap: int = 4000) -> dict[int, int]:
+    """Hops from a task node over non-insight nodes, undirected, up to `depth`."""
+    graph = store.graph
+    seen = {start: 0}
+    frontier = [start]
+    for hop in range(1, depth + 1):
+        nxt = []
+        for node in frontier:
+            for other in graph.neighbors_undirected(node):
+                if other not in seen and store.kind_of(other) != INSIGHT:
+                    seen[other] = hop
+                    nxt.append(other)
+            if len(seen) > cap:
+                return seen
+        frontier = nxt
+    return seen
+
+
+def _score_attempts(store: ExperienceStore, task_rows: list[int], task_dist: list[float],
+                    hops: dict[int, int], half_life_days: float,
+                    now: float | None) -> list[_Candidate]:
+    rows: list[int] = []
+    owner: list[int] = []
+    for t in task_rows:
+        found = store.attempt_rows(t)
+        rows.extend(found)
+        owner.extend([t] * len(found))
+    if not rows:
+        return []
+    hot = store.hot(rows)
+    latency = hot["latency"]
+    verified = (hot["verdict"] == VERDICTS.index("verified")) & np.isfinite(latency) & (latency > 0)
+    best_latency: dict[int, float] = {}
+    for i in np.flatnonzero(verified).tolist():
+        t = owner[i]
+        best_latency[t] = min(best_latency.get(t, math.inf), float(latency[i]))
+    now = float(np.max(hot["created"])) if now is None else now
+    half_life = half_life_days * 86400.0
+    distance_of = dict(zip(task_rows, task_dist))
+    out: list[_Candidate] = []
+    for i, row in enumerate(rows):
+        if hot["source"][i] != _AGENT:
+            continue  # eager baselines and the reference lowering carry no lesson of their own
+        t = owner[i]
+        d = distance_of[t]
+        relevance = math.exp(-d / 2.0)
+        age = max(0.0, now - float(hot["created"][i]))
+        recency = 0.25 + 0.75 * 0.5 ** (age / half_life)
+        h = hops.get(row)
+        proximity = 1.0 + 0.5 / h if h else 1.0
+        where = "this task" if d == 0 and hops.get(t) == 0 else f"similar task (distance {d:.2f})"
+        if verified[i]:
+            quality = best_latency[t] / float(latency[i])
+            score = relevance * (0.25 + 0.75 * quality) * recency * proximity
+            why = (f"{where}; verified, {quality:.2f} of its task's best latency; "
+                   f"recency {recency:.2f}; graph x{proximity:.2f}")
+            kind = "attempt"
+        else:
+            score = relevance * recency * proximity
+            verdict = VERDICTS[hot["verdict"][i]] if hot["verdict"][i] < len(VERDICTS) else "failed"
+            why = f"instructive failure ({verdict}) on {where}; recency {recency:.2f}"
+            kind = "failure"
+        out.append(_Candidate(row, t, kind, score, why, int(hot["dhash"][i])))
+    out.sort(key=lambda c: (-c.score, store.id_of(c.row)))
+    return _distinct_failures(out)
+
+
+def _distinct_failures(candidates: list[_Candidate]) -> list[_Candidate]:
+    """Failures with a decision already failed above them move to the end: one lesson each."""
+    seen: set[int] = set()
+    first, later = [], []
+    for c in candidates:
+        if c.kind == "failure" and c.dhash in seen:
+            later.append(c)
+            continue
+        if c.kind == "failure":
+            seen.add(c.dhash)
+        first.append(c)
+    return first + later
+
+
+def _score_insights(store: ExperienceStore, family: str, dtype: str) -> list[_Candidate]:
+    out = []
+    for insight in store.insights():
+        if insight.family != family:
+            continue
+        match = 1.0 if insight.dtype == dtype else 0.5
+        score = insight.weight * match * (1.0 - 1.0 / (2.0 + insight.support + insight.contradict))
+        row = store.row_of(insight.id)
+        why = (f"insight on {insight.family} ({insight.dtype}): weight {insight.weight:.2f}, "
+               f"{insight.support} supporting, {insight.contradict} contradicting")
+        out.append(_Candidate(row if row is not None else -1, -1, "insight", score, why))
+    out.sort(key=lambda c: (-c.score, store.id_of(c.row)))
+    return out
+
+
+class _Packer:
+    """Adds rendered items while the budget allows, richest level first."""
+
+    def __init__(self, store: ExperienceStore, counter: TokenCounter, budget: int, task: TaskRecord):
+        self.store, self.counter, self.budget, self.task = store, counter, budget, task
+        self.header = f"# Experience for {task.label} ({task.op}, target {task.target})"
+        self.used = counter.count(self.header) + 1
+        self.items: list[ContextItem] = []
+        self._rows: set[int] = set()
+        self._decisions: dict[int, int] = {}
+        self._tasks: dict[int, int] = {}
+
+    def has(self, row: int) -> bool:
+        return row in self._rows
+
+    def full(self) -> bool:
+        return self.used >= self.budget - 4
+
+    def penalty(self, c: _Candidate) -> float:
+        """Diversity: each item already shown with the same decision halves a score, each
+        from the same task multiplies it by 0.8."""
+        same_decision = self._decisions.get(c.dhash, 0) if c.dhash else 0
+        return 0.5 ** same_decision * 0.8 ** self._tasks.get(c.task_row, 0)
+
+    def add(self, c: _Candidate, levels: tuple[str, ...]) -> str | None:
+        """Render `c` at the first of `levels` that fits; returns the level used."""
+        record = self.store.record_at(c.row)
+        for level in levels:
+            text = _render(self.store, record, level, c.kind, self.task)
+            if text is None:
+                continue
+            cost = self.counter.count(text) + 1  # +1 for the joining newline
+            if self.used + cost <= self.budget:
+                self.used += cost
+                self.items.append(ContextItem(c.kind, record.id, getattr(record, "task", ""),
+                                              round(c.score, 6), level, cost, c.why, text))
+                self._rows.add(c.row)
+                if c.dhash:
+                    self._decisions[c.dhash] = self._decisions.get(c.dhash, 0) + 1
+                self._tasks[c.task_row] = self._tasks.get(c.task_row, 0) + 1
+                return level
+        return None
+
+    def finish(self) -> Context:
+        items = list(self.items)
+        text = self._join(items)
+        while items and self.counter.count(text) > self.budget:
+            # Joining can merge whitespace differently than counting pieces apart did.
+            items.remove(min(items, key=lambda i: i.score))
+            text = self._join(items)
+        if self.counter.count(text) > self.budget:
+            text, items = "", []
+        return Context(self.task.key, self.budget, self.counter.count(text) if text else 0,
+                       self.counter.name, text, items)
+
+    def _join(self, items: list[ContextItem]) -> str:
+        return "\n".join([self.header] + [i.text for i in items]) if items else ""
+
+
+def _render(store: ExperienceStore, record: Any, level: str, kind: str,
+            task: TaskRecord) -> str | None:
+    if isinstance(record, InsightRecord):
+        if level == "summary":
+            return f"- insight (weight {record.weight:.2f}, {record.support}+/{record.contradict}-): {record.text}"
+        return f"- insight: {record.text}" if level == "line" else None
+    if not isinstance(record, AttemptRecord):
+        return None
+    owner = store.task(record.task)
+    label = owner.label if owner is not None else record.task[:12]
+    decision = record.decision or "(no decision recorded)"
+    outcome = _outcome(record)
+    if level == "full":
+        if not record.artifact:
+            return None
+        code = store.get_artifact(record.artifact)
+        if code is None:
+            return None
+        title = "Best known kernel of this task" if kind == "best" else f"Kernel of {label}"
+        return f"## {title}: {decision} ({outcome})\n```mlir\n{code.rstrip()}\n```"
+    if level == "summary":
+        extra = f"; parent {record.parent[:16]}" if record.parent else ""
+        who = f"{record.agent}/{record.model}".strip("/") or record.source
+        return f"- {label}: {decision} -> {outcome} [{who}{extra}]"
+    return f"- {decision} on {label}: {_short(record)}"
+
+
+def _outcome(a: AttemptRecord) -> str:
+    if a.verdict != "verified":
+        first = (a.error or "").strip().splitlines()[0][:160] if a.error else ""
+        return f"{a.verdict}: {first}" if first else a.verdict
+    parts = ["verified"]
+    if a.latency_us is not None:
+        parts.append(f"{a.latency_us:.1f} us")
+    if a.speedup_vs_eager is not None:
+        parts.append(f"{a.speedup_vs_eager:.2f}x vs eager")
+    if a.speedup_vs_reference is not None:
+        parts.append(f"{a.speedup_vs_reference:.1f}x vs reference")
+    return ", ".join(parts)
+
+
+def _short(a: AttemptRecord) -> str:
+    if a.verdict != "verified":
+        return a.verdict
+    return f"{a.speedup_vs_eager:.2f}x" if a.speedup_vs_eager is not None else "verified"
+
+
+def dumps(context: Context) -> str:
+    """The context as JSON (for `kope memory context --json` and logs)."""
+    return json.dumps(context.to_json(), indent=2, sort_keys=True)
