@@ -40,7 +40,74 @@ def canonicalize_module_text(text: str, context: ir.Context | None = None) -> st
         del func.attributes[name]
     with ctx:
         PassManager.parse("builtin.module(canonicalize,cse)").run(module.operation)
+    # The run invalidated `func`: find it again.
+    _canonical_order(next(op.operation for op in module.body.operations if op.operation.name == "func.func"))
     return module.operation.get_asm(enable_debug_info=False)
+
+
+def _canonical_order(func: ir.Operation) -> None:
+    """Order the entry block as its dataflow dictates, not as its producer happened to emit it.
+
+    `canonicalize` keeps the order ops came in, and that order differs between producers of the
+    same function: torch-mlir's importer and the outlining pass emit constants and the inits of
+    a multi-result op in different orders. So: constants first, by type and value; then every
+    other op in post-order of a walk from the returned values, operands in operand order.
+    Only for functions on tensors: ops without memory effects can move as long as each still
+    follows what it uses.
+    """
+    if not func.regions[0].blocks:
+        return
+    block = func.regions[0].blocks[0]
+    ops = [op.operation for op in block.operations]
+    terminator, body = ops[-1], ops[:-1]
+    if any(_may_have_effects(op) for op in body):
+        return
+    constants = [op for op in body if op.name == "arith.constant"]
+    top_level = {hash(op): op for op in body if op.name != "arith.constant"}
+    order: list[ir.Operation] = []
+    placed: set[int] = set()
+    stack: list[tuple[ir.Operation, bool]] = [
+        (owner, False) for owner in reversed(_producers(terminator, top_level))
+    ]
+    while stack:
+        op, expanded = stack.pop()
+        if hash(op) in placed:
+            continue
+        if expanded:
+            placed.add(hash(op))
+            order.append(op)
+            continue
+        stack.append((op, True))
+        stack.extend((owner, False) for owner in reversed(_producers(op, top_level)))
+    order += [op for op in top_level.values() if hash(op) not in placed]  # dead, if any survived
+    for op in sorted(constants, key=lambda c: (str(c.results[0].type), str(c.attributes["value"]))):
+        op.move_before(terminator)
+    for op in order:
+        op.move_before(terminator)
+
+
+def _producers(op: ir.Operation, top_level: dict[int, ir.Operation]) -> list[ir.Operation]:
+    """The entry-block ops whose results `op` uses, its regions included, in order of use."""
+    found: list[ir.Operation] = []
+
+    def note(user: ir.Operation) -> ir.WalkResult:
+        for operand in user.operands:
+            if isinstance(operand, ir.OpResult):
+                owner = top_level.get(hash(operand.owner.operation))
+                if owner is not None and owner not in found:
+                    found.append(owner)
+        return ir.WalkResult.ADVANCE
+
+    op.walk(note)  # pre-order: the op's own operands first, then those used in its regions
+    return found
+
+
+def _may_have_effects(op: ir.Operation) -> bool:
+    """Calls, and anything on memrefs, could read or write memory: their order is kept."""
+    if op.name in ("func.call", "func.call_indirect"):
+        return True
+    types = [v.type for v in op.operands] + [r.type for r in op.results]
+    return any(isinstance(t, ir.MemRefType) for t in types)
 
 
 def workload_digest(canonical_text: str) -> str:

@@ -89,7 +89,10 @@ class OutlineOperators(ModulePass):
         loc = op.location
         name = counter.next_name()
         arg_types = [a.type for a in args]
-        result_types = [r.type for r in op.results]
+        # Only the results something uses, as the backend's Task of the same operator returns
+        # only the outputs its graph uses (e.g. amax computes an unused argmax beside it).
+        returned = [i for i, r in enumerate(op.results) if not _unused(r)] or list(range(len(op.results)))
+        result_types = [op.results[i].type for i in returned]
         ftype = ir.FunctionType.get(arg_types, result_types, ctx)
         with ctx, loc:
             func = _new_func(module, name, ftype)
@@ -101,8 +104,7 @@ class OutlineOperators(ModulePass):
                     for old, new in mapping:
                         _replace_in(clone, old, new)
                     mapping += list(zip(producer.results, clone.results))
-                cloned_results = [new for old, new in mapping if any(old == r for r in op.results)]
-                ir.Operation.create("func.return", operands=cloned_results)
+                ir.Operation.create("func.return", operands=[clone.results[i] for i in returned])
             func.attributes["sym_visibility"] = ir.StringAttr.get("private")
             func.attributes[KEY_ATTR] = ir.StringAttr.get(task_key(canonical_function(func), target_key))
             func.attributes[LABEL_ATTR] = ir.StringAttr.get(operator_label(op))
@@ -113,8 +115,8 @@ class OutlineOperators(ModulePass):
                     operands=args,
                     attributes={"callee": ir.FlatSymbolRefAttr.get(name)},
                 )
-        for old, new in zip(op.results, call.results):
-            old.replace_all_uses_with(new)
+        for index, new in zip(returned, call.results):
+            op.results[index].replace_all_uses_with(new)
         op.erase()
         for producer in reversed(inits):
             if all(_unused(r) for r in producer.results):

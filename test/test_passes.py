@@ -15,6 +15,7 @@ from torch_mlir import ir
 
 from kope.partition import partition
 from kope.passes import pass_class, pass_names
+from kope.passes.keys import canonicalize_module_text
 from kope.passes.pipeline import PipelineError, parse_pipeline, pipeline_text, run_pipeline
 from kope.targets import get_target, target_class, target_names
 
@@ -195,3 +196,27 @@ def test_pass_warnings_are_logged_outside_kope_opt(tmp_path: Path, caplog: pytes
         run_pipeline(module, parse_pipeline(f"kope-apply-kernels{{store={tmp_path / 'store'}}}"),
                      description="stale key")
     assert any("@stale left untouched" in r.getMessage() for r in caplog.records)
+
+
+_TWO_FILLS = """
+func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {{
+  {first}
+  {second}
+  %r = linalg.add ins(%x, %a : tensor<4xf32>, tensor<4xf32>) outs(%b : tensor<4xf32>) -> tensor<4xf32>
+  return %r : tensor<4xf32>
+}}
+"""
+_FILL_A = ("%one = arith.constant 1.0 : f32\n  %ea = tensor.empty() : tensor<4xf32>\n"
+           "  %a = linalg.fill ins(%one : f32) outs(%ea : tensor<4xf32>) -> tensor<4xf32>")
+_FILL_B = ("%two = arith.constant {value} : f32\n  %eb = tensor.empty() : tensor<4xf32>\n"
+           "  %b = linalg.fill ins(%two : f32) outs(%eb : tensor<4xf32>) -> tensor<4xf32>")
+
+
+def test_canonical_form_ignores_the_order_ops_were_emitted_in() -> None:
+    """Producers emit constants and inits in different orders; the key must not see it."""
+    b = _FILL_B.format(value="2.0")
+    one_way = canonicalize_module_text(_TWO_FILLS.format(first=_FILL_A, second=b))
+    other_way = canonicalize_module_text(_TWO_FILLS.format(first=b, second=_FILL_A))
+    assert one_way == other_way
+    changed = _TWO_FILLS.format(first=_FILL_A, second=_FILL_B.format(value="3.0"))
+    assert canonicalize_module_text(changed) != one_way
