@@ -1,7 +1,15 @@
-"""Experience Graph Memory: what KOPE learned about each operator, durable on disk."""
+"""Experience Graph Memory: what KOPE learned about each operator, durable on disk, and ACMI,
+the retrieval that packs the relevant part of it under a token budget."""
 
+from kope.memory.insights import distil_insights
 from kope.memory.paths import kope_home
-from kope.memory.schema import SCHEMA_VERSION, AttemptRecord, TaskRecord
+from kope.memory.retrieval import Context, ContextItem, retrieve
+from kope.memory.schema import SCHEMA_VERSION, AttemptRecord, InsightRecord, TaskRecord
 from kope.memory.store import ExperienceStore
+from kope.memory.tokens import BpeCounter, EstimatingCounter, TokenCounter
 
-__all__ = ["SCHEMA_VERSION", "AttemptRecord", "ExperienceStore", "TaskRecord", "kope_home"]
+__all__ = [
+    "SCHEMA_VERSION", "AttemptRecord", "BpeCounter", "Context", "ContextItem", "EstimatingCounter",
+    "ExperienceStore", "InsightRecord", "TaskRecord", "TokenCounter", "distil_insights",
+    "kope_home", "retrieve",
+]

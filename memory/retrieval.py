@@ -35,8 +35,6 @@ from typing import Any
 import numpy as np
 
 from kope.memory.schema import (
-    HAS_ATTEMPT,
-    SIMILAR,
     SOURCES,
     SOURCE_AGENT,
     VERDICTS,
@@ -51,6 +49,9 @@ from kope.memory.tokens import TokenCounter, default_counter
 LEVELS = ("full", "summary", "line")
 _AGENT = SOURCES.index(SOURCE_AGENT)
 FAILURE_WEIGHT = 0.5
+# Far more characters per token than any prompt text has (MLIR runs at about 3): a text
+# longer than this many characters per token left is skipped without being counted.
+_MAX_CHARS_PER_TOKEN = 8
 
 
 @dataclass
@@ -130,12 +131,12 @@ def retrieve(
     self_row = store.row_of(record.key)
     hops = _hops(store, self_row) if self_row is not None else {}
     candidates = _score_attempts(store, task_rows, task_dist, hops, half_life_days, now)
-    best = store.best(record.key) if self_row is not None else None
     packer = _Packer(store, counter, budget_tokens, record)
-    best_row = store.row_of(best.id) if best is not None and best.source == SOURCE_AGENT else None
-    if best_row is not None and self_row is not None:
-        packer.add(_Candidate(best_row, self_row, "best", 1.0, "best known kernel of this task",
-                              decision_hash(best.decision)), ("full", "summary", "line"))
+    best = store.best(record.key) if self_row is not None else None
+    best_row = store.row_of(best.id) if best is not None else None
+    if best is not None and best.source == SOURCE_AGENT and best_row is not None:
+        packer.add(_Candidate(best_row, self_row or 0, "best", 1.0, "best known kernel of this task",
+                              decision_hash(best.decision)), LEVELS)
     failures = [c for c in candidates if c.kind == "failure"]
     for c in failures[:min_failures]:
         packer.add(c, ("summary", "line"))
@@ -308,6 +309,8 @@ class _Packer:
             text = _render(self.store, record, level, c.kind, self.task)
             if text is None:
                 continue
+            if len(text) > _MAX_CHARS_PER_TOKEN * (self.budget - self.used):
+                continue  # cannot fit: no need to count it
             cost = self.counter.count(text) + 1  # +1 for the joining newline
             if self.used + cost <= self.budget:
                 self.used += cost

@@ -15,9 +15,12 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections import Counter
 from typing import Protocol, runtime_checkable
 
 log = logging.getLogger("kope.memory")
+
+_CACHE_LIMIT = 200_000
 
 
 @runtime_checkable
@@ -71,6 +74,7 @@ class EstimatingCounter:
     def __init__(self, word_chars: int = 8, more_chars: int = 3, symbol_chars: int = 2,
                  other: float = 1.0):
         self.word_chars = word_chars
+        self._costs: dict[str, float] = {}  # pieces repeat a lot in MLIR: cost each once
         self.more_chars = more_chars
         self.symbol_chars = symbol_chars
         self.other = other
@@ -78,8 +82,14 @@ class EstimatingCounter:
     def count(self, text: str) -> int:
         """The estimated number of tokens of `text`."""
         total = 0.0
-        for piece in _PIECE.findall(text):
-            total += self._piece(piece)
+        cache = self._costs
+        for piece, n in Counter(_PIECE.findall(text)).items():
+            cost = cache.get(piece)
+            if cost is None:
+                cost = self._piece(piece)
+                if len(cache) < _CACHE_LIMIT:
+                    cache[piece] = cost
+            total += cost * n
         return int(math.ceil(total))
 
     def _piece(self, piece: str) -> float:

@@ -12,7 +12,7 @@ import pytest
 
 from kope.memory.retrieval import retrieve
 from kope.memory.schema import AttemptRecord, TaskRecord
-from kope.memory.similarity import distance, distances, features, op_family
+from kope.memory.similarity import Features, distance, distances, features, op_family
 from kope.memory.store import ExperienceStore
 from kope.memory.tokens import EstimatingCounter
 
@@ -26,7 +26,7 @@ def task(key: str, op: str, shape: list[int], dtype: str = "float32", target_key
                       target_key, created=1000.0)
 
 
-def feats(t: TaskRecord):  # noqa: ANN201
+def feats(t: TaskRecord) -> Features:
     return features(t.op, t.inputs, t.outputs, t.target, t.hardware)
 
 
