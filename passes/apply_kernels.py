@@ -52,7 +52,7 @@ class ApplyKernels(ModulePass):
     """Replace each keyed function's body by the best verified agent kernel for its key."""
 
     name = "kope-apply-kernels"
-    summary = "Replace each keyed operator's body by the best verified kernel in the experience store"
+    summary = "Replace each keyed operator's body by the best verified kernel in the store"
 
     store: str = field(default="", metadata={"help": STORE_HELP})
     target: str = field(
@@ -97,7 +97,10 @@ class ApplyKernels(ModulePass):
             raise _Skip(f"attempt {best.id} won but recorded no kernel text")
         text = store.get_artifact(best.artifact)
         if text is None:
-            raise _Skip(f"the kernel text {best.artifact[:12]}... of attempt {best.id} is missing or damaged")
+            raise _Skip(
+                f"the kernel text {best.artifact[:12]}... of attempt {best.id} "
+                f"is missing or damaged"
+            )
         kernel = self._scheduled_payload(text, best, func.context)
         payload = find_func(kernel.operation, PAYLOAD)
         assert payload is not None
@@ -134,7 +137,7 @@ class ApplyKernels(ModulePass):
 def _replace(
     module: ir.Operation, func: ir.Operation, kernel: ir.Operation, best: AttemptRecord
 ) -> None:
-    """Put the kernel's `@main` in place of `func` (same symbol and attributes), helpers beside it."""
+    """Put the kernel's `@main` in place of `func` (its symbol and attributes), helpers beside."""
     name = symbol_name(func)
     payload = find_func(kernel, PAYLOAD)
     assert payload is not None

@@ -1,4 +1,4 @@
-"""`kope-annotate-experience`: make what the experience store knows about each operator visible in IR.
+"""`kope-annotate-experience`: what the experience store knows about each operator, in the IR.
 
 Each function carrying `kope.key` (see `kope-outline-operators`) gets one attribute,
 `kope.experience`, a dictionary of what memory holds for that key:
@@ -95,7 +95,7 @@ def experience_of(store: ExperienceStore, key: str) -> ir.DictAttr:
 
 @dataclass
 class AnnotateExperience(ModulePass):
-    """Attach `kope.experience` (attempts, verdicts, winner, latency, speedup) to keyed functions."""
+    """Attach `kope.experience` (attempts, verdicts, winner, latency, speedup) to keyed funcs."""
 
     name = "kope-annotate-experience"
     summary = "Attach what the experience store knows about each keyed operator as kope.experience"

@@ -16,7 +16,7 @@ from torch_mlir.passmanager import PassManager
 CANONICAL_NAME = "main"
 KEY_ATTR = "kope.key"
 LABEL_ATTR = "kope.label"
-KERNEL_ATTR = "kope.kernel"  # a function whose body is a kernel from memory, not an outlined operator
+KERNEL_ATTR = "kope.kernel"  # the body is a kernel from memory, not an outlined operator
 
 
 def canonical_function(func: ir.Operation) -> str:
@@ -41,7 +41,8 @@ def canonicalize_module_text(text: str, context: ir.Context | None = None) -> st
     with ctx:
         PassManager.parse("builtin.module(canonicalize,cse)").run(module.operation)
     # The run invalidated `func`: find it again.
-    _canonical_order(next(op.operation for op in module.body.operations if op.operation.name == "func.func"))
+    funcs = [op for op in module.body.operations if op.operation.name == "func.func"]
+    _canonical_order(funcs[0].operation)
     return module.operation.get_asm(enable_debug_info=False)
 
 

@@ -69,11 +69,13 @@ KOPE passes (options with their defaults):
 
 
 class UsageError(Exception):
-    pass
+    """The command line itself is wrong (exit status 2)."""
 
 
 @dataclass
 class Invocation:
+    """One kope-opt command line, parsed."""
+
     input: str = "-"
     output: str | None = None
     pipeline: list[PipelineElement] | None = None
@@ -86,6 +88,7 @@ class Invocation:
 
 
 def parse_args(argv: list[str]) -> Invocation:
+    """Options, input and pipeline of a kope-opt command line (`UsageError` if malformed)."""
     inv = Invocation()
     flags: list[str] = []
     pipeline_text: str | None = None
@@ -197,7 +200,10 @@ def _expected(text: str) -> list[Expected]:
     return wanted
 
 
-def _verify(name: str, offset: int, got: list[Diagnostic], wanted: list[Expected], err: TextIO) -> bool:
+def _verify(
+    name: str, offset: int, got: list[Diagnostic], wanted: list[Expected], err: TextIO
+) -> bool:
+    """Match produced diagnostics to expected ones, reporting misses and surprises on `err`."""
     ok = True
     unmatched = list(got)
     for want in wanted:
@@ -214,12 +220,14 @@ def _verify(name: str, offset: int, got: list[Diagnostic], wanted: list[Expected
             unmatched.remove(hit)
     for g in unmatched:
         if g.severity != "note":  # as in mlir-opt, a note may go unmentioned
-            err.write(f"{name}:{g.line + offset}:{g.col}: error: unexpected {g.severity}: {g.message}\n")
+            where = f"{name}:{g.line + offset}:{g.col}"
+            err.write(f"{where}: error: unexpected {g.severity}: {g.message}\n")
             ok = False
     return ok
 
 
 def run(inv: Invocation, out: TextIO, err: TextIO) -> int:
+    """Run the pipeline on each input chunk; the exit status (1 on any error)."""
     name = "<stdin>" if inv.input == "-" else inv.input
     try:
         text = sys.stdin.read() if inv.input == "-" else Path(inv.input).read_text()
@@ -274,7 +282,9 @@ def _run_chunk(inv: Invocation, chunk: str) -> tuple[list[Diagnostic], str | Non
             module = ir.Module.parse(chunk, context)
             pm = build_pass_manager(inv.pipeline or [], context)
             if inv.print_after or inv.print_before:
-                pm.enable_ir_printing(print_before_all=inv.print_before, print_after_all=inv.print_after)
+                pm.enable_ir_printing(
+                    print_before_all=inv.print_before, print_after_all=inv.print_after
+                )
             with context:
                 pm.run(module.operation)
     except ir.MLIRError as e:
@@ -291,6 +301,7 @@ def _expanded(elements: list[PipelineElement]) -> list[PipelineElement]:
 
 
 def usage() -> str:
+    """The --help text: driver options, then every KOPE pass with its options and defaults."""
     from kope.passes import pass_class, pass_names
 
     lines = [USAGE]
@@ -303,6 +314,7 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `kope-opt` entry point."""
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help", "-help") for a in argv):
         sys.stdout.write(usage())

@@ -91,7 +91,8 @@ class OutlineOperators(ModulePass):
         arg_types = [a.type for a in args]
         # Only the results something uses, as the backend's Task of the same operator returns
         # only the outputs its graph uses (e.g. amax computes an unused argmax beside it).
-        returned = [i for i, r in enumerate(op.results) if not _unused(r)] or list(range(len(op.results)))
+        used = [i for i, r in enumerate(op.results) if not _unused(r)]
+        returned = used or list(range(len(op.results)))
         result_types = [op.results[i].type for i in returned]
         ftype = ir.FunctionType.get(arg_types, result_types, ctx)
         with ctx, loc:
@@ -106,7 +107,8 @@ class OutlineOperators(ModulePass):
                     mapping += list(zip(producer.results, clone.results))
                 ir.Operation.create("func.return", operands=[clone.results[i] for i in returned])
             func.attributes["sym_visibility"] = ir.StringAttr.get("private")
-            func.attributes[KEY_ATTR] = ir.StringAttr.get(task_key(canonical_function(func), target_key))
+            key = task_key(canonical_function(func), target_key)
+            func.attributes[KEY_ATTR] = ir.StringAttr.get(key)
             func.attributes[LABEL_ATTR] = ir.StringAttr.get(operator_label(op))
             with ir.InsertionPoint(op):
                 call = ir.Operation.create(

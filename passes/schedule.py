@@ -23,9 +23,12 @@ _MESSAGE_AT = re.compile(r"^(Diagnostic message )?at loc\(.*?\):\s*")
 
 
 def find_schedule(module: ir.Operation) -> ir.Operation | None:
-    for op in module.regions[0].blocks[0].operations:
-        op = op.operation
-        if op.name == "transform.named_sequence" and ir.StringAttr(op.attributes["sym_name"]).value == ENTRY_POINT:
+    """The module's `transform.named_sequence @__transform_main`, if it has one."""
+    for view in module.regions[0].blocks[0].operations:
+        op = view.operation
+        if op.name != "transform.named_sequence":
+            continue
+        if ir.StringAttr(op.attributes["sym_name"]).value == ENTRY_POINT:
             return op
     return None
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -125,7 +124,7 @@ def test_options_round_trip_through_pipeline_text() -> None:
     elements = parse_pipeline("kope-apply-kernels{store='/tmp/a store' target=cpu},cse")
     assert pipeline_text(elements) == "builtin.module(kope-apply-kernels{store='/tmp/a store'},cse)"
     again = parse_pipeline(pipeline_text(elements))
-    assert getattr(again[0], "store") == "/tmp/a store"
+    assert again[0].store == "/tmp/a store"  # type: ignore[union-attr]
 
 
 def test_kope_opt_help_lists_options_with_defaults_and_help() -> None:
@@ -163,7 +162,8 @@ def test_kope_opt_dump_pass_pipeline_expands_kope_pipelines() -> None:
 def test_kope_opt_allow_unregistered_dialect() -> None:
     text = 'func.func @f() { "mystery.op"() : () -> () \n return }'
     refused = subprocess.run(["kope-opt", "-"], input=text, capture_output=True, text=True)
-    assert refused.returncode == 1 and "<stdin>:1:30: error: operation being parsed with an unregistered dialect" in refused.stderr
+    assert refused.returncode == 1
+    assert "<stdin>:1:30: error: operation being parsed with an unregistered dialect" in refused.stderr
     allowed = subprocess.run(["kope-opt", "--allow-unregistered-dialect", "-"], input=text,
                              capture_output=True, text=True)
     assert allowed.returncode == 0 and '"mystery.op"()' in allowed.stdout
@@ -179,11 +179,14 @@ def test_verify_diagnostics_fails_on_an_unexpected_warning(tmp_path: Path) -> No
     (tmp_path / "store").mkdir()
     source = tmp_path / "t.mlir"
     source.write_text(_STALE)
-    flags = ["--verify-diagnostics", f"--kope-apply-kernels=store={tmp_path / 'store'}", str(source)]
+    store = tmp_path / "store"
+    flags = ["--verify-diagnostics", f"--kope-apply-kernels=store={store}", str(source)]
     proc = subprocess.run(["kope-opt", *flags], capture_output=True, text=True)
     assert proc.returncode == 1
-    assert f"{source}:1:1: error: unexpected warning: kope-apply-kernels: @stale left untouched" in proc.stderr
-    source.write_text("// expected-warning-re @+1 {{@st{{[a-z]+}} left untouched: its kope.key 00...}}\n" + _STALE)
+    unexpected = "error: unexpected warning: kope-apply-kernels: @stale left untouched"
+    assert f"{source}:1:1: {unexpected}" in proc.stderr
+    expected = "// expected-warning-re @+1 {{@st{{[a-z]+}} left untouched: its kope.key 00...}}\n"
+    source.write_text(expected + _STALE)
     proc = subprocess.run(["kope-opt", *flags], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 

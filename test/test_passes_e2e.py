@@ -74,7 +74,9 @@ def record_verified_agent_kernel(store: ExperienceStore, task: Task, kernel: str
     """
     target = CpuTarget()
     try:
-        evaluation = target.evaluate(task.spec, Kernel(kernel), oracle=Kernel(task.payload), measure=False)
+        evaluation = target.evaluate(
+            task.spec, Kernel(kernel), oracle=Kernel(task.payload), measure=False
+        )
     finally:
         target.close()
     assert evaluation.verified, evaluation.error
@@ -100,7 +102,8 @@ def kope_opt(*args: str) -> str:
 
 def function(text: str, name: str) -> str:
     """The text of `func.func ... @name` up to the next top-level function."""
-    match = re.search(rf"^  func\.func (private )?@{name}\(.*?(?=^  func\.func |\Z)", text, re.S | re.M)
+    pattern = rf"^  func\.func (private )?@{name}\(.*?(?=^  func\.func |\Z)"
+    match = re.search(pattern, text, re.DOTALL | re.MULTILINE)
     assert match, f"no @{name} in\n{text}"
     return match.group(0)
 
@@ -127,8 +130,8 @@ def test_apply_kernels_finds_the_kernel_recorded_for_the_backends_matmul_task(tm
     source.write_text(MATMUL_FILE)
 
     store_flag = f"--kope-apply-kernels=store={tmp_path / 'store'} target=cpu"
-    out = kope_opt("--kope-outline-operators", f"--kope-annotate-experience=store={tmp_path / 'store'}",
-                   store_flag, str(source))
+    annotate_flag = f"--kope-annotate-experience=store={tmp_path / 'store'}"
+    out = kope_opt("--kope-outline-operators", annotate_flag, store_flag, str(source))
     op = function(out, "kope_op_0")
     assert f'kope.key = "{task.key}"' in op  # the same key, from an IR file
     assert "attempts = 1 : i64" in op and 'winner = "agent"' in op
@@ -159,7 +162,8 @@ def test_whole_mlp_runs_through_outline_apply_kernels_and_lower_cpu(tmp_path: Pa
         task = mm_task(m, k, n)
         recorded.append(record_verified_agent_kernel(store, task, scheduled_kernel(task, tiles)).id)
 
-    passes = ["--kope-outline-operators", f"--kope-apply-kernels=store={tmp_path / 'store'} target=cpu"]
+    apply_flag = f"--kope-apply-kernels=store={tmp_path / 'store'} target=cpu"
+    passes = ["--kope-outline-operators", apply_flag]
     applied = kope_opt(*passes, str(source))
     attempts = re.findall(r'kope\.attempt = "([^"]+)"', applied)
     assert sorted(attempts) == sorted(recorded)

@@ -27,9 +27,10 @@ from kope.targets import get_target
 
 
 def find(module: ir.Module, name: str) -> ir.Operation:
-    for op in module.body.operations:
-        if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
-            return op.operation
+    for view in module.body.operations:
+        op = view.operation
+        if op.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
+            return op
     sys.exit(f"make_store.py: no func.func @{name} in the functions file")
 
 
@@ -45,8 +46,11 @@ def main(argv: list[str]) -> None:
         func = find(module, name)
         canonical = canonical_function(func)
         key = task_key(canonical, target_key)
-        label = ir.StringAttr(func.attributes["kope.label"]).value if "kope.label" in func.attributes else name
-        store.add_task(TaskRecord(key, label.split("(")[0], label, workload_digest(canonical), [], [], "cpu", target_key))
+        attrs = func.attributes
+        label = ir.StringAttr(attrs["kope.label"]).value if "kope.label" in attrs else name
+        op = label.split("(")[0]
+        workload = workload_digest(canonical)
+        store.add_task(TaskRecord(key, op, label, workload, [], [], "cpu", target_key))
         latency = float(fields["latency_us"]) if "latency_us" in fields else None
         eager = float(fields["eager_us"]) if "eager_us" in fields else None
         attempt = AttemptRecord(
