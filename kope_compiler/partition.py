@@ -117,6 +117,11 @@ def _dim_to_list(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return (args[0], [args[1]], *args[2:])
 
 
+def _layer_norm_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    x, shape, weight, bias, eps = args
+    return (x, shape, weight, bias, eps, False)
+
+
 def _batch_norm_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
     x, weight, bias, mean, var, momentum, eps = args
     return (x, weight, bias, mean, var, False, momentum, eps, False)
@@ -128,6 +133,7 @@ _VALUES_ONLY_OPS: dict[Any, Callable[[tuple[Any, ...]], tuple[Any, tuple[Any, ..
     aten._native_batch_norm_legit_no_training.default: _values_only(
         aten.batch_norm.default, _batch_norm_args
     ),
+    aten.native_layer_norm.default: _values_only(aten.layer_norm.default, _layer_norm_args),
     aten.max_pool2d_with_indices.default: _values_only(aten.max_pool2d.default, _same_args),
     aten.max_pool3d_with_indices.default: _values_only(aten.max_pool3d.default, _same_args),
     aten.max.dim: _values_only(aten.amax.default, _dim_to_list),
@@ -142,7 +148,7 @@ def drop_unused_outputs(gm: fx.GraphModule) -> int:
         rewrite = _VALUES_ONLY_OPS.get(node.target) if node.op == "call_function" else None
         if rewrite is None or node.kwargs:
             continue
-        users = list(node.users)
+        users = [u for u in node.users if u.users or u.target is not operator.getitem]
         if not users or any(u.target is not operator.getitem or u.args[1] != 0 for u in users):
             continue
         op, args = rewrite(tuple(node.args))
@@ -150,7 +156,7 @@ def drop_unused_outputs(gm: fx.GraphModule) -> int:
             values = gm.graph.call_function(op, args)
         values.meta = dict(node.meta)
         values.meta["val"] = node.meta["val"][0]
-        for user in users:
+        for user in list(node.users):
             user.replace_all_uses_with(values)
             gm.graph.erase_node(user)
         gm.graph.erase_node(node)

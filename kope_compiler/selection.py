@@ -63,7 +63,10 @@ def record_evaluation(
     artifact: str | None,
     **decision: str,
 ) -> AttemptRecord:
-    """Store an evaluated candidate (and the eager baseline timed beside it)."""
+    """Store an evaluated candidate (and, for the reference, the eager baseline timed beside it).
+
+    Every attempt carries the eager (and reference) latency measured beside it, so its
+    speedups come from one interleaved run."""
     kernel, eager, reference = evaluation.kernel, evaluation.eager, evaluation.reference
     attempt = AttemptRecord(
         task=key,
@@ -89,7 +92,7 @@ def record_evaluation(
         attempt.reference_us = kernel.median_us
         attempt.speedup_vs_reference = 1.0
     store.add_attempt(attempt, artifact)
-    if eager is not None:
+    if eager is not None and source == SOURCE_REFERENCE:  # one baseline per task suffices
         store.add_attempt(AttemptRecord(
             task=key, source=SOURCE_EAGER, verdict="verified",
             latency_us=eager.median_us, spread_us=eager.spread_us, repeats=eager.repeats,

@@ -8,6 +8,7 @@ from importlib.metadata import entry_points
 from kope.passes.base import ModulePass, PassError, PipelinePass
 
 _BUILTIN = {
+    "kope-approximate-math": "kope.passes.approximate_math:ApproximateMath",
     "kope-annotate-experience": "kope.passes.experience:AnnotateExperience",
     "kope-apply-kernels": "kope.passes.apply_kernels:ApplyKernels",
     "kope-apply-schedule": "kope.passes.schedule:ApplySchedule",

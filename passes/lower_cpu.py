@@ -25,12 +25,18 @@ TO_LLVM = [
     "func.func(convert-linalg-to-loops)",
     "convert-bufferization-to-memref",
     "func.func(convert-vector-to-scf{full-unroll=true})",
+    # Parallel loops of a schedule (scf.forall) run on OpenMP threads; the reference has none.
+    "func.func(scf-forall-to-parallel)",
+    "convert-scf-to-openmp",
     "lower-affine",
-    "convert-scf-to-cf",
     "expand-strided-metadata",
     "lower-affine",
     "convert-vector-to-llvm",
+    # Before scf-to-cf: it lowers the alloca scopes that wrap OpenMP loop bodies, which must
+    # stay single-block until then.
     "finalize-memref-to-llvm",
+    "convert-scf-to-cf",
+    "convert-openmp-to-llvm",
     "convert-math-to-llvm",
     "convert-math-to-libm",
     "convert-arith-to-llvm",

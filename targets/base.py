@@ -180,5 +180,9 @@ class Target(ABC):
     def load(self, task: TaskSpec, kernel: Kernel) -> Callable[..., tuple[torch.Tensor, ...]]:
         """Build a verified kernel into this process: a callable from input to output tensors."""
 
+    def capabilities(self) -> dict[str, Any]:
+        """What kernels may use here (vector width, threads, ...), for the agents."""
+        return {}
+
     def close(self) -> None:
         """Release workers and other resources."""

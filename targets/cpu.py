@@ -1,8 +1,9 @@
 """The CPU target: MLIR → LLVM through `kope-lower-cpu`, JIT by the ExecutionEngine in torch-mlir.
 
 Candidates are built, verified and timed in isolated worker processes (`WorkerPool`); only
-verified kernels are loaded into the calling process. Kernels run single-threaded; eager ATen
-is timed with the thread count of the calling process (`torch.get_num_threads()`).
+verified kernels are loaded into the calling process. Eager ATen is timed with the thread
+count of the calling process (`torch.get_num_threads()`); kernels are single-threaded unless
+their schedule runs parallel loops, which use OpenMP with that same thread count.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import platform
 import time
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch_mlir import ir
@@ -32,7 +33,7 @@ from kope.targets.base import (
     TaskSpec,
     TensorSpec,
 )
-from kope.targets.jit import ENTRY, JitKernel
+from kope.targets.jit import ENTRY, JitKernel, openmp_library, set_openmp_threads
 from kope.targets.measure import MeasureConfig, measure_interleaved
 from kope.targets.worker import WorkerPool
 
@@ -161,6 +162,7 @@ def evaluate_job(job: EvalJob, phase: Callable[[str], None]) -> Evaluation:
     """Build, verify and time one candidate. Runs in a worker; may crash it."""
     start = time.perf_counter()
     torch.set_num_threads(job.eager_threads)
+    set_openmp_threads(job.eager_threads)
     phase("build")
     try:
         kernel = _cached_build(job.task, job.kernel)
@@ -173,15 +175,19 @@ def evaluate_job(job: EvalJob, phase: Callable[[str], None]) -> Evaluation:
         phase("measure")
         inputs = verify.make_inputs(job.task.inputs, verify.Trial("random", job.seed))
         fns = {"kernel": lambda: kernel(*inputs), "eager": job.task.eager.bind(inputs)}
-        threads = {"kernel": KERNEL_THREADS, "eager": job.eager_threads}
+        threads = {"kernel": _threads(kernel, job), "eager": job.eager_threads}
         if oracle_kernel is not None:
             fns["reference"] = lambda: oracle_kernel(*inputs)
-            threads["reference"] = KERNEL_THREADS
+            threads["reference"] = _threads(oracle_kernel, job)
         timings = measure_interleaved(fns, job.config, threads)
         result.kernel, result.eager = timings["kernel"], timings["eager"]
         result.reference = timings.get("reference")
     result.wall_s = time.perf_counter() - start
     return result
+
+
+def _threads(kernel: JitKernel, job: EvalJob) -> int:
+    return job.eager_threads if kernel.parallel else KERNEL_THREADS
 
 
 def _verify(job: EvalJob, kernel: JitKernel, oracle_kernel: JitKernel | None) -> Evaluation:
@@ -252,6 +258,17 @@ class CpuTarget(Target):
             f"|kope-{_package_version('kope')}"
         )
         return f"cpu|{cpu_fingerprint()}|{versions}"
+
+    def capabilities(self) -> dict[str, Any]:
+        flags = cpu_fingerprint().split("|")[1].split("+")
+        bits = 512 if "avx512f" in flags else 256 if "avx2" in flags or "avx" in flags else 128
+        return {
+            "vector_bits": bits,
+            "isa": flags,
+            "threads": torch.get_num_threads(),
+            "openmp": openmp_library() is not None,
+            "kernel_form": "linalg-on-tensors @main plus a transform schedule, or @kope_kernel on memrefs",
+        }
 
     @property
     def pool(self) -> WorkerPool:

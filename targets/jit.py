@@ -9,6 +9,11 @@ microseconds.
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
+import functools
+import glob
+import os
+import sys
 from typing import Sequence
 
 import torch
@@ -21,6 +26,48 @@ ENTRY = "kope_kernel"
 OPT_LEVEL = 3
 
 _DESCRIPTOR_TYPES: dict[int, type[ctypes.Structure]] = {}
+
+
+@functools.cache
+def openmp_library() -> str | None:
+    """An LLVM-ABI OpenMP runtime (libomp, or Intel's libiomp5), or None if there is none.
+
+    `KOPE_OPENMP_LIB` names one explicitly. Parallel kernels (OpenMP) need it; without it the
+    CPU target offers single-threaded kernels only.
+    """
+    explicit = os.environ.get("KOPE_OPENMP_LIB")
+    candidates = [explicit] if explicit else []
+    candidates += [
+        "/usr/lib/x86_64-linux-gnu/libomp.so.5",
+        "/usr/lib/aarch64-linux-gnu/libomp.so.5",
+        *sorted(glob.glob("/usr/lib/llvm-*/lib/libomp.so.5"), reverse=True),
+        os.path.join(sys.prefix, "lib", "libiomp5.so"),
+    ]
+    found = ctypes.util.find_library("omp")
+    if found:
+        candidates.append(found)
+    for path in candidates:
+        if not path:
+            continue
+        try:
+            ctypes.CDLL(path)
+        except OSError:
+            continue
+        return path
+    return None
+
+
+def set_openmp_threads(threads: int) -> None:
+    """Make parallel kernels use `threads` threads (the same count as eager ATen).
+
+    Idle OpenMP threads also stop spinning at once (block time 0): they would otherwise take
+    the cores from the eager ATen operators that run between KOPE's kernels.
+    """
+    path = openmp_library()
+    if path is not None:
+        library = ctypes.CDLL(path)
+        library.omp_set_num_threads(ctypes.c_int(threads))
+        library.kmp_set_blocktime(ctypes.c_int(0))
 
 
 def descriptor_type(rank: int) -> type[ctypes.Structure]:
@@ -59,7 +106,18 @@ class JitKernel:
         self.inputs = tuple(inputs)
         self.outputs = tuple(outputs)
         self._module = llvm_module  # the engine refers to it; keep it alive
-        self._engine = ExecutionEngine(llvm_module, opt_level=OPT_LEVEL)
+        self.parallel = "omp.parallel" in str(llvm_module)
+        libraries = []
+        if self.parallel:
+            library = openmp_library()
+            if library is None:
+                raise RuntimeError(
+                    "the kernel runs OpenMP threads but no OpenMP runtime was found: install "
+                    "libomp (Debian: apt-get install libomp5-19) or set KOPE_OPENMP_LIB"
+                )
+            libraries.append(library)
+            set_openmp_threads(torch.get_num_threads())
+        self._engine = ExecutionEngine(llvm_module, opt_level=OPT_LEVEL, shared_libs=libraries)
         address = self._engine.raw_lookup("_mlir_ciface_" + ENTRY)
         if not address:
             raise RuntimeError(f"JIT-compiled module has no @{ENTRY} entry point")

@@ -1,0 +1,199 @@
+"""What a kernel payload computes, for whoever writes a schedule for it.
+
+`prepare_payload` cleans a linalg payload (unit dimensions folded, elementwise producers
+fused, dead results dropped, optionally math approximated) and tags every linalg op with its
+index (`kope.op = i`), so that a transform schedule can address each op by
+`transform.structured.match attributes{kope.op = i : i64}`. `analyze` reports, per op, its
+name, iterator types and static loop ranges, and classifies the whole payload.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch_mlir import ir
+from torch_mlir.passmanager import PassManager
+
+OP_ATTR = "kope.op"
+CLEANUP = (
+    "linalg-fold-unit-extent-dims",
+    "canonicalize",
+    "cse",
+    "linalg-fuse-elementwise-ops",
+    "canonicalize",
+    "cse",
+)
+CONTRACTIONS = {
+    "linalg.matmul", "linalg.batch_matmul", "linalg.matmul_transpose_a",
+    "linalg.matmul_transpose_b", "linalg.batch_matmul_transpose_a",
+    "linalg.batch_matmul_transpose_b", "linalg.batch_reduce_matmul", "linalg.contract",
+    "linalg.mmt4d", "linalg.batch_mmt4d", "linalg.vecmat", "linalg.matvec",
+}
+
+
+@dataclass
+class OpInfo:
+    """One linalg op of a payload."""
+
+    index: int
+    name: str  # e.g. linalg.matmul, linalg.generic
+    iterators: list[str]  # "parallel" / "reduction" per loop
+    ranges: list[int]  # static trip count per loop (0 if unknown)
+    init_producers: list[int] = field(default_factory=list)  # ops whose results are its outs
+    is_root: bool = False  # produces the function's (first) result
+
+    @property
+    def reduction_dims(self) -> list[int]:
+        return [i for i, kind in enumerate(self.iterators) if kind == "reduction"]
+
+    @property
+    def parallel_dims(self) -> list[int]:
+        return [i for i, kind in enumerate(self.iterators) if kind == "parallel"]
+
+    @property
+    def is_fill(self) -> bool:
+        return self.name == "linalg.fill"
+
+
+@dataclass
+class PayloadInfo:
+    """The linalg ops of a payload in program order, and what kind of kernel it is."""
+
+    ops: list[OpInfo] = field(default_factory=list)
+    kind: str = "elementwise"  # contraction | convolution | reduction | elementwise
+    math: set[str] = field(default_factory=set)  # math.* ops in op bodies
+    element_type: str = "f32"
+
+    @property
+    def root(self) -> OpInfo:
+        return next(op for op in self.ops if op.is_root)
+
+    def find(self, names: set[str]) -> OpInfo | None:
+        return next((op for op in self.ops if op.name in names), None)
+
+
+def _main(module: ir.Module) -> ir.Operation:
+    for op in module.body.operations:
+        if op.operation.name == "func.func":
+            return op.operation
+    raise ValueError("the payload has no func.func")
+
+
+def _linalg_ops(func: ir.Operation) -> list[ir.Operation]:
+    return [op.operation for op in func.regions[0].blocks[0].operations
+            if op.operation.name.startswith("linalg.")]
+
+
+def prepare_payload(text: str, *, approximate_math: bool = False) -> str:
+    """The payload cleaned up (and math approximated if asked) with every linalg op tagged."""
+    context = ir.Context()
+    context.enable_multithreading(False)
+    module = ir.Module.parse(text, context)
+    from kope.passes.pipeline import build_pass_manager
+
+    elements: list = list(CLEANUP)
+    if approximate_math:
+        from kope.passes.approximate_math import ApproximateMath
+
+        elements = [ApproximateMath(), *elements]
+    pm = build_pass_manager(elements, context)
+    with context:
+        pm.run(module.operation)
+        i64 = ir.IntegerType.get_signless(64)
+        for index, op in enumerate(_linalg_ops(_main(module))):
+            op.attributes[OP_ATTR] = ir.IntegerAttr.get(i64, index)
+    return module.operation.get_asm(enable_debug_info=False)
+
+
+def analyze(text: str) -> PayloadInfo:
+    """Describe a payload's linalg ops (names from the text, loops from a generalized copy)."""
+    context = ir.Context()
+    context.enable_multithreading(False)
+    module = ir.Module.parse(text, context)
+    func = _main(module)
+    originals = _linalg_ops(func)
+    names = [op.name for op in originals]
+    init_producers = [_init_producers(op, originals) for op in originals]
+    root_index = _root_index(func)
+    math_ops: set[str] = set()
+
+    def collect(op: ir.Operation) -> ir.WalkResult:
+        if op.name.startswith("math."):
+            math_ops.add(op.name)
+        return ir.WalkResult.ADVANCE
+
+    func.walk(collect)
+    with context:
+        PassManager.parse("builtin.module(func.func(linalg-generalize-named-ops))").run(module.operation)
+    info = PayloadInfo(math=math_ops)
+    for index, op in enumerate(_linalg_ops(_main(module))):
+        iterators, ranges = _loops(op)
+        info.ops.append(OpInfo(index, names[index], iterators, ranges, init_producers[index],
+                               index == root_index))
+        if op.results:
+            element = op.results[0].type.element_type
+            info.element_type = str(element)
+    info.kind = _classify(info)
+    return info
+
+
+def _owner(value: ir.Value) -> ir.Operation | None:
+    owner = value.owner
+    owner = owner.operation if hasattr(owner, "operation") else owner
+    return owner if isinstance(owner, ir.Operation) else None
+
+
+def _init_producers(op: ir.Operation, ops: list[ir.Operation]) -> list[int]:
+    inits = op.operands[len(op.operands) - len(op.results):]
+    found = []
+    for value in inits:
+        owner = _owner(value)
+        for index, candidate in enumerate(ops):
+            if owner is not None and candidate == owner:
+                found.append(index)
+    return found
+
+
+def _root_index(func: ir.Operation) -> int:
+    """The linalg op whose result the function returns (through reshapes and casts)."""
+    ops = _linalg_ops(func)
+    ret = [op.operation for op in func.regions[0].blocks[0].operations][-1]
+    value = ret.operands[0]
+    while True:
+        owner = _owner(value)
+        if owner is None:
+            return len(ops) - 1
+        if owner.name.startswith("linalg."):
+            for index, op in enumerate(ops):
+                if op == owner:
+                    return index
+        if not owner.operands:
+            return len(ops) - 1
+        value = owner.operands[0]
+
+
+def _loops(op: ir.Operation) -> tuple[list[str], list[int]]:
+    if "iterator_types" not in op.attributes:
+        return [], []
+    iterators = [str(a).split("<")[-1].rstrip(">") for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+    maps = [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    ranges = [0] * len(iterators)
+    for operand, amap in zip(op.operands, maps):
+        if not isinstance(operand.type, ir.ShapedType):
+            continue
+        for position, expr in enumerate(amap.results):
+            if isinstance(expr, ir.AffineDimExpr) and not ranges[expr.position]:
+                size = operand.type.shape[position]
+                ranges[expr.position] = size if size >= 0 else 0
+    return iterators, ranges
+
+
+def _classify(info: PayloadInfo) -> str:
+    names = {op.name for op in info.ops}
+    if any("conv" in name for name in names):
+        return "convolution"
+    if names & CONTRACTIONS:
+        return "contraction"
+    if any(op.reduction_dims for op in info.ops):
+        return "reduction"
+    return "elementwise"
