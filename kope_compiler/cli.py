@@ -117,8 +117,97 @@ def build_parser() -> argparse.ArgumentParser:
     compile_p.add_argument("--repeat", type=int, default=100,
                            help="calls timed for the end-to-end comparison (default: 100)")
     compile_p.set_defaults(run=_compile_command)
-    from kope.memory.cli import add_commands; add_commands(sub)  # noqa: E702
+    _add_precompile(sub)
+    from kope.memory.cli import add_commands
+
+    add_commands(sub)
     return parser
+
+
+def _add_precompile(sub: Any) -> None:
+    p = sub.add_parser(
+        "precompile",
+        help="optimize each distinct operator of a model offline (agent + verification + memory)",
+        description="Trace MODEL as the backend does, let the agent optimize each distinct "
+        "operator (every candidate built, verified against the reference lowering and timed in "
+        "an isolated worker), record everything in the experience store, and write a report. "
+        "Re-running resumes: operators whose budget is spent are not redone.",
+    )
+    p.add_argument("model", nargs="?", default=DEFAULT_MODEL,
+                   help="file.py (defining Model, get_inputs, get_init_inputs), module:factory "
+                   "(returning (model, inputs)), or an example model name "
+                   f"(default: {DEFAULT_MODEL})")
+    p.add_argument("--target", default="cpu", help="hardware target (default: cpu)")
+    p.add_argument("--agent", default="heuristic",
+                   help="heuristic (offline, default) or llm (an OpenAI-compatible endpoint)")
+    p.add_argument("--budget", type=int, default=16, help="attempts per operator (default: 16)")
+    p.add_argument("--wall-s", type=float, help="wall-clock limit per operator, seconds")
+    p.add_argument("--tokens", type=int, help="LLM token limit per operator")
+    p.add_argument("--report", help="write the JSON report here")
+    p.add_argument("--store", help="experience store directory (overrides $KOPE_HOME)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="operators optimized at once, each with its own worker (default: 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the agent (default: 0)")
+    p.add_argument("--timeout-s", type=float, default=120.0,
+                   help="limit for building, verifying and timing one candidate (default: 120)")
+    p.add_argument("--llm-base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
+    p.add_argument("--llm-model", help="model name (default: $KOPE_LLM_MODEL)")
+    p.set_defaults(run=_precompile_command)
+
+
+def _precompile_command(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from kope.compiler import store_at, target_for
+    from kope.errors import OptionError
+    from kope.memory.paths import kope_home
+    from kope.models import load_model
+    from kope.optimize import Budget
+    from kope.precompile import precompile, write_report
+
+    if args.budget < 1:
+        raise OptionError(f"--budget {args.budget} must be at least 1")
+    from kope.agents import agent_names
+
+    if args.agent not in agent_names():
+        raise OptionError(f"unknown agent {args.agent!r}; choose one of: {', '.join(agent_names())}")
+    model, inputs = load_model(args.model)
+    store = store_at(Path(args.store) if args.store else kope_home())
+    target = target_for(args.target, max(1, args.workers), args.timeout_s)
+    agent_config: dict[str, Any] = {}
+    if args.agent == "llm":
+        agent_config = {"base_url": args.llm_base_url, "model": args.llm_model}
+    budget = Budget(attempts=args.budget, wall_s=args.wall_s, tokens=args.tokens)
+    report = precompile(model, inputs, target=target, store=store, agent_name=args.agent,
+                        agent_config=agent_config, budget=budget, workers=args.workers,
+                        seed=args.seed)
+    if args.report:
+        write_report(report, Path(args.report))
+    print(format_report(report))
+    return 0
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report as a table: per operator winner, speedups and attempts; then the summary."""
+    rows = [("operator", "winner", "vs eager", "vs reference", "attempts", "verdicts")]
+    for op in report["operators"]:
+        verdicts = " ".join(f"{k}:{v}" for k, v in op["verdicts"].items())
+        rows.append((op["label"][:58], op["winner"], _x(op["speedup_vs_eager"]),
+                     _x(op["speedup_vs_reference"]), str(op["attempts"]), verdicts))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    s = report["summary"]
+    lines.append(
+        f"{s['operators']} operators; pass rate {s['pass_rate']:.0%}; geomean speedup "
+        f"{_x(s['geomean_speedup_vs_eager'])} vs eager, {_x(s['geomean_speedup_vs_reference'])} "
+        f"vs reference; agent wins {s['agent_wins']}; tokens {s['tokens']}; {s['wall_s']:.0f} s"
+    )
+    return "\n".join(lines)
+
+
+def _x(value: float | None) -> str:
+    return f"{value:.2f}x" if value else "-"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -68,6 +68,8 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
     for e in part.eager:
         if e.compute:
             log.info("eager %s: %s", e.op, e.reason)
+    if options.optimize and options.kernels == "auto":
+        _optimize_unseen(part.tasks, target, store, options)
     for task in part.tasks:
         choice = choose(task, target, store, options.kernels)
         entry = TaskReport(
@@ -91,6 +93,30 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
     graph.compile_s = time.perf_counter() - start
     add_graph(graph)
     return gm, graph
+
+
+def _optimize_unseen(tasks: list, target: Target, store: ExperienceStore, options: Options) -> None:
+    """Run the agent on each distinct operator that has no agent attempts in the store yet."""
+    from kope.agents import make_agent
+    from kope.memory.schema import SOURCE_AGENT
+    from kope.optimize import Budget, optimize_task
+
+    seen: set[str] = set()
+    agent = None
+    try:
+        for task in tasks:
+            if task.key in seen:
+                continue
+            seen.add(task.key)
+            store.refresh()
+            if any(a.source == SOURCE_AGENT for a in store.attempts(task.key)):
+                continue
+            agent = agent or make_agent(options.agent)
+            summary = optimize_task(task, target, store, agent, Budget(attempts=options.budget))
+            log.info("optimized %s: %s (%s)", task.label, summary.winner, summary.stopped)
+    finally:
+        if agent is not None:
+            agent.close()
 
 
 def _is_multi(node: fx.Node) -> bool:

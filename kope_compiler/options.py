@@ -29,6 +29,12 @@ class Options:
     """Isolated worker processes that verify and time candidates."""
     timeout_s: float = 60.0
     """Wall-clock limit for building, verifying and timing one candidate in a worker."""
+    optimize: bool = False
+    """Let the agent optimize operators the store has not seen optimized, inline."""
+    agent: str = "heuristic"
+    """The agent for `optimize`: `heuristic` (offline) or `llm` (OpenAI-compatible endpoint)."""
+    budget: int = 16
+    """Attempts per operator when optimizing."""
 
     @property
     def store_path(self) -> Path:
@@ -74,3 +80,14 @@ class Options:
             raise OptionError(f"option workers={self.workers!r} must be an integer >= 1")
         if not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
             raise OptionError(f"option timeout_s={self.timeout_s!r} must be a positive number")
+        if not isinstance(self.optimize, bool):
+            raise OptionError(f"option optimize={self.optimize!r} must be True or False")
+        from kope.agents import agent_names
+
+        if self.agent not in agent_names():
+            raise OptionError(
+                f"option agent={self.agent!r} is not a known agent; choose one of: "
+                f"{', '.join(agent_names())}"
+            )
+        if not isinstance(self.budget, int) or isinstance(self.budget, bool) or self.budget < 1:
+            raise OptionError(f"option budget={self.budget!r} must be an integer >= 1")

@@ -80,6 +80,33 @@ def cpu_fingerprint() -> str:
     return f"{model}|{isa}|{os.cpu_count()}cores"
 
 
+# What a kernel may be written in. Anything else (llvm, gpu, omp, ...) could reach outside the
+# kernel (inline assembly, calls into libc), so it is refused before any pass runs.
+KERNEL_DIALECTS = {
+    "builtin", "func", "arith", "math", "linalg", "tensor", "memref", "scf", "vector",
+    "bufferization", "affine", "transform", "ub", "index", "complex", "cf",
+}
+
+
+def screen_kernel(module: ir.Module) -> str | None:
+    """Why a parsed kernel may not be built here, or None."""
+    problems: list[str] = []
+
+    def check(op: ir.Operation) -> ir.WalkResult:
+        dialect = op.name.split(".", 1)[0]
+        if dialect not in KERNEL_DIALECTS:
+            problems.append(f"operation {op.name} (dialect '{dialect}' is not allowed in kernels)")
+            return ir.WalkResult.INTERRUPT
+        if op.name == "func.func" and not op.regions[0].blocks:
+            name = ir.StringAttr(op.attributes["sym_name"]).value
+            problems.append(f"declaration of external function @{name}")
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(check)
+    return problems[0] if problems else None
+
+
 def memref_type(spec: TensorSpec) -> str:
     element = _MLIR_ELEMENT.get(spec.dtype)
     if element is None:
@@ -105,6 +132,9 @@ def lower_kernel(task: TaskSpec, kernel: Kernel) -> ir.Module:
         from kope.passes.pipeline import format_diagnostics
 
         raise BuildError("kernel does not parse:\n" + "\n".join(format_diagnostics(err, "kernel.mlir"))) from None
+    refused = screen_kernel(module)
+    if refused:
+        raise BuildError(f"kernel refused: it contains {refused}")
     try:
         run_pipeline(module, [DestinationAbi()], description=f"abi {task.label}")
     except PipelineError as err:

@@ -1,0 +1,110 @@
+"""The agent interface: what an agent is shown, and what it proposes.
+
+An agent proposes one candidate kernel at a time for one operator (a Task), with the decision
+it made and why. It is shown the operator's reference lowering, the target's capabilities,
+the relevant experience retrieved from memory (ACMI), and the feedback of its previous
+attempts on this operator. It never builds, runs or times anything: the loop does.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from kope.targets.base import TensorSpec
+
+
+@dataclass(frozen=True)
+class TaskView:
+    """The operator as an agent sees it."""
+
+    key: str
+    op: str  # aten overload, e.g. aten.mm.default
+    label: str
+    payload: str  # the reference lowering: linalg-on-tensors func.func @main
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    target: str
+    capabilities: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Experience:
+    """One past attempt judged relevant to the current operator."""
+
+    attempt_id: str
+    task_key: str
+    task_label: str
+    task_op: str
+    shapes: tuple[tuple[int, ...], ...]
+    similarity: float  # 1 = the same operator
+    decision: str
+    config: dict[str, Any] | None
+    verdict: str
+    speedup_vs_eager: float | None
+    speedup_vs_reference: float | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """What happened to one of this session's attempts."""
+
+    attempt_id: str
+    decision: str
+    config: dict[str, Any] | None
+    verdict: str
+    error: str | None
+    latency_us: float | None
+    eager_us: float | None
+    speedup_vs_eager: float | None
+    speedup_vs_reference: float | None
+
+
+@dataclass
+class ProposalRequest:
+    task: TaskView
+    experience: list[Experience] = field(default_factory=list)
+    context: str = ""  # the rendered experience (for language models)
+    history: list[Feedback] = field(default_factory=list)
+    attempts_left: int = 1
+    seed: int = 0
+
+
+@dataclass
+class Proposal:
+    """A candidate kernel (MLIR text) and the decision behind it."""
+
+    source: str
+    decision: str
+    config: dict[str, Any] | None = None
+    parent: str | None = None  # the attempt this one refines
+    transferred_from: str | None = None  # an attempt of another operator it reuses
+    model: str = ""
+    tokens_in: int = 0
+    tokens_out: int = 0
+
+
+@dataclass
+class Rejected:
+    """An answer that held no usable kernel: recorded as a failed attempt, never run."""
+
+    reason: str
+    decision: str = ""
+    model: str = ""
+    tokens_in: int = 0
+    tokens_out: int = 0
+
+
+class Agent(ABC):
+    """Proposes kernels for one operator at a time."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def propose(self, request: ProposalRequest) -> Proposal | Rejected | None:
+        """The next candidate, a rejected answer, or None to stop (nothing better to try)."""
+
+    def close(self) -> None:
+        """Release connections and other resources."""

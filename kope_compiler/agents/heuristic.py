@@ -1,0 +1,249 @@
+"""The heuristic agent: the embedded default, offline and deterministic under a seed.
+
+It writes transform-dialect schedules (`kope.agents.schedules`) for the operator's linalg
+payload and searches their space with this policy:
+
+1. Candidates: a small grid per kernel family (threads, cache and register tiles, rows per
+   step, vector length, polynomial math), ordered by a static prior (a crude cost model: use
+   every core on big work, keep 16 accumulators in vector registers, vectorize math).
+2. Memory: experience from similar operators adjusts the order. A decision value (e.g.
+   `threads=2`, `register=8x32x1`) that sped up similar operators gains, in proportion to the
+   similarity and the log of the speedup; one that failed on a similar operator loses, and a
+   whole configuration that failed on a very similar operator is not tried again. The first
+   attempt is the best configuration of the most similar operator when there is one.
+3. Search: after the first verified kernel, it climbs: the next attempt changes one decision
+   of the best kernel so far (the highest-scoring such neighbour); every third attempt
+   explores the best untried configuration instead.
+4. Stopping: when the space is exhausted; when, after four verified attempts, the best kernel
+   is still under 0.3x eager and the last three did not improve it (eager is already best);
+   or when six attempts in, the last four improved nothing by 2%.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from kope.agents.base import Agent, Experience, Feedback, Proposal, ProposalRequest
+from kope.agents.schedules import Config, attach, config_key, describe, render
+from kope.passes.analysis import CONTRACTIONS, PayloadInfo, analyze, prepare_payload
+
+APPROXIMABLE = {"math.exp", "math.erf", "math.tanh"}
+BIG_WORK = 1 << 16  # iterations above which threads are expected to pay off
+
+
+def _lanes(capabilities: dict[str, Any], element_type: str) -> int:
+    bits = int(capabilities.get("vector_bits", 256))
+    width = 64 if element_type in ("f64", "i64") else 16 if element_type in ("f16", "bf16") else 32
+    return max(4, bits // width)
+
+
+def _threads(capabilities: dict[str, Any]) -> list[int]:
+    threads = int(capabilities.get("threads", 1))
+    return [threads, 1] if capabilities.get("openmp") and threads > 1 else [1]
+
+
+def _work(info: PayloadInfo) -> int:
+    return max((math.prod(op.ranges) for op in info.ops if op.ranges), default=0)
+
+
+# -- the space ----------------------------------------------------------------------------------
+
+
+def candidate_space(info: PayloadInfo, capabilities: dict[str, Any]) -> list[tuple[Config, float]]:
+    """Every configuration worth trying for this payload, with its prior score."""
+    lanes = _lanes(capabilities, info.element_type)
+    threads = _threads(capabilities)
+    big = _work(info) >= BIG_WORK
+    found: list[tuple[Config, float]] = []
+    if info.kind == "contraction":
+        contraction = next(op for op in info.ops if op.name in CONTRACTIONS)
+        m, n, k = contraction.ranges[-3:]
+        registers = [(8, 2 * lanes), (4, 2 * lanes), (6, 2 * lanes), (8, lanes), (4, 4 * lanes), (16, lanes)]
+        caches = [(64, 128, 256), (32, 256, 128), (128, 128, 64), (64, 64, 64), (256, 64, 128)]
+        for t, (mr, nr), cache in itertools.product(threads, registers, caches):
+            mc, nc, kc = min(cache[0], _ceil_to(m, mr)), min(cache[1], _ceil_to(n, nr)), min(cache[2], k)
+            score = 0.0
+            score += 2.0 if (t > 1) == big else 0.0
+            score += 1.0 if (mr, nr) == (8, 2 * lanes) else 0.5 if mr * nr // lanes >= 8 else 0.0
+            score += 0.5 if cache == (64, 128, 256) else 0.0
+            found.append(({"family": "contraction", "threads": t, "cache": [mc, max(nc, nr), kc],
+                           "register": [mr, nr, 1]}, score))
+    elif info.kind in ("reduction", "elementwise"):
+        approximate = [True, False] if info.math & APPROXIMABLE else [False]
+        row_options = [1, 4, 8] if info.kind == "reduction" else [1, 4]
+        for t, rows, vector, approx in itertools.product(threads, row_options, [4 * lanes, 2 * lanes, lanes], approximate):
+            score = 0.0
+            score += 2.0 if (t > 1) == big else 0.0
+            score += 1.5 if approx else 0.0
+            score += 0.5 if rows == 1 else 0.0
+            score += 0.5 if vector == 4 * lanes else 0.0
+            config: Config = {"family": "rows", "threads": t, "rows": rows, "vector": vector}
+            if approx:
+                config["approximate_math"] = True
+            found.append((config, score))
+    unique: dict[str, tuple[Config, float]] = {}
+    for config, score in found:
+        unique.setdefault(config_key(config), (config, score))
+    return list(unique.values())
+
+
+def _ceil_to(value: int, multiple: int) -> int:
+    return max(multiple, math.ceil(value / multiple) * multiple)
+
+
+def decisions(config: Config) -> list[tuple[str, str]]:
+    """The decision values of a configuration, e.g. ("threads", "2")."""
+    return [(k, config_key(v) if isinstance(v, list) else str(v)) for k, v in sorted(config.items())
+            if k != "family"]
+
+
+# -- memory ------------------------------------------------------------------------------------
+
+
+@dataclass
+class MemoryAdvice:
+    value: dict[tuple[str, str], float]  # decision value -> learned score
+    banned: set[str]  # configurations that failed on a very similar operator
+    seeds: list[tuple[float, Config, str]]  # (score, config, attempt id) proven elsewhere
+
+
+def learn(experience: Iterable[Experience], family: str) -> MemoryAdvice:
+    value: dict[tuple[str, str], float] = {}
+    banned: set[str] = set()
+    seeds: list[tuple[float, Config, str]] = []
+    for item in experience:
+        config = item.config
+        if not config or config.get("family") != family:
+            continue
+        weight = max(0.0, min(1.0, item.similarity))
+        if item.verdict == "verified" and item.speedup_vs_eager:
+            gain = math.log(max(item.speedup_vs_eager, 1e-3))
+            for decision in decisions(config):
+                value[decision] = value.get(decision, 0.0) + weight * gain
+            seeds.append((weight * (1.0 + gain), config, item.attempt_id))
+        else:
+            for decision in decisions(config):
+                value[decision] = value.get(decision, 0.0) - 0.5 * weight
+            if weight >= 0.8:
+                banned.add(config_key(config))
+    seeds.sort(key=lambda s: -s[0])
+    return MemoryAdvice(value, banned, seeds)
+
+
+# -- the agent ---------------------------------------------------------------------------------
+
+
+class HeuristicAgent(Agent):
+    """Schedules from a searched grid, ordered by a prior and by experience."""
+
+    name = "heuristic"
+
+    def __init__(self, seed: int = 0, **_: Any):
+        self.seed = seed
+        self._prepared: dict[tuple[str, bool], str] = {}
+
+    def _payload(self, request: ProposalRequest, approximate: bool) -> str:
+        key = (request.task.key, approximate)
+        if key not in self._prepared:
+            self._prepared[key] = prepare_payload(request.task.payload, approximate_math=approximate)
+        return self._prepared[key]
+
+    def propose(self, request: ProposalRequest) -> Proposal | None:
+        info = analyze(self._payload(request, False))
+        space = candidate_space(info, request.task.capabilities)
+        if not space:
+            return None
+        family = space[0][0]["family"]
+        advice = learn(request.experience, family)
+        tried = {config_key(f.config) for f in request.history if f.config}
+        if _should_stop(request.history):
+            return None
+        rng = random.Random(f"{self.seed}:{request.task.key}:{len(request.history)}")
+        scored = []
+        for config, prior in space:
+            key = config_key(config)
+            if key in tried or key in advice.banned:
+                continue
+            score = prior + sum(advice.value.get(d, 0.0) for d in decisions(config))
+            scored.append((score + rng.random() * 1e-3, config))
+        choice, parent, transferred = self._choose(scored, request, advice, tried)
+        if choice is None:
+            return None
+        payload = self._payload(request, bool(choice.get("approximate_math")))
+        source = attach(payload, render(analyze(payload), choice))
+        why = self._why(choice, parent, transferred, request)
+        return Proposal(source=source, decision=f"{describe(choice)} ({why})", config=choice,
+                        parent=parent, transferred_from=transferred)
+
+    def _choose(
+        self,
+        scored: list[tuple[float, Config]],
+        request: ProposalRequest,
+        advice: MemoryAdvice,
+        tried: set[str],
+    ) -> tuple[Config | None, str | None, str | None]:
+        if not scored:
+            return None, None, None
+        scored.sort(key=lambda s: -s[0])
+        history = request.history
+        if not history:
+            for _, config, attempt in advice.seeds:
+                if config_key(config) not in tried and config_key(config) not in advice.banned:
+                    return config, None, attempt
+            return scored[0][1], None, None
+        best = _best(history)
+        explore = len(history) % 3 == 2
+        if best is not None and best.config and not explore:
+            neighbours = [(s, c) for s, c in scored if _distance(c, best.config) == 1]
+            if neighbours:
+                return neighbours[0][1], best.attempt_id, None
+        failed = [f for f in history if f.verdict != "verified" and f.config]
+        if failed and best is None:
+            bad = {d for f in failed for d in decisions(f.config or {})}
+            clean = [(s, c) for s, c in scored if not (set(decisions(c)) & bad)]
+            if clean:
+                return clean[0][1], None, None
+        return scored[0][1], None, None
+
+    @staticmethod
+    def _why(config: Config, parent: str | None, transferred: str | None, request: ProposalRequest) -> str:
+        if transferred:
+            source = next((e for e in request.experience if e.attempt_id == transferred), None)
+            where = source.task_label if source else "a similar operator"
+            return f"best schedule of {where}"
+        if parent:
+            best = next((f for f in request.history if f.attempt_id == parent), None)
+            changed = [k for k, _ in decisions(config)
+                       if best and best.config and config.get(k) != best.config.get(k)]
+            return f"changes {', '.join(changed) or 'nothing'} of the best so far"
+        return "highest prior" if not request.history else "exploring"
+
+
+def _best(history: list[Feedback]) -> Feedback | None:
+    verified = [f for f in history if f.verdict == "verified" and f.speedup_vs_eager]
+    return max(verified, key=lambda f: f.speedup_vs_eager or 0.0) if verified else None
+
+
+def _distance(a: Config, b: Config) -> int:
+    keys = set(a) | set(b)
+    return sum(1 for k in keys if a.get(k) != b.get(k))
+
+
+def _should_stop(history: list[Feedback]) -> bool:
+    verified = [f for f in history if f.verdict == "verified" and f.speedup_vs_eager]
+    if len(verified) >= 4:
+        best_before = max(f.speedup_vs_eager or 0 for f in history[:-3] if f.speedup_vs_eager) \
+            if any(f.speedup_vs_eager for f in history[:-3]) else 0.0
+        best_now = max(f.speedup_vs_eager or 0 for f in verified)
+        if best_now < 0.3 and best_now <= best_before * 1.05:
+            return True
+    if len(history) >= 6:
+        earlier = [f.speedup_vs_eager or 0 for f in history[:-4] if f.verdict == "verified"]
+        recent = [f.speedup_vs_eager or 0 for f in history[-4:] if f.verdict == "verified"]
+        if earlier and (not recent or max(recent) <= max(earlier) * 1.02):
+            return True
+    return False

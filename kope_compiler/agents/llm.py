@@ -1,0 +1,174 @@
+"""The LLM agent: kernels written by a language model behind any OpenAI-compatible endpoint.
+
+Configuration: `base_url` / `OPENAI_BASE_URL`, `api_key` / `OPENAI_API_KEY` (read from the
+environment, never logged or stored), `model` / `KOPE_LLM_MODEL`. The prompt describes the
+target and the kernel forms it accepts, shows the operator's reference MLIR, the experience
+retrieved from memory, and the feedback on the previous attempt. The answer is data: the MLIR
+is extracted, screened (`kope.agents.screen`), then built and verified by the target like any
+other candidate; an answer with no kernel, or with hostile content, is a recorded failed
+attempt. The client retries 429 and 5xx with exponential backoff; an endpoint that cannot be
+reached is an error that names it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from typing import Any
+
+from kope.agents.base import Agent, Feedback, Proposal, ProposalRequest, Rejected
+from kope.agents.screen import screen_mlir, screen_python
+from kope.errors import KopeError
+
+log = logging.getLogger("kope.agents.llm")
+
+_FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.S)
+_DECISION = re.compile(r"^\s*(?:decision|why)\s*:\s*(.+)$", re.I | re.M)
+
+SYSTEM_PROMPT = """You optimize one operator of a PyTorch model for a {target} target ({capabilities}).
+You are given its reference lowering: MLIR linalg-on-tensors, one `func.func @main`.
+Answer with ONE ```mlir code block holding a complete MLIR module in one of these forms:
+1. The payload `func.func @main` (you may rewrite it; keep its signature) plus a transform
+   schedule beside it: `module attributes {{transform.with_named_sequence}} {{ func.func @main
+   ... transform.named_sequence @__transform_main(%root: !transform.any_op {{transform.readonly}})
+   {{ ... transform.yield }} }}`. The schedule is applied to the payload, then KOPE bufferizes and
+   lowers to LLVM. Useful ops: transform.structured.tile_using_for / tile_using_forall (forall
+   loops run on OpenMP threads), fuse_into_containing_op, vectorize_children_and_apply_patterns,
+   apply_patterns with vector.lower_contraction, transform.loop.hoist_loop_invariant_subsets.
+2. `func.func @kope_kernel` on memrefs: the inputs, then one memref per output, which it
+   must fill completely; it returns nothing.
+Only these dialects are allowed: builtin, func, arith, math, linalg, tensor, memref, scf, vector,
+bufferization, affine, transform, ub, index, complex, cf. No external functions, no llvm ops.
+Every kernel is verified against the reference on random and edge inputs (NaN, Inf, -0).
+Start your answer with one line `Decision: <what you changed and why>`."""
+
+
+def extract_kernel(content: str) -> tuple[str | None, str]:
+    """(kernel text or None, decision text) from a model's answer."""
+    decision_match = _DECISION.search(content)
+    decision = decision_match.group(1).strip() if decision_match else ""
+    blocks = _FENCE.findall(content)
+    for language, body in blocks:
+        if language.lower() in ("mlir", ""):
+            return body.strip(), decision or _prose(content)
+    for language, body in blocks:
+        if language.lower() in ("python", "py", "triton"):
+            return body.strip(), decision or _prose(content)
+    stripped = content.strip()
+    if stripped.startswith(("module", "func.func", "#map")):
+        return stripped, decision
+    return None, decision or _prose(content)
+
+
+def _prose(content: str) -> str:
+    text = _FENCE.sub("", content).strip().replace("\n", " ")
+    return text[:240]
+
+
+class LLMAgent(Agent):
+    """Kernels proposed by a chat model over the OpenAI protocol."""
+
+    name = "llm"
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        model: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = 120.0,
+        max_retries: int = 3,
+        temperature: float = 0.2,
+        seed: int = 0,
+        **_: Any,
+    ):
+        import openai
+
+        self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
+        self.model = model or os.environ.get("KOPE_LLM_MODEL") or ""
+        if not self.model:
+            raise KopeError("the llm agent needs a model name: set KOPE_LLM_MODEL (or pass --llm-model)")
+        key = api_key or os.environ.get("OPENAI_API_KEY") or "unset"
+        self.temperature = temperature
+        self.seed = seed
+        self._openai = openai
+        self._client = openai.OpenAI(base_url=self.base_url, api_key=key, timeout=timeout_s,
+                                     max_retries=max_retries)
+
+    def propose(self, request: ProposalRequest) -> Proposal | Rejected | None:
+        messages = self.messages(request)
+        try:
+            response = self._client.chat.completions.create(
+                model=self.model, messages=messages, temperature=self.temperature, seed=self.seed,
+            )
+        except self._openai.APIConnectionError as err:
+            if isinstance(err, self._openai.APITimeoutError):
+                return Rejected(f"the endpoint did not answer in time ({err})", model=self.model)
+            raise KopeError(
+                f"cannot reach the LLM endpoint at {self.base_url}: {err}. Check OPENAI_BASE_URL "
+                "(or --llm-base-url) and that the server is running."
+            ) from None
+        except self._openai.AuthenticationError:
+            raise KopeError(
+                f"the LLM endpoint at {self.base_url} rejected the API key: set OPENAI_API_KEY"
+            ) from None
+        except self._openai.APIStatusError as err:
+            return Rejected(f"the endpoint answered HTTP {err.status_code} after retries",
+                            model=self.model)
+        except (self._openai.APIError, ValueError) as err:  # ValueError: a body that is not JSON
+            return Rejected(f"the endpoint's answer was malformed: {type(err).__name__}",
+                            model=self.model)
+        usage = getattr(response, "usage", None)
+        tokens_in = getattr(usage, "prompt_tokens", 0) or 0
+        tokens_out = getattr(usage, "completion_tokens", 0) or 0
+        content = ""
+        if getattr(response, "choices", None):
+            content = response.choices[0].message.content or ""
+        kernel, decision = extract_kernel(content)
+        meta = dict(model=self.model, tokens_in=tokens_in, tokens_out=tokens_out)
+        if kernel is None:
+            return Rejected("the answer holds no kernel (no ```mlir block)", decision=decision, **meta)
+        python_like = "@triton.jit" in kernel or kernel.lstrip().startswith(("import", "from", "def"))
+        if python_like:
+            refused = screen_python(kernel)
+            reason = refused or f"the {request.task.target} target takes MLIR kernels, not Python"
+            return Rejected(reason, decision=decision, **meta)
+        refused = screen_mlir(kernel)
+        if refused:
+            return Rejected(refused, decision=decision, **meta)
+        parent = request.history[-1].attempt_id if request.history else None
+        return Proposal(source=kernel, decision=decision or "rewritten by the model",
+                        parent=parent, **meta)
+
+    def messages(self, request: ProposalRequest) -> list[dict[str, str]]:
+        task = request.task
+        capabilities = ", ".join(f"{k}={v}" for k, v in sorted(task.capabilities.items())
+                                 if k != "kernel_form")
+        system = SYSTEM_PROMPT.format(target=task.target, capabilities=capabilities)
+        parts = [
+            f"Operator: {task.label}",
+            "Inputs: " + ", ".join(str(s) for s in task.inputs)
+            + "; outputs: " + ", ".join(str(s) for s in task.outputs),
+            "Reference lowering:\n```mlir\n" + task.payload.strip() + "\n```",
+        ]
+        if request.context:
+            parts.append("What KOPE learned from related operators (most relevant first):\n"
+                         + request.context)
+        if request.history:
+            parts.append("Your previous attempts on this operator:\n"
+                         + "\n".join(_feedback_line(f) for f in request.history[-4:]))
+        parts.append(f"Attempts left: {request.attempts_left}. Propose your next kernel.")
+        return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}]
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _feedback_line(f: Feedback) -> str:
+    if f.verdict == "verified":
+        speed = f"{f.speedup_vs_eager:.2f}x eager" if f.speedup_vs_eager else "untimed"
+        ref = f", {f.speedup_vs_reference:.2f}x reference" if f.speedup_vs_reference else ""
+        return f"- {f.decision}: verified, {speed}{ref}"
+    error = (f.error or "").strip().splitlines()
+    detail = " / ".join(line.strip() for line in error[:3])[:400]
+    return f"- {f.decision}: {f.verdict}: {detail}"

@@ -1,0 +1,257 @@
+"""CPU schedules as transform-dialect scripts, generated from a few decisions per kernel family.
+
+A `Config` is a point of the search space (plain data: it is recorded with every attempt).
+`render` turns a config and a payload's analysis into a `@__transform_main` script that
+addresses the payload's ops by their `kope.op` index (see `kope.passes.analysis`).
+
+Families:
+- `contraction` (matmul, batch matmul, and their elementwise consumers such as a bias add):
+  threads over an outer dimension (`scf.forall`, run by OpenMP), cache tiles, register tiles
+  with the k-loop innermost, the accumulator tile hoisted into registers, contractions
+  lowered to outer products (FMAs); tiles that do not divide the shape are vectorized with
+  masks.
+- `rows` (reductions and elementwise ops over rows: softmax, layer norm, sums, maxima,
+  elementwise chains): threads over row blocks, all producers fused into a per-row loop so a
+  row stays in cache across ops, each op vectorized along the row.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from kope.passes.analysis import CONTRACTIONS, OpInfo, PayloadInfo
+
+Config = dict[str, Any]
+
+
+def config_key(config: Config) -> str:
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
+def describe(config: Config) -> str:
+    """A one-line decision text (what the schedule does), e.g. for memory and reports."""
+    family = config.get("family", "?")
+    parts = [family]
+    if config.get("threads", 1) > 1:
+        parts.append(f"{config['threads']} threads")
+    if family == "contraction":
+        parts.append("cache " + "x".join(map(str, config["cache"])))
+        parts.append("registers " + "x".join(map(str, config["register"])))
+    elif family == "rows":
+        parts.append(f"{config['rows']} rows/step, vectors of {config['vector']}")
+    if config.get("approximate_math"):
+        parts.append("polynomial math")
+    return ", ".join(parts)
+
+
+@dataclass
+class Script:
+    """Builds a transform script line by line with fresh handle names."""
+
+    lines: list[str] = field(default_factory=list)
+    counter: int = 0
+
+    def fresh(self, prefix: str) -> str:
+        self.counter += 1
+        return f"%{prefix}{self.counter}"
+
+    def emit(self, line: str) -> None:
+        self.lines.append(line)
+
+    def match_op(self, index: int) -> str:
+        handle = self.fresh("op")
+        self.emit(f"{handle} = transform.structured.match attributes{{kope.op = {index} : i64}} "
+                  "in %root : (!transform.any_op) -> !transform.any_op")
+        return handle
+
+    def tile_forall(self, handle: str, sizes: list[int]) -> tuple[str, str]:
+        tiled, loop = self.fresh("t"), self.fresh("forall")
+        self.emit(f"{tiled}, {loop} = transform.structured.tile_using_forall {handle} tile_sizes "
+                  f"{_list(sizes)} : (!transform.any_op) -> (!transform.any_op, !transform.any_op)")
+        return tiled, loop
+
+    def tile_for(self, handle: str, sizes: list[int]) -> tuple[str, list[str]]:
+        loops = sum(1 for s in sizes if s)
+        tiled = self.fresh("t")
+        names = [self.fresh("loop") for _ in range(loops)]
+        results = ", ".join([tiled, *names])
+        types = ", ".join(["!transform.any_op"] * (loops + 1))
+        self.emit(f"{results} = transform.structured.tile_using_for {handle} tile_sizes "
+                  f"{_list(sizes)} : (!transform.any_op) -> ({types})")
+        return tiled, names
+
+    def fuse_into(self, handle: str, loop: str) -> tuple[str, str]:
+        fused, new_loop = self.fresh("fused"), self.fresh("in")
+        self.emit(f"{fused}, {new_loop} = transform.structured.fuse_into_containing_op {handle} "
+                  f"into {loop} : (!transform.any_op, !transform.any_op) -> "
+                  "(!transform.any_op, !transform.any_op)")
+        return fused, new_loop
+
+    def vectorize(self, handle: str, sizes: list[int]) -> None:
+        self.emit(f"transform.structured.vectorize {handle} vector_sizes {_list(sizes)} "
+                  ": !transform.any_op")
+
+    def vectorize_function(self, contraction_lowering: str | None = None) -> None:
+        func, vec = self.fresh("func"), self.fresh("vec")
+        self.emit(f'{func} = transform.structured.match ops{{["func.func"]}} in %root '
+                  ": (!transform.any_op) -> !transform.any_op")
+        self.emit(f"{vec} = transform.structured.vectorize_children_and_apply_patterns {func} "
+                  ": (!transform.any_op) -> !transform.any_op")
+        patterns = [
+            "transform.apply_patterns.vector.lower_masked_transfers",
+            "transform.apply_patterns.vector.transfer_permutation_patterns",
+            'transform.apply_patterns.vector.reorder_multi_reduction_dims lowering_strategy = "innerreduction"',
+            'transform.apply_patterns.vector.multi_reduction_flattening lowering_strategy = "innerreduction"',
+            'transform.apply_patterns.vector.multi_reduction_unrolling lowering_strategy = "innerreduction"',
+            "transform.apply_patterns.canonicalization",
+        ]
+        if contraction_lowering:
+            patterns.insert(0, "transform.apply_patterns.vector.lower_contraction "
+                               f'lowering_strategy = "{contraction_lowering}"')
+        self.emit(f"transform.apply_patterns to {vec} {{\n    " + "\n    ".join(patterns)
+                  + "\n  } : !transform.any_op")
+        loops = self.fresh("loops")
+        self.emit(f'{loops} = transform.structured.match ops{{["scf.for"]}} in %root '
+                  ": (!transform.any_op) -> !transform.any_op")
+        self.emit(f"transform.foreach {loops} : !transform.any_op {{\n"
+                  "  ^bb0(%l: !transform.any_op):\n"
+                  "    transform.apply_licm to %l : !transform.any_op\n"
+                  "    transform.loop.hoist_loop_invariant_subsets %l : !transform.any_op\n"
+                  "  }")
+
+    def text(self) -> str:
+        body = "\n  ".join(self.lines)
+        return ("transform.named_sequence @__transform_main(%root: !transform.any_op "
+                "{transform.readonly}) {\n  " + body + "\n  transform.yield\n}\n")
+
+
+def _list(values: list[int]) -> str:
+    return "[" + ", ".join(str(v) for v in values) + "]"
+
+
+def attach(payload: str, script: str) -> str:
+    """The kernel module: the prepared payload with the schedule beside it."""
+    start = payload.index("module")
+    brace = payload.index("{", start)
+    header = payload[start:brace].strip()
+    if header != "module":
+        raise ValueError(f"unexpected module header {header!r}")
+    closing = payload.rindex("}")
+    return (payload[:start] + "module attributes {transform.with_named_sequence} {"
+            + payload[brace + 1 : closing] + script + "}\n" + payload[closing + 1 :])
+
+
+# -- families -----------------------------------------------------------------------------------
+
+
+def render(info: PayloadInfo, config: Config) -> str:
+    family = config["family"]
+    if family == "contraction":
+        return _contraction(info, config)
+    if family == "rows":
+        return _rows(info, config)
+    raise ValueError(f"unknown schedule family {family!r}")
+
+
+def _chunk(extent: int, parts: int, multiple: int = 1) -> int:
+    size = math.ceil(extent / max(parts, 1))
+    return max(multiple, math.ceil(size / multiple) * multiple)
+
+
+def _contraction(info: PayloadInfo, config: Config) -> str:
+    s = Script()
+    contraction = next(op for op in info.ops if op.name in CONTRACTIONS)
+    root = info.root
+    batch = len(contraction.iterators) == 4  # b, m, n, k
+    mr, nr, kr = config["register"]
+    mc, nc, kc = config["cache"]
+    handles = {op.index: s.match_op(op.index) for op in info.ops}
+    threads = config.get("threads", 1)
+    c_handle = handles[contraction.index]
+    root_handle = handles[root.index]
+    inits = set(contraction.init_producers)
+    if threads > 1:
+        sizes = [0] * len(root.ranges)
+        if batch and root.ranges[0] >= threads:
+            sizes[0] = _chunk(root.ranges[0], threads)
+        else:
+            m_dim = 1 if batch else 0
+            sizes[m_dim] = _chunk(root.ranges[m_dim], threads, mr)
+        tiled_root, loop = s.tile_forall(root_handle, sizes)
+        if root.index == contraction.index:
+            c_handle = tiled_root
+        else:
+            root_handle = tiled_root
+        for op in reversed(info.ops):
+            if op.index == root.index:
+                continue
+            fused, loop = s.fuse_into(handles[op.index], loop)
+            handles[op.index] = fused
+            if op.index == contraction.index:
+                c_handle = fused
+    lead = [1] if batch else []
+    for index in inits:
+        fill_tiled, _ = s.tile_for(handles[index], lead + [mr, nr])
+    cached, _ = s.tile_for(c_handle, lead + [mc, nc, kc])
+    registers, _ = s.tile_for(cached, lead + [mr, nr, kr])
+    s.vectorize(registers, lead + [mr, nr, kr])
+    if root.index != contraction.index:
+        consumer, _ = s.tile_for(root_handle, _vector_tile(root, mr, nr))
+    s.vectorize_function("outerproduct")
+    return s.text()
+
+
+def _vector_tile(op: OpInfo, rows: int, vector: int) -> list[int]:
+    sizes = [1] * len(op.ranges)
+    if len(sizes) >= 2:
+        sizes[-2] = rows
+    if sizes:
+        sizes[-1] = vector
+    return sizes
+
+
+def _rows(info: PayloadInfo, config: Config) -> str:
+    """Threads over row blocks; every op fused into a per-row loop; vectors along rows."""
+    s = Script()
+    root = info.root
+    handles = {op.index: s.match_op(op.index) for op in info.ops}
+    rank = len(root.ranges)
+    lead = max(1, len(root.parallel_dims) - (0 if root.reduction_dims else 1)) if rank > 1 else 1
+    threads = config.get("threads", 1)
+    rows = config["rows"]
+    vector = config["vector"]
+    root_inits = set(root.init_producers)
+    movable = [op for op in reversed(info.ops) if op.index != root.index and op.index not in root_inits]
+    root_handle = handles[root.index]
+    if threads > 1 and root.ranges and root.ranges[0] > 1:
+        sizes = [_chunk(root.ranges[0], threads)] + [0] * (rank - 1)
+        root_handle, loop = s.tile_forall(root_handle, sizes)
+        for op in movable:
+            handles[op.index], loop = s.fuse_into(handles[op.index], loop)
+    if rank > 1:
+        row_sizes = [1] * (lead - 1) + [rows] + [0] * (rank - lead)
+        root_handle, (row_loop, *_) = _tile_outer(s, root_handle, row_sizes)
+        for op in movable:
+            if op.is_fill:
+                continue
+            handles[op.index], row_loop = s.fuse_into(handles[op.index], row_loop)
+    for op in [*movable, root]:
+        handle = root_handle if op.index == root.index else handles[op.index]
+        if op.is_fill or not op.ranges:
+            continue
+        inner = [0] * len(op.ranges)
+        inner[-1] = vector
+        if op.ranges[-1] and op.ranges[-1] <= vector:
+            continue  # the whole row is one vector already
+        if op.iterators[-1] == "parallel":
+            s.tile_for(handle, inner)
+    s.vectorize_function()
+    return s.text()
+
+
+def _tile_outer(s: Script, handle: str, sizes: list[int]) -> tuple[str, list[str]]:
+    tiled, loops = s.tile_for(handle, sizes)
+    return tiled, loops

@@ -1,0 +1,228 @@
+"""The optimization loop of one operator.
+
+retrieve experience (ACMI) → the agent proposes a kernel with a stated decision → the target
+builds, verifies (against the reference lowering) and times it in an isolated worker → the
+attempt and its outcome go to the experience graph → the agent gets the feedback → repeat
+until the budget (attempts, wall time, tokens) is spent or the agent stops. A failed attempt is
+data, never an error. The best verified candidate becomes the operator's kernel (the store's
+`best`), which every later compile uses.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from kope.agents.base import Agent, Experience, Feedback, Proposal, ProposalRequest, Rejected, TaskView
+from kope.memory.schema import (
+    REFINES,
+    SOURCE_AGENT,
+    SOURCE_EAGER,
+    SOURCE_REFERENCE,
+    TRANSFERRED_FROM,
+    AttemptRecord,
+)
+from kope.memory.store import ExperienceStore
+from kope.selection import measure_reference, record_evaluation, seed_for, task_record
+from kope.targets.base import COMPILE_ERROR, VERDICTS, Kernel, Target
+from kope.task import Task
+
+log = logging.getLogger("kope.optimize")
+
+CONFIG_MARK = " | config="
+
+
+@dataclass(frozen=True)
+class Budget:
+    """When to stop optimizing one operator; None means no limit of that kind."""
+
+    attempts: int = 16
+    wall_s: float | None = None
+    tokens: int | None = None
+    context_tokens: int = 2000  # experience injected per proposal
+
+
+@dataclass
+class TaskSummary:
+    """One operator after optimization: the per-operator row of `kope precompile`'s report."""
+
+    key: str
+    op: str
+    label: str
+    winner: str  # eager | reference | agent
+    verified: bool  # the agent produced at least one verified kernel
+    attempts: int
+    eager_us: float | None
+    reference_us: float | None
+    best_us: float | None
+    speedup_vs_eager: float | None
+    speedup_vs_reference: float | None
+    verdicts: dict[str, int] = field(default_factory=dict)
+    tokens: int = 0
+    stopped: str = ""
+    best_decision: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def encode_decision(text: str, config: dict[str, Any] | None) -> str:
+    return text + (CONFIG_MARK + json.dumps(config, sort_keys=True) if config else "")
+
+
+def decode_decision(decision: str) -> tuple[str, dict[str, Any] | None]:
+    text, mark, payload = decision.partition(CONFIG_MARK)
+    if not mark:
+        return decision, None
+    try:
+        config = json.loads(payload)
+    except json.JSONDecodeError:
+        return text, None
+    return text, config if isinstance(config, dict) else None
+
+
+def task_view(task: Task, target: Target) -> TaskView:
+    return TaskView(
+        key=task.key, op=task.op, label=task.label, payload=task.payload,
+        inputs=task.spec.inputs, outputs=task.spec.outputs, target=target.name,
+        capabilities=target.capabilities(),
+    )
+
+
+def optimize_task(
+    task: Task,
+    target: Target,
+    store: ExperienceStore,
+    agent: Agent,
+    budget: Budget = Budget(),
+    *,
+    seed: int = 0,
+    on_attempt: Callable[[int, AttemptRecord], None] | None = None,
+) -> TaskSummary:
+    """Run the loop on one operator and summarise what the store now knows about it."""
+    store.refresh()
+    store.add_task(task_record(task, target))
+    reference = _latest(store.attempts(task.key), SOURCE_REFERENCE)
+    if reference is None:
+        reference = measure_reference(task, target, store)
+    if reference.verdict != "verified":
+        log.warning("%s: the reference lowering is %s; nothing to verify candidates against",
+                    task.label, reference.verdict)
+        return summarize(task, store, stopped=f"reference lowering {reference.verdict}")
+    view = task_view(task, target)
+    # Resuming: this agent's earlier attempts on the operator count against the budget.
+    history = [_feedback(a) for a in store.attempts(task.key)
+               if a.source == SOURCE_AGENT and a.agent == agent.name]
+    tokens = 0
+    start = time.monotonic()
+    stopped = "budget spent"
+    from kope.experience import retrieve_experience
+
+    for index in range(len(history), budget.attempts):
+        if budget.wall_s is not None and time.monotonic() - start >= budget.wall_s:
+            stopped = "wall time spent"
+            break
+        if budget.tokens is not None and tokens >= budget.tokens:
+            stopped = "tokens spent"
+            break
+        experience, context = retrieve_experience(store, task.key, budget.context_tokens)
+        request = ProposalRequest(view, experience, context, list(history),
+                                  budget.attempts - index, seed)
+        proposal = agent.propose(request)
+        if proposal is None:
+            stopped = "agent stopped"
+            break
+        tokens += proposal.tokens_in + proposal.tokens_out
+        attempt = _attempt(task, target, store, agent, proposal, seed + index + 1)
+        history.append(_feedback(attempt))
+        log.info("%s attempt %d: %s -> %s%s", task.label, index + 1, attempt.decision.partition(CONFIG_MARK)[0],
+                 attempt.verdict, f" {attempt.speedup_vs_eager:.2f}x eager" if attempt.speedup_vs_eager else "")
+        if on_attempt is not None:
+            on_attempt(index, attempt)
+    _distil(store, task.key)
+    return summarize(task, store, stopped=stopped, tokens=tokens)
+
+
+def _attempt(
+    task: Task, target: Target, store: ExperienceStore, agent: Agent,
+    proposal: Proposal | Rejected, seed: int,
+) -> AttemptRecord:
+    meta = dict(agent=agent.name, model=proposal.model, tokens_in=proposal.tokens_in,
+                tokens_out=proposal.tokens_out)
+    if isinstance(proposal, Rejected):
+        attempt = AttemptRecord(task=task.key, source=SOURCE_AGENT, verdict=COMPILE_ERROR,
+                                error=f"rejected without running: {proposal.reason}",
+                                decision=proposal.decision or "answer rejected", **meta)
+        store.add_attempt(attempt)
+        return attempt
+    evaluation = target.evaluate(task.spec, Kernel(proposal.source), oracle=Kernel(task.payload),
+                                 seed=seed_for(task.key) + seed)
+    attempt = record_evaluation(
+        store, task.key, evaluation, SOURCE_AGENT, proposal.source,
+        decision=encode_decision(proposal.decision, proposal.config), **meta,
+    )
+    if proposal.parent:
+        attempt.parent = proposal.parent
+        store.add_edge(attempt.id, proposal.parent, REFINES)
+    if proposal.transferred_from:
+        store.add_edge(attempt.id, proposal.transferred_from, TRANSFERRED_FROM)
+    return attempt
+
+
+def _feedback(attempt: AttemptRecord) -> Feedback:
+    text, config = decode_decision(attempt.decision)
+    return Feedback(attempt.id, text, config, attempt.verdict, attempt.error, attempt.latency_us,
+                    attempt.eager_us, attempt.speedup_vs_eager, attempt.speedup_vs_reference)
+
+
+def _distil(store: ExperienceStore, key: str) -> None:
+    try:
+        from kope.memory.insights import distil_insights
+    except ImportError:
+        return
+    distil_insights(store, key)
+
+
+def _latest(attempts: list[AttemptRecord], source: str) -> AttemptRecord | None:
+    matching = [a for a in attempts if a.source == source]
+    return matching[-1] if matching else None
+
+
+def summarize(task: Task, store: ExperienceStore, *, stopped: str = "", tokens: int | None = None) -> TaskSummary:
+    attempts = store.attempts(task.key)
+    agent_attempts = [a for a in attempts if a.source == SOURCE_AGENT]
+    reference = _latest(attempts, SOURCE_REFERENCE)
+    best = store.best(task.key)
+    verdicts = Counter(a.verdict for a in agent_attempts)
+    winner = "eager" if best is None or best.source == SOURCE_EAGER else best.source
+    if winner == "reference" and reference is not None and (reference.speedup_vs_eager or 0) < 1.0:
+        winner = "eager"
+    ref_us = reference.latency_us if reference and reference.verdict == "verified" else None
+    eager_us = reference.eager_us if reference else None
+    if winner == "agent" and best is not None:
+        eager_us, ref_us, best_us = best.eager_us, best.reference_us, best.latency_us
+    elif winner == "reference":
+        best_us = ref_us
+    else:
+        best_us = eager_us
+    return TaskSummary(
+        key=task.key, op=task.op, label=task.label, winner=winner,
+        verified=verdicts.get("verified", 0) > 0, attempts=len(agent_attempts),
+        eager_us=eager_us, reference_us=ref_us, best_us=best_us,
+        speedup_vs_eager=_ratio(eager_us, best_us), speedup_vs_reference=_ratio(ref_us, best_us),
+        verdicts={v: verdicts.get(v, 0) for v in VERDICTS if verdicts.get(v)},
+        tokens=tokens if tokens is not None else sum(a.tokens_in + a.tokens_out for a in agent_attempts),
+        stopped=stopped,
+        best_decision=decode_decision(best.decision)[0] if best and winner == "agent" else "",
+    )
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator and denominator and math.isfinite(numerator) and math.isfinite(denominator):
+        return numerator / denominator
+    return None
