@@ -49,9 +49,9 @@ from kope.memory.tokens import TokenCounter, default_counter
 LEVELS = ("full", "summary", "line")
 _AGENT = SOURCES.index(SOURCE_AGENT)
 FAILURE_WEIGHT = 0.5
-# Far more characters per token than any prompt text has (MLIR runs at about 3): a text
-# longer than this many characters per token left is skipped without being counted.
-_MAX_CHARS_PER_TOKEN = 8
+# More characters per token than MLIR and schedules have (o200k: 2.2-3.2): a text longer than
+# this many characters per token left is skipped without being counted.
+_MAX_CHARS_PER_TOKEN = 4
 
 
 @dataclass
@@ -74,7 +74,7 @@ class Context:
 
     task: str
     budget_tokens: int
-    tokens: int
+    tokens: int  # what the text costs: exact, or an upper bound for a subadditive counter
     counter: str
     text: str
     items: list[ContextItem] = field(default_factory=list)
@@ -99,7 +99,7 @@ class _Candidate:
     task_row: int
     kind: str
     score: float
-    why: str
+    why: str | tuple[float, bool, float, float, float, int]  # text, or the parts of the score
     dhash: int = 0
 
 
@@ -203,50 +203,49 @@ def _hops(store: ExperienceStore, start: int, depth: int = 3, cap: int = 4000) -
 def _score_attempts(store: ExperienceStore, task_rows: list[int], task_dist: list[float],
                     hops: dict[int, int], half_life_days: float,
                     now: float | None) -> list[_Candidate]:
-    rows: list[int] = []
-    owner: list[int] = []
-    for t in task_rows:
-        found = store.attempt_rows(t)
-        rows.extend(found)
-        owner.extend([t] * len(found))
-    if not rows:
+    per_task = [store.attempt_rows(t) for t in task_rows]
+    counts = np.array([len(found) for found in per_task], dtype=np.int64)
+    if not counts.sum():
         return []
+    rows = [r for found in per_task for r in found]
+    owner = np.repeat(np.asarray(task_rows, dtype=np.int64), counts)
+    dist = np.repeat(np.asarray(task_dist), counts)
     hot = store.hot(rows)
     latency = hot["latency"]
     verified = (hot["verdict"] == VERDICTS.index("verified")) & np.isfinite(latency) & (latency > 0)
-    best_latency: dict[int, float] = {}
-    for i in np.flatnonzero(verified).tolist():
-        t = owner[i]
-        best_latency[t] = min(best_latency.get(t, math.inf), float(latency[i]))
-    now = float(np.max(hot["created"])) if now is None else now
-    half_life = half_life_days * 86400.0
-    distance_of = dict(zip(task_rows, task_dist))
-    out: list[_Candidate] = []
-    for i, row in enumerate(rows):
-        if hot["source"][i] != _AGENT:
-            continue  # eager baselines and the reference lowering carry no lesson of their own
-        t = owner[i]
-        d = distance_of[t]
-        relevance = math.exp(-d / 2.0)
-        age = max(0.0, now - float(hot["created"][i]))
-        recency = 0.25 + 0.75 * 0.5 ** (age / half_life)
-        h = hops.get(row)
-        proximity = 1.0 + 0.5 / h if h else 1.0
-        where = "this task" if d == 0 and hops.get(t) == 0 else f"similar task (distance {d:.2f})"
-        if verified[i]:
-            quality = best_latency[t] / float(latency[i])
-            score = relevance * (0.25 + 0.75 * quality) * recency * proximity
-            why = (f"{where}; verified, {quality:.2f} of its task's best latency; "
-                   f"recency {recency:.2f}; graph x{proximity:.2f}")
-            kind = "attempt"
-        else:
-            score = relevance * recency * proximity
-            verdict = VERDICTS[hot["verdict"][i]] if hot["verdict"][i] < len(VERDICTS) else "failed"
-            why = f"instructive failure ({verdict}) on {where}; recency {recency:.2f}"
-            kind = "failure"
-        out.append(_Candidate(row, t, kind, score, why, int(hot["dhash"][i])))
+    # Quality is normalised per task: the task's best verified latency over this one's.
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[counts > 0]
+    best = np.minimum.reduceat(np.where(verified, latency, np.inf), starts)
+    quality = np.where(verified, np.repeat(best, counts[counts > 0]) / np.where(verified, latency, 1.0), 0.0)
+    newest = float(np.max(hot["created"])) if now is None else now
+    recency = 0.25 + 0.75 * 0.5 ** (np.maximum(0.0, newest - hot["created"]) / (half_life_days * 86400.0))
+    hop = np.array([hops.get(r, 0) for r in rows], dtype=np.float64)
+    proximity = np.where(hop > 0, 1.0 + 0.5 / np.maximum(hop, 1.0), 1.0)
+    relevance = np.exp(-dist / 2.0)
+    score = relevance * recency * proximity * np.where(verified, 0.25 + 0.75 * quality, 1.0)
+    own = {t for t in task_rows if hops.get(t) == 0}
+    out = [
+        _Candidate(rows[i], int(owner[i]), "attempt" if verified[i] else "failure", float(score[i]),
+                   (float(dist[i]), int(owner[i]) in own, float(quality[i]), float(recency[i]),
+                    float(proximity[i]), int(hot["verdict"][i])), int(hot["dhash"][i]))
+        # Eager baselines and the reference lowering carry no lesson of their own.
+        for i in np.flatnonzero(hot["source"] == _AGENT).tolist()
+    ]
     out.sort(key=lambda c: (-c.score, store.id_of(c.row)))
     return _distinct_failures(out)
+
+
+def _why(c: _Candidate) -> str:
+    """Why an attempt was chosen, from the parts of its score."""
+    if isinstance(c.why, str):
+        return c.why
+    d, own, quality, recency, proximity, verdict = c.why
+    where = "this task" if own else f"similar task (distance {d:.2f})"
+    if c.kind == "attempt":
+        return (f"{where}; verified, {quality:.2f} of its task's best latency; "
+                f"recency {recency:.2f}; graph x{proximity:.2f}")
+    name = VERDICTS[verdict] if 0 <= verdict < len(VERDICTS) else "failed"
+    return f"instructive failure ({name}) on {where}; recency {recency:.2f}"
 
 
 def _distinct_failures(candidates: list[_Candidate]) -> list[_Candidate]:
@@ -315,7 +314,7 @@ class _Packer:
             if self.used + cost <= self.budget:
                 self.used += cost
                 self.items.append(ContextItem(c.kind, record.id, getattr(record, "task", ""),
-                                              round(c.score, 6), level, cost, c.why, text))
+                                              round(c.score, 6), level, cost, _why(c), text))
                 self._rows.add(c.row)
                 if c.dhash:
                     self._decisions[c.dhash] = self._decisions.get(c.dhash, 0) + 1
@@ -326,6 +325,11 @@ class _Packer:
     def finish(self) -> Context:
         items = list(self.items)
         text = self._join(items)
+        if getattr(self.counter, "subadditive", False) and self.used <= self.budget:
+            # The parts were counted with one token per joining newline: an upper bound, so
+            # the text need not be counted again (its count is at most `tokens`).
+            return Context(self.task.key, self.budget, self.used - 1 if text else 0,
+                           self.counter.name, text, items)
         while items and self.counter.count(text) > self.budget:
             # Joining can merge whitespace differently than counting pieces apart did.
             items.remove(min(items, key=lambda i: i.score))

@@ -70,6 +70,9 @@ class EstimatingCounter:
     """
 
     name = "estimate"
+    # Joining texts with a newline never costs more than the parts plus one token each join
+    # (no piece spans the join, and costs are rounded up per text), so a packer may add up.
+    subadditive = True
 
     def __init__(self, word_chars: int = 8, more_chars: int = 3, symbol_chars: int = 2,
                  other: float = 1.0):

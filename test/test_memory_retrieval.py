@@ -114,7 +114,7 @@ def test_packing_never_exceeds_the_budget_and_is_deterministic(tmp_path: Path, b
     store = build(tmp_path)
     counter = EstimatingCounter()
     first = retrieve(store, "mm512", budget)
-    assert counter.count(first.text) == first.tokens <= budget
+    assert counter.count(first.text) <= first.tokens <= budget
     assert retrieve(store, "mm512", budget).text == first.text
     store.compact()  # another open of the same store numbers its rows differently
     again = retrieve(ExperienceStore(tmp_path), "mm512", budget)
