@@ -83,9 +83,12 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
                 log.error("could not load the verified kernel of %s: %s", task.label, err)
                 entry.kernel, entry.reason = "eager", f"kernel failed to load: {err}"
             else:
-                task.node.target = KernelCall(kernel, len(task.spec.outputs) == 1 and not _is_multi(task.node), entry)
+                single = len(task.spec.outputs) == 1 and not _is_multi(task.node)
+                task.node.target = KernelCall(kernel, single, entry)
                 task.node.args = tuple(task.input_nodes)
                 task.node.kwargs = {}
+                for inner in reversed(task.nodes[:-1]):  # the rest of a fused chain
+                    gm.graph.erase_node(inner)
         log.info("%s -> %s (%s)", task.label, entry.kernel, entry.reason)
         graph.tasks.append(entry)
     gm.graph.lint()

@@ -1,6 +1,8 @@
 """Partitioning an aten graph into Tasks, views, and operators that run eagerly (with a reason).
 
-Each compute node becomes a Task at the coarsest level torch-mlir lowers: a node is first
+A chain of elementwise nodes, each used only by the next, becomes one Task (one kernel, one
+pass over memory). Every other compute node becomes a Task at the coarsest level torch-mlir
+lowers: a node is first
 imported as it is (softmax, layer_norm, ... stay one Task); only when that fails and a
 decomposition is known (torch-mlir's table, plus KOPE's own for fused fast paths) is the node
 replaced by its decomposition in the graph, whose nodes are partitioned in turn.
@@ -164,13 +166,51 @@ def drop_unused_outputs(gm: fx.GraphModule) -> int:
     return rewritten
 
 
+def _fusible(node: fx.Node) -> bool:
+    return (
+        node.op == "call_function"
+        and _is_aten_op(node.target)
+        and torch.Tag.pointwise in node.target.tags
+        and isinstance(node.meta.get("val"), torch.Tensor)
+        and eager_reason(node) is None
+    )
+
+
+def elementwise_chains(gm: fx.GraphModule) -> list[list[fx.Node]]:
+    """Maximal chains of elementwise nodes, each feeding only the next: one kernel each."""
+    chains: list[list[fx.Node]] = []
+    taken: set[fx.Node] = set()
+    for node in gm.graph.nodes:
+        if node in taken or not _fusible(node):
+            continue
+        chain = [node]
+        while len(chain[-1].users) == 1:
+            user = next(iter(chain[-1].users))
+            if user in taken or not _fusible(user):
+                break
+            chain.append(user)
+        if len(chain) >= 2:
+            chains.append(chain)
+            taken.update(chain)
+    return chains
+
+
 def partition(gm: fx.GraphModule, target_key: str) -> Partition:
-    """Make Tasks of `gm`'s compute nodes, decomposing nodes torch-mlir cannot lower."""
+    """Make Tasks of `gm`'s compute nodes: chains of elementwise nodes fused into one Task,
+    other nodes one Task each, decomposing nodes torch-mlir cannot lower."""
     result = Partition()
     table = decomposition_table()
     drop_unused_outputs(gm)
+    fused: set[fx.Node] = set()
+    for chain in elementwise_chains(gm):
+        try:
+            result.tasks.append(make_task(chain, target_key))
+        except LoweringError as err:
+            log.debug("the chain %s does not lower as one kernel: %s", [n.name for n in chain], err)
+            continue
+        fused.update(chain)
     depth: dict[fx.Node, int] = {}
-    worklist = list(gm.graph.nodes)
+    worklist = [n for n in gm.graph.nodes if n not in fused]
     while worklist:
         node = worklist.pop(0)
         if node.op != "call_function" or getattr(node, "_erased", False):

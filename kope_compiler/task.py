@@ -22,7 +22,7 @@ from torch_mlir.extras.fx_importer import FxImporter
 
 from kope.passes.keys import canonicalize_module_text, task_key, workload_digest
 from kope.passes.pipeline import PipelineError, run_pipeline
-from kope.targets.base import InputRef, OpCall, TaskSpec, TensorSpec
+from kope.targets.base import InputRef, OpCall, Program, StepRef, TaskSpec, TensorSpec
 
 log = logging.getLogger("kope.compiler")
 
@@ -40,14 +40,19 @@ class LoweringError(Exception):
 
 @dataclass
 class Task:
-    """One operator: the fx node it came from, its signature, reference lowering and key."""
+    """One operator (or a fused group of elementwise operators): the fx nodes it came from,
+    its signature, reference lowering and key."""
 
-    node: fx.Node
+    nodes: list[fx.Node]  # program order; the last produces the Task's outputs
     input_nodes: list[fx.Node]
     spec: TaskSpec
     payload: str  # canonical linalg-on-tensors module with func.func @main
     key: str
     workload: str
+
+    @property
+    def node(self) -> fx.Node:
+        return self.nodes[-1]
 
     @property
     def op(self) -> str:
@@ -75,7 +80,8 @@ def node_signature(node: fx.Node) -> tuple[list[fx.Node], OpCall, tuple[TensorSp
         return value
 
     args = tree_map(ref, tuple(node.args))
-    kwargs = tuple(sorted((k, tree_map(ref, v)) for k, v in node.kwargs.items()))
+    # Inputs are numbered in the order the import graph lifts them: args, then kwargs as given.
+    kwargs = tuple(sorted([(k, tree_map(ref, v)) for k, v in node.kwargs.items()]))
     call = OpCall(op_name(node.target), args, kwargs)
     in_specs = tuple(TensorSpec.of(n.meta["val"]) for n in inputs)
     out_specs = tuple(TensorSpec.of(v) for v in output_values(node))
@@ -87,8 +93,42 @@ def output_values(node: fx.Node) -> list[torch.Tensor]:
     return list(val) if isinstance(val, (tuple, list)) else [val]
 
 
-def label_for(call: OpCall, in_specs: tuple[TensorSpec, ...]) -> str:
+def group_signature(
+    nodes: list[fx.Node],
+) -> tuple[list[fx.Node], OpCall | Program, tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+    """Like `node_signature`, for a chain of single-output nodes computed as one kernel."""
+    if len(nodes) == 1:
+        return node_signature(nodes[0])
+    position = {node: i for i, node in enumerate(nodes)}
+    inputs: list[fx.Node] = []
+
+    def ref(value: Any) -> Any:
+        if isinstance(value, fx.Node):
+            if value in position:
+                return StepRef(position[value])
+            if value not in inputs:
+                inputs.append(value)
+            return InputRef(inputs.index(value))
+        return value
+
+    steps = []
+    for n in nodes:
+        args = tree_map(ref, tuple(n.args))
+        kwargs = tuple(sorted([(k, tree_map(ref, v)) for k, v in n.kwargs.items()]))
+        steps.append(OpCall(op_name(n.target), args, kwargs))
+    program = Program(tuple(steps), (StepRef(len(nodes) - 1),))
+    in_specs = tuple(TensorSpec.of(n.meta["val"]) for n in inputs)
+    out_specs = tuple(TensorSpec.of(v) for v in output_values(nodes[-1]))
+    return inputs, program, in_specs, out_specs
+
+
+def label_for(call: OpCall | Program, in_specs: tuple[TensorSpec, ...]) -> str:
+    if isinstance(call, Program):
+        return "fused(" + " → ".join(label_for(step, in_specs) for step in call.steps) + ")"
+
     def show(value: Any) -> str:
+        if isinstance(value, StepRef):
+            return "·"
         if isinstance(value, InputRef):
             return str(in_specs[value.index])
         if isinstance(value, (list, tuple)):
@@ -103,24 +143,31 @@ def label_for(call: OpCall, in_specs: tuple[TensorSpec, ...]) -> str:
     return f"{head}({', '.join(parts)})"
 
 
-def single_node_graph(node: fx.Node) -> fx.GraphModule:
-    """A graph holding `node` alone: tensor arguments become placeholders, outputs a tuple."""
+def group_graph(nodes: list[fx.Node]) -> fx.GraphModule:
+    """A graph holding `nodes` alone: outside arguments become placeholders, the last node's
+    outputs the graph's outputs (a tuple)."""
     graph = fx.Graph()
-    placeholders: dict[fx.Node, fx.Node] = {}
+    env: dict[fx.Node, fx.Node] = {}
+    placeholders = 0
 
     def lift(value: Any) -> Any:
+        nonlocal placeholders
         if isinstance(value, fx.Node):
-            if value not in placeholders:
-                ph = graph.placeholder(f"in{len(placeholders)}")
+            if value not in env:
+                ph = graph.placeholder(f"in{placeholders}")
+                placeholders += 1
                 ph.meta["val"] = value.meta["val"]
-                placeholders[value] = ph
-            return placeholders[value]
+                env[value] = ph
+            return env[value]
         return value
 
-    args = tree_map(lift, tuple(node.args))
-    kwargs = tree_map(lift, dict(node.kwargs))
-    call = graph.call_function(node.target, args, kwargs)
-    call.meta["val"] = node.meta["val"]
+    for node in nodes:
+        args = tree_map(lift, tuple(node.args))
+        kwargs = tree_map(lift, dict(node.kwargs))
+        copy = graph.call_function(node.target, args, kwargs)
+        copy.meta["val"] = node.meta["val"]
+        env[node] = copy
+    node, call = nodes[-1], env[nodes[-1]]
     if isinstance(node.meta["val"], (tuple, list)):
         outs = []
         for i, v in enumerate(node.meta["val"]):
@@ -133,9 +180,10 @@ def single_node_graph(node: fx.Node) -> fx.GraphModule:
     return fx.GraphModule(torch.nn.Module(), graph)
 
 
-def import_node(node: fx.Node) -> str:
-    """The reference lowering of one node: linalg-on-tensors module text (`@main`)."""
-    gm = single_node_graph(node)
+def import_group(nodes: list[fx.Node]) -> str:
+    """The reference lowering of a node (or chain): linalg-on-tensors module text (`@main`)."""
+    gm = group_graph(nodes)
+    node = nodes[-1]
     context = ir.Context()
     context.enable_multithreading(False)
     torch_d.register_dialect(context)
@@ -153,12 +201,14 @@ def import_node(node: fx.Node) -> str:
     return module.operation.get_asm(enable_debug_info=False)
 
 
-def make_task(node: fx.Node, target_key: str) -> Task:
-    """Import `node` and key it; raises LoweringError when torch-mlir cannot lower it."""
-    inputs, call, in_specs, out_specs = node_signature(node)
-    payload = canonicalize_module_text(import_node(node))
+def make_task(nodes: fx.Node | list[fx.Node], target_key: str) -> Task:
+    """Import a node (or a chain of nodes fused into one kernel) and key it; raises
+    LoweringError when torch-mlir cannot lower it."""
+    group = nodes if isinstance(nodes, list) else [nodes]
+    inputs, call, in_specs, out_specs = group_signature(group)
+    payload = canonicalize_module_text(import_group(group))
     spec = TaskSpec(label_for(call, in_specs), in_specs, out_specs, call)
-    return Task(node, inputs, spec, payload, task_key(payload, target_key), workload_digest(payload))
+    return Task(group, inputs, spec, payload, task_key(payload, target_key), workload_digest(payload))
 
 
 def _first_line(err: BaseException) -> str:

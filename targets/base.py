@@ -86,11 +86,50 @@ class OpCall:
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
-def _substitute(value: Any, inputs: Sequence[torch.Tensor]) -> Any:
+@dataclass(frozen=True)
+class StepRef:
+    """Stands for the result of an earlier step of a `Program` (its `index`-th, if several)."""
+
+    step: int
+    index: int | None = None
+
+
+@dataclass(frozen=True)
+class Program:
+    """A few ATen calls in order: the eager baseline of a fused group of operators."""
+
+    steps: tuple[OpCall, ...]
+    outputs: tuple[StepRef, ...]
+
+    @property
+    def op(self) -> str:
+        return "+".join(step.op for step in self.steps)
+
+    def bind(self, inputs: Sequence[torch.Tensor]) -> Callable[[], Any]:
+        calls = [(step.resolve(), step) for step in self.steps]
+
+        def run() -> tuple[torch.Tensor, ...]:
+            values: list[Any] = []
+            for fn, step in calls:
+                args = _substitute(step.args, inputs, values)
+                kwargs = {k: _substitute(v, inputs, values) for k, v in step.kwargs}
+                values.append(fn(*args, **kwargs))
+            return tuple(_substitute(ref, inputs, values) for ref in self.outputs)
+
+        return run
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        return self.bind(inputs)()
+
+
+def _substitute(value: Any, inputs: Sequence[torch.Tensor], values: Sequence[Any] = ()) -> Any:
     if isinstance(value, InputRef):
         return inputs[value.index]
+    if isinstance(value, StepRef):
+        result = values[value.step]
+        return result if value.index is None else result[value.index]
     if isinstance(value, (list, tuple)):
-        return type(value)(_substitute(v, inputs) for v in value)
+        return type(value)(_substitute(v, inputs, values) for v in value)
     return value
 
 
@@ -101,7 +140,7 @@ class TaskSpec:
     label: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
-    eager: OpCall
+    eager: OpCall | Program
 
 
 @dataclass(frozen=True)
