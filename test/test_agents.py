@@ -1,0 +1,123 @@
+"""The heuristic agent and the optimization loop: every schedule it writes verifies, its search
+is deterministic and guided by memory, and the loop records and resumes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from kope.agents import make_agent
+from kope.agents.base import Experience, Feedback, ProposalRequest
+from kope.agents.heuristic import HeuristicAgent, candidate_space, learn
+from kope.agents.schedules import attach, config_key, render
+from kope.memory.schema import REFINES
+from kope.memory.store import ExperienceStore
+from kope.optimize import Budget, decode_decision, encode_decision, optimize_task, task_view
+from kope.partition import partition
+from kope.passes.analysis import analyze, prepare_payload
+from kope.targets.base import Kernel
+from kope.targets.cpu import CpuTarget
+
+OPERATORS = {
+    "mm": (torch.mm, (torch.randn(48, 40), torch.randn(40, 64))),
+    "mm_odd": (torch.mm, (torch.randn(37, 29), torch.randn(29, 53))),
+    "addmm": (torch.addmm, (torch.randn(64), torch.randn(32, 48), torch.randn(48, 64))),
+    "bmm": (torch.bmm, (torch.randn(3, 16, 24), torch.randn(3, 24, 32))),
+    "softmax": (lambda x: torch.softmax(x, -1), (torch.randn(24, 80),)),
+    "layer_norm": (lambda x, w, b: torch.nn.functional.layer_norm(x, (80,), w, b),
+                   (torch.randn(24, 80), torch.randn(80), torch.randn(80))),
+    "row_sum": (lambda x: x.sum(-1), (torch.randn(24, 80),)),
+    "row_max": (lambda x: x.amax(-1), (torch.randn(24, 80),)),
+    "chain": (lambda x: torch.tanh(x * 2 + 1) * x, (torch.randn(24, 80),)),
+    "gelu": (torch.nn.functional.gelu, (torch.randn(5, 7, 33),)),
+}
+
+
+@pytest.fixture(scope="module")
+def target():
+    cpu = CpuTarget(workers=1, timeout_s=120)
+    yield cpu
+    cpu.close()
+
+
+def _task(name: str):
+    fn, args = OPERATORS[name]
+    tasks = partition(make_fx(fn, tracing_mode="fake")(*args), CpuTarget().key()).tasks
+    assert len(tasks) == 1, [t.label for t in tasks]
+    return tasks[0]
+
+
+@pytest.mark.parametrize("name", sorted(OPERATORS))
+def test_best_prior_schedules_verify(name: str, target: CpuTarget) -> None:
+    """The agent's first two choices for each kernel family build and verify."""
+    task = _task(name)
+    payload = prepare_payload(task.payload)
+    space = sorted(candidate_space(analyze(payload), target.capabilities()), key=lambda c: -c[1])
+    assert space, "no schedule for this operator"
+    for config, _ in space[:2]:
+        prepared = prepare_payload(task.payload, approximate_math=bool(config.get("approximate_math")))
+        source = attach(prepared, render(analyze(prepared), config))
+        result = target.evaluate(task.spec, Kernel(source), oracle=Kernel(task.payload), measure=False)
+        assert result.verdict == "verified", f"{config}: {result.error}"
+
+
+def test_proposals_are_deterministic_under_a_seed() -> None:
+    task = _task("softmax")
+    view = task_view(task, CpuTarget())
+    first = HeuristicAgent(seed=3).propose(ProposalRequest(view))
+    again = HeuristicAgent(seed=3).propose(ProposalRequest(view))
+    assert first is not None and again is not None
+    assert first.source == again.source and first.config == again.config
+
+
+def test_memory_seeds_the_first_attempt_and_bans_failures() -> None:
+    task = _task("mm")
+    view = task_view(task, CpuTarget())
+    space = candidate_space(analyze(prepare_payload(task.payload)), view.capabilities)
+    proven, failed = space[5][0], space[0][0]
+    experience = [
+        Experience("a1", "other", "aten.mm(64x64)", "aten.mm.default", ((64, 64),), 0.9,
+                   "x", proven, "verified", 3.0, 20.0),
+        Experience("a2", "other", "aten.mm(64x64)", "aten.mm.default", ((64, 64),), 0.9,
+                   "y", failed, "mismatch", None, None),
+    ]
+    proposal = HeuristicAgent().propose(ProposalRequest(view, experience=experience))
+    assert proposal is not None
+    assert proposal.config == proven and proposal.transferred_from == "a1"
+    advice = learn(experience, "contraction")
+    assert config_key(failed) in advice.banned
+
+
+def test_agent_stops_when_eager_is_far_better() -> None:
+    task = _task("row_sum")
+    view = task_view(task, CpuTarget())
+    history = [Feedback(f"a{i}", "d", {"family": "rows", "rows": i}, "verified", None, 100.0, 10.0, 0.1, 2.0)
+               for i in range(6)]
+    assert HeuristicAgent().propose(ProposalRequest(view, history=history)) is None
+
+
+def test_decision_round_trip() -> None:
+    text = encode_decision("tile it", {"family": "rows", "rows": 4})
+    assert decode_decision(text) == ("tile it", {"family": "rows", "rows": 4})
+    assert decode_decision("free text") == ("free text", None)
+
+
+def test_loop_records_attempts_and_resumes(target: CpuTarget, tmp_path: Path) -> None:
+    task = _task("chain")
+    store = ExperienceStore(tmp_path)
+    agent = make_agent("heuristic")
+    summary = optimize_task(task, target, store, agent, Budget(attempts=3))
+    agent_attempts = [a for a in store.attempts(task.key) if a.source == "agent"]
+    assert summary.attempts == len(agent_attempts) and 1 <= summary.attempts <= 3
+    assert summary.verified and summary.verdicts.get("verified", 0) >= 1
+    assert summary.winner in ("eager", "reference", "agent")
+    assert summary.eager_us and summary.best_us and summary.speedup_vs_eager
+    refined = [a for a in agent_attempts if a.parent]
+    for attempt in refined:
+        assert store.has_edge(attempt.id, attempt.parent, REFINES)
+    again = optimize_task(task, target, store, make_agent("heuristic"), Budget(attempts=3))
+    assert again.attempts == summary.attempts or again.attempts <= 3
+    assert len([a for a in store.attempts(task.key) if a.source == "agent"]) <= 3
