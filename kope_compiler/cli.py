@@ -118,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="calls timed for the end-to-end comparison (default: 100)")
     compile_p.set_defaults(run=_compile_command)
     _add_precompile(sub)
+    _add_bench(sub)
     from kope.memory.cli import add_commands
 
     add_commands(sub)
@@ -153,6 +154,46 @@ def _add_precompile(sub: Any) -> None:
     p.add_argument("--llm-base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
     p.add_argument("--llm-model", help="model name (default: $KOPE_LLM_MODEL)")
     p.set_defaults(run=_precompile_command)
+
+
+def _add_bench(sub: Any) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="the operator suite and the memory ablation (paper-style tables)",
+        description="suite: kope precompile on every operator of kope.suite.OPSET; ablation: "
+        "the heuristic agent with the experience graph vs with an empty one on "
+        "kope.suite.SEQUENCE over several seeds.",
+    )
+    p.add_argument("what", choices=["suite", "ablation"])
+    p.add_argument("--budget", type=int, help="attempts per operator (suite 16, ablation 4)")
+    p.add_argument("--seeds", default="0,1,2", help="ablation seeds (default: 0,1,2)")
+    p.add_argument("--ops", help="suite operators, comma-separated (default: all)")
+    p.add_argument("--store", help="suite store (default: a fresh temporary directory)")
+    p.add_argument("--report", help="write the JSON results here")
+    p.add_argument("--target", default="cpu")
+    p.add_argument("--timeout-s", type=float, default=120.0)
+    p.set_defaults(run=_bench_command)
+
+
+def _bench_command(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from kope import bench
+    from kope.compiler import target_for
+
+    target = target_for(args.target, 1, args.timeout_s)
+    if args.what == "suite":
+        store = Path(args.store) if args.store else bench.scratch_dir("kope-suite-")
+        names = args.ops.split(",") if args.ops else None
+        result = bench.run_suite(target, store, args.budget or 16, names)
+        print(bench.format_suite(result))
+    else:
+        seeds = [int(s) for s in args.seeds.split(",")]
+        result = bench.run_ablation(target, args.budget or 4, seeds, bench.scratch_dir("kope-ablation-"))
+        print(bench.format_ablation(result))
+    if args.report:
+        bench.write_json(result, Path(args.report))
+    return 0
 
 
 def _precompile_command(args: argparse.Namespace) -> int:

@@ -33,6 +33,8 @@ OPERATORS = {
     "row_max": (lambda x: x.amax(-1), (torch.randn(24, 80),)),
     "chain": (lambda x: torch.tanh(x * 2 + 1) * x, (torch.randn(24, 80),)),
     "gelu": (torch.nn.functional.gelu, (torch.randn(5, 7, 33),)),
+    "conv": (lambda x, w, b: torch.nn.functional.conv2d(x, w, b, padding=1),
+             (torch.randn(2, 3, 17, 17), torch.randn(8, 3, 3, 3), torch.randn(8))),
 }
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from kope.agents.base import Agent, Experience, Feedback, Proposal, ProposalRequest
-from kope.agents.schedules import Config, attach, config_key, describe, render
+from kope.agents.schedules import CONVOLUTIONS, Config, attach, config_key, describe, render
 from kope.passes.analysis import CONTRACTIONS, PayloadInfo, analyze, prepare_payload
 
 APPROXIMABLE = {"math.exp", "math.erf", "math.tanh"}
@@ -72,6 +72,19 @@ def candidate_space(info: PayloadInfo, capabilities: dict[str, Any]) -> list[tup
             score += 0.5 if cache == (64, 128, 256) else 0.0
             found.append(({"family": "contraction", "threads": t, "cache": [mc, max(nc, nr), kc],
                            "register": [mr, nr, 1]}, score))
+    elif info.kind == "convolution" and info.find(CONVOLUTIONS):
+        conv = info.find(CONVOLUTIONS)
+        assert conv is not None
+        channels, columns = conv.ranges[1], conv.ranges[3]
+        for t, f, ow, c in itertools.product(threads, [16, 8], [2 * lanes, lanes], [1, 4]):
+            # Column tiles are whole vectors (a conv row of another width has been seen to
+            # vectorize wrongly), and thread chunks hold whole channel tiles.
+            if f > channels or ow > columns or c > conv.ranges[4] or channels % (t * f):
+                continue
+            score = (2.0 if (t > 1) == big else 0.0) + (1.0 if f == 16 else 0.0)
+            score += 0.5 if columns % ow == 0 else 0.0
+            found.append(({"family": "conv", "threads": t, "channels": f, "columns": ow,
+                           "inputs": c}, score))
     elif info.kind in ("reduction", "elementwise"):
         approximate = [True, False] if info.math & APPROXIMABLE else [False]
         row_options = [1, 4, 8] if info.kind == "reduction" else [1, 4]
@@ -142,8 +155,9 @@ class HeuristicAgent(Agent):
 
     name = "heuristic"
 
-    def __init__(self, seed: int = 0, **_: Any):
+    def __init__(self, seed: int = 0, jitter: float = 0.3, **_: Any):
         self.seed = seed
+        self.jitter = jitter  # seeded noise on the prior: different seeds explore differently
         self._prepared: dict[tuple[str, bool], str] = {}
 
     def _payload(self, request: ProposalRequest, approximate: bool) -> str:
@@ -162,14 +176,14 @@ class HeuristicAgent(Agent):
         tried = {config_key(f.config) for f in request.history if f.config}
         if _should_stop(request.history):
             return None
-        rng = random.Random(f"{self.seed}:{request.task.key}:{len(request.history)}")
+        rng = random.Random(f"{self.seed}:{request.task.key}")
         scored = []
         for config, prior in space:
             key = config_key(config)
             if key in tried or key in advice.banned:
                 continue
             score = prior + sum(advice.value.get(d, 0.0) for d in decisions(config))
-            scored.append((score + rng.random() * 1e-3, config))
+            scored.append((score + rng.uniform(0.0, self.jitter), config))
         choice, parent, transferred = self._choose(scored, request, advice, tried)
         if choice is None:
             return None

@@ -13,6 +13,9 @@ Families:
 - `rows` (reductions and elementwise ops over rows: softmax, layer norm, sums, maxima,
   elementwise chains): threads over row blocks, all producers fused into a per-row loop so a
   row stays in cache across ops, each op vectorized along the row.
+- `conv` (2-D convolutions, NCHW/FCHW): threads over output channels, tiles of output
+  channels x output columns (x input channels), the 3x3 window decomposed into 1-D
+  convolutions, which vectorize into outer products along the output row.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ def describe(config: Config) -> str:
         parts.append("registers " + "x".join(map(str, config["register"])))
     elif family == "rows":
         parts.append(f"{config['rows']} rows/step, vectors of {config['vector']}")
+    elif family == "conv":
+        parts.append(f"tiles {config['channels']} out-channels x {config['columns']} columns "
+                     f"x {config['inputs']} in-channels, 1-D decomposition")
     if config.get("approximate_math"):
         parts.append("polynomial math")
     return ", ".join(parts)
@@ -153,6 +159,8 @@ def render(info: PayloadInfo, config: Config) -> str:
         return _contraction(info, config)
     if family == "rows":
         return _rows(info, config)
+    if family == "conv":
+        return _conv(info, config)
     raise ValueError(f"unknown schedule family {family!r}")
 
 
@@ -249,6 +257,30 @@ def _rows(info: PayloadInfo, config: Config) -> str:
         if op.iterators[-1] == "parallel":
             s.tile_for(handle, inner)
     s.vectorize_function()
+    return s.text()
+
+
+CONVOLUTIONS = {"linalg.conv_2d_nchw_fchw"}
+
+
+def _conv(info: PayloadInfo, config: Config) -> str:
+    """Output channels split over threads; (channel x column x input-channel) register tiles."""
+    s = Script()
+    conv = next(op for op in info.ops if op.name in CONVOLUTIONS)
+    handles = {op.index: s.match_op(op.index) for op in info.ops}
+    conv_handle = handles[conv.index]
+    threads = config.get("threads", 1)
+    if threads > 1:
+        conv_handle, loop = s.tile_forall(conv_handle, [0, _chunk(conv.ranges[1], threads), 0, 0])
+        for index in conv.init_producers:
+            handles[index], loop = s.fuse_into(handles[index], loop)
+    for index in conv.init_producers:
+        s.tile_for(handles[index], [1, 1, 1, config["columns"]])
+    tiled, _ = s.tile_for(conv_handle, [1, config["channels"], 1, config["columns"], config["inputs"], 1, 0])
+    decomposed = s.fresh("conv1d")
+    s.emit(f"{decomposed} = transform.structured.decompose {tiled} "
+           ": (!transform.any_op) -> !transform.any_op")
+    s.vectorize_function("outerproduct")
     return s.text()
 
 
