@@ -24,7 +24,7 @@ from kope.memory.store import ExperienceStore
 from kope.optimize import Budget
 from kope.precompile import precompile, report_json, trace_tasks
 from kope.suite import ELEMENTWISE, OPSET, SEQUENCE, Example
-from kope.targets import Target
+from kope.targets.base import Target
 
 
 def geomean(values: list[float]) -> float | None:

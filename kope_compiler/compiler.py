@@ -21,7 +21,8 @@ from kope.options import Options
 from kope.partition import partition
 from kope.report import EagerReport, GraphReport, TaskReport, add_graph
 from kope.selection import choose
-from kope.targets import Target, get_target
+from kope.targets import get_target
+from kope.targets.base import Target
 
 log = logging.getLogger("kope.compiler")
 

@@ -31,7 +31,7 @@ from kope.memory.schema import SOURCE_AGENT
 from kope.memory.store import ExperienceStore
 from kope.optimize import Budget, TaskSummary, optimize_task, summarize
 from kope.partition import partition
-from kope.targets import Target
+from kope.targets.base import Target
 from kope.task import Task
 
 log = logging.getLogger("kope.precompile")

@@ -63,9 +63,9 @@ class ApplyKernels(ModulePass):
         check_target(self.name, self.target)
 
     def run(self, module: ir.Operation) -> None:
-        from kope.targets import get_target
+        from kope.targets import target_key as key_of_target
 
-        target_key = get_target(self.target).key()
+        target_key = key_of_target(self.target)
         store = open_store(self.store, self.name)
         try:
             for func in keyed_functions(module):

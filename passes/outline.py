@@ -58,9 +58,9 @@ class OutlineOperators(ModulePass):
         check_target(self.name, self.target)
 
     def run(self, module: ir.Operation) -> None:
-        from kope.targets import get_target
+        from kope.targets import target_key as key_of_target
 
-        target_key = get_target(self.target).key()
+        target_key = key_of_target(self.target)
         body = module.regions[0].blocks[0]
         funcs = [
             op.operation

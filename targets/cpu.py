@@ -8,13 +8,9 @@ their schedule runs parallel loops, which use OpenMP with that same thread count
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
-import platform
 import time
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable, Sequence
 
 import torch
@@ -33,6 +29,7 @@ from kope.targets.base import (
     TaskSpec,
     TensorSpec,
 )
+from kope.targets.host import cpu_fingerprint, cpu_target_key
 from kope.targets.jit import ENTRY, JitKernel, openmp_library, set_openmp_threads
 from kope.targets.measure import MeasureConfig, measure_interleaved
 from kope.targets.worker import WorkerPool
@@ -40,8 +37,6 @@ from kope.targets.worker import WorkerPool
 log = logging.getLogger("kope.targets.cpu")
 
 KERNEL_THREADS = 1
-_ISA_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
-              "avx512_bf16", "amx_tile", "asimd", "sve")
 _MLIR_ELEMENT = {
     "float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16",
     "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "i8", "bool": "i1",
@@ -50,34 +45,6 @@ _MLIR_ELEMENT = {
 
 class BuildError(Exception):
     """A kernel that does not parse, does not fit the operator, or does not lower."""
-
-
-def _package_version(name: str) -> str:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "unknown"
-
-
-@functools.cache
-def cpu_fingerprint() -> str:
-    """Processor model, the ISA extensions that change code generation, and the core count."""
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name":
-                    model = value.strip()
-                elif key in ("flags", "Features"):
-                    flags = set(value.split())
-                if model and flags:
-                    break
-    except OSError:
-        pass
-    isa = "+".join(f for f in _ISA_FLAGS if f in flags) or platform.machine()
-    return f"{model}|{isa}|{os.cpu_count()}cores"
 
 
 # What a kernel may be written in. Anything else (llvm, gpu, omp, ...) could reach outside the
@@ -283,11 +250,7 @@ class CpuTarget(Target):
         self._loaded: dict[tuple[str, str], JitKernel] = {}
 
     def key(self) -> str:
-        versions = (
-            f"torch-{torch.__version__}|torch-mlir-{_package_version('torch-mlir')}"
-            f"|kope-{_package_version('kope')}"
-        )
-        return f"cpu|{cpu_fingerprint()}|{versions}"
+        return cpu_target_key()
 
     def capabilities(self) -> dict[str, Any]:
         flags = cpu_fingerprint().split("|")[1].split("+")
