@@ -13,6 +13,7 @@ _BUILTIN = {
     "kope-apply-kernels": "kope.passes.apply_kernels:ApplyKernels",
     "kope-apply-schedule": "kope.passes.schedule:ApplySchedule",
     "kope-destination-abi": "kope.passes.abi:DestinationAbi",
+    "kope-hoist-allocs": "kope.passes.hoist_allocs:HoistAllocs",
     "kope-lower-cpu": "kope.passes.lower_cpu:LowerCpu",
     "kope-memref-copy-to-linalg": "kope.passes.memref_copy:MemrefCopyToLinalg",
     "kope-outline-operators": "kope.passes.outline:OutlineOperators",

@@ -99,10 +99,26 @@ def prepare_payload(text: str, *, approximate_math: bool = False) -> str:
     pm = build_pass_manager(elements, context)
     with context:
         pm.run(module.operation)
+        _split_shared_empties(_main(module))
         i64 = ir.IntegerType.get_signless(64)
         for index, op in enumerate(_linalg_ops(_main(module))):
             op.attributes[OP_ATTR] = ir.IntegerAttr.get(i64, index)
     return module.operation.get_asm(enable_debug_info=False)
+
+
+def _split_shared_empties(func: ir.Operation) -> None:
+    """Give each use of a `tensor.empty` its own: an empty shared by a producer and the root
+    (as CSE leaves it) ties the producer's temporary to the output buffer, which
+    bufferization then resolves with a copy per tile."""
+    for op in list(func.regions[0].blocks[0].operations):
+        op = op.operation
+        if op.name != "tensor.empty" or op.operands:
+            continue
+        uses = list(op.results[0].uses)
+        for use in uses[1:]:
+            with ir.InsertionPoint(op):
+                clone = op.clone()
+            use.owner.operands[use.operand_number] = clone.results[0]
 
 
 def analyze(text: str) -> PayloadInfo:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from kope.passes.abi import DestinationAbi
 from kope.passes.base import PipelineElement, PipelinePass
+from kope.passes.hoist_allocs import HoistAllocs
 from kope.passes.memref_copy import MemrefCopyToLinalg
 from kope.passes.schedule import ApplySchedule
 
@@ -31,7 +32,9 @@ TO_LLVM = [
     "lower-affine",
     "expand-strided-metadata",
     "lower-affine",
-    "convert-vector-to-llvm",
+    # Vectorized reductions may reassociate (the verifier bounds the rounding difference);
+    # strict order would make every vector reduction a chain of scalar adds.
+    "convert-vector-to-llvm{reassociate-fp-reductions=true}",
     # Before scf-to-cf: it lowers the alloca scopes that wrap OpenMP loop bodies, which must
     # stay single-block until then.
     "finalize-memref-to-llvm",
@@ -64,6 +67,8 @@ class LowerCpu(PipelinePass):
             "eliminate-empty-tensors",  # results are computed in the destinations, not copied
             BUFFERIZE,
             "buffer-deallocation-pipeline",
+            "canonicalize",
+            HoistAllocs(),  # one allocation per call, not per iteration, for fused temporaries
             MemrefCopyToLinalg(),
             *TO_LLVM,
         ]

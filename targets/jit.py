@@ -9,11 +9,6 @@ microseconds.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
-import functools
-import glob
-import os
-import sys
 from typing import Sequence
 
 import torch
@@ -28,46 +23,18 @@ OPT_LEVEL = 3
 _DESCRIPTOR_TYPES: dict[int, type[ctypes.Structure]] = {}
 
 
-@functools.cache
 def openmp_library() -> str | None:
-    """An LLVM-ABI OpenMP runtime (libomp, or Intel's libiomp5), or None if there is none.
+    """The library parallel kernels link against, or None (see `kope.targets.openmp`)."""
+    from kope.targets.openmp import openmp_runtime
 
-    `KOPE_OPENMP_LIB` names one explicitly. Parallel kernels (OpenMP) need it; without it the
-    CPU target offers single-threaded kernels only.
-    """
-    explicit = os.environ.get("KOPE_OPENMP_LIB")
-    candidates = [explicit] if explicit else []
-    candidates += [
-        "/usr/lib/x86_64-linux-gnu/libomp.so.5",
-        "/usr/lib/aarch64-linux-gnu/libomp.so.5",
-        *sorted(glob.glob("/usr/lib/llvm-*/lib/libomp.so.5"), reverse=True),
-        os.path.join(sys.prefix, "lib", "libiomp5.so"),
-    ]
-    found = ctypes.util.find_library("omp")
-    if found:
-        candidates.append(found)
-    for path in candidates:
-        if not path:
-            continue
-        try:
-            ctypes.CDLL(path)
-        except OSError:
-            continue
-        return path
-    return None
+    runtime = openmp_runtime()
+    return runtime[1] if runtime else None
 
 
 def set_openmp_threads(threads: int) -> None:
-    """Make parallel kernels use `threads` threads (the same count as eager ATen).
+    from kope.targets.openmp import set_threads
 
-    Idle OpenMP threads also stop spinning at once (block time 0): they would otherwise take
-    the cores from the eager ATen operators that run between KOPE's kernels.
-    """
-    path = openmp_library()
-    if path is not None:
-        library = ctypes.CDLL(path)
-        library.omp_set_num_threads(ctypes.c_int(threads))
-        library.kmp_set_blocktime(ctypes.c_int(0))
+    set_threads(threads)
 
 
 def descriptor_type(rank: int) -> type[ctypes.Structure]:
@@ -112,8 +79,9 @@ class JitKernel:
             library = openmp_library()
             if library is None:
                 raise RuntimeError(
-                    "the kernel runs OpenMP threads but no OpenMP runtime was found: install "
-                    "libomp (Debian: apt-get install libomp5-19) or set KOPE_OPENMP_LIB"
+                    "the kernel runs parallel loops but no OpenMP runtime is usable: install a "
+                    "C compiler (KOPE builds a shim over torch's libgomp) or libomp "
+                    "(Debian: apt-get install libomp5-19)"
                 )
             libraries.append(library)
             set_openmp_threads(torch.get_num_threads())
