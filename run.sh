@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The README's set-up commands. Each installs everything first (idempotent), then:
-#   bash run.sh demo   compile the example transformer block with backend="kope" and print,
-#                      per operator, the kernel it runs and its latency against eager
+#   bash run.sh demo   the main job on the embedded default: `kope precompile` of the example
+#                      transformer block with the offline heuristic agent on the CPU target
+#                      (every kernel verified and timed, all recorded in the experience store),
+#                      then `kope compile` of the same model, which runs the chosen kernels
 #   bash run.sh test   run pytest and the lit suite of the MLIR passes
 #   bash run.sh bench  run benchmarks/dispatch_overhead.py
 # PYTHON=/path/to/python chooses the interpreter (default: python3).
@@ -19,6 +21,8 @@ export PATH="$bin:$PATH"  # the kope and kope-opt scripts, which tests and lit c
 case "${1:-}" in
   demo)
     install
+    kope precompile transformer_block --agent heuristic --target cpu --budget 8 \
+      --report kope-report.json
     kope compile transformer_block
     ;;
   test)

@@ -7,7 +7,6 @@ to an aten inference graph; `kope.compiler` does the rest.
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any, Callable, Sequence
 

@@ -22,7 +22,7 @@ from typing import Any, Callable
 from kope.memory.schema import SOURCE_AGENT
 from kope.memory.store import ExperienceStore
 from kope.optimize import Budget
-from kope.precompile import precompile, report_json, trace_tasks
+from kope.precompile import precompile
 from kope.suite import ELEMENTWISE, OPSET, SEQUENCE, Example
 from kope.targets.base import Target
 

@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from kope.agents.base import Agent, Experience, Feedback, Proposal, ProposalRequest, Rejected, TaskView
+from kope.agents.base import Agent, Feedback, Proposal, ProposalRequest, Rejected, TaskView
 from kope.memory.schema import (
     REFINES,
     SOURCE_AGENT,
@@ -28,7 +28,7 @@ from kope.memory.schema import (
     AttemptRecord,
 )
 from kope.memory.store import ExperienceStore
-from kope.selection import measure_reference, record_evaluation, seed_for, task_record
+from kope.selection import known_reference, latest, record_evaluation, seed_for
 from kope.targets.base import COMPILE_ERROR, VERDICTS, Kernel, Target
 from kope.task import Task
 
@@ -105,11 +105,7 @@ def optimize_task(
     on_attempt: Callable[[int, AttemptRecord], None] | None = None,
 ) -> TaskSummary:
     """Run the loop on one operator and summarise what the store now knows about it."""
-    store.refresh()
-    store.add_task(task_record(task, target))
-    reference = _latest(store.attempts(task.key), SOURCE_REFERENCE)
-    if reference is None:
-        reference = measure_reference(task, target, store)
+    reference = known_reference(task, target, store)
     if reference.verdict != "verified":
         log.warning("%s: the reference lowering is %s; nothing to verify candidates against",
                     task.label, reference.verdict)
@@ -188,15 +184,10 @@ def _distil(store: ExperienceStore, key: str) -> None:
     distil_insights(store, key)
 
 
-def _latest(attempts: list[AttemptRecord], source: str) -> AttemptRecord | None:
-    matching = [a for a in attempts if a.source == source]
-    return matching[-1] if matching else None
-
-
 def summarize(task: Task, store: ExperienceStore, *, stopped: str = "", tokens: int | None = None) -> TaskSummary:
     attempts = store.attempts(task.key)
     agent_attempts = [a for a in attempts if a.source == SOURCE_AGENT]
-    reference = _latest(attempts, SOURCE_REFERENCE)
+    reference = latest(attempts, SOURCE_REFERENCE)
     best = store.best(task.key)
     verdicts = Counter(a.verdict for a in agent_attempts)
     winner = "eager" if best is None or best.source == SOURCE_EAGER else best.source

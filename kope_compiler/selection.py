@@ -102,15 +102,19 @@ def record_evaluation(
     return attempt
 
 
+def known_reference(task: Task, target: Target, store: ExperienceStore) -> AttemptRecord:
+    """The task's reference attempt: from the store, or verified and timed now (and stored)."""
+    store.refresh()
+    store.add_task(task_record(task, target))
+    reference = latest(store.attempts(task.key), SOURCE_REFERENCE)
+    return reference if reference is not None else measure_reference(task, target, store)
+
+
 def choose(task: Task, target: Target, store: ExperienceStore, policy: str) -> Choice:
     """The kernel `task` runs under `policy` (auto | reference | eager)."""
     if policy == "eager":
         return Choice("eager", "kernels=eager")
-    store.refresh()
-    store.add_task(task_record(task, target))
-    reference = _latest(store.attempts(task.key), SOURCE_REFERENCE)
-    if reference is None:
-        reference = measure_reference(task, target, store)
+    reference = known_reference(task, target, store)
     if reference.verdict != "verified":
         log.warning(
             "torch-mlir defect? the reference lowering of %s is %s; running it eagerly: %s",
@@ -149,7 +153,8 @@ def choose(task: Task, target: Target, store: ExperienceStore, policy: str) -> C
     return ref_choice
 
 
-def _latest(attempts: list[AttemptRecord], source: str) -> AttemptRecord | None:
+def latest(attempts: list[AttemptRecord], source: str) -> AttemptRecord | None:
+    """The most recent attempt from `source` (eager | reference | agent)."""
     matching = [a for a in attempts if a.source == source]
     return matching[-1] if matching else None
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import heapq
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 

@@ -98,6 +98,7 @@ def test_agent_stops_when_eager_is_far_better() -> None:
     view = task_view(task, CpuTarget())
     history = [Feedback(f"a{i}", "d", {"family": "rows", "rows": i}, "verified", None, 100.0, 10.0, 0.1, 2.0)
                for i in range(6)]
+    assert HeuristicAgent().propose(ProposalRequest(view, history=history[:3])) is not None
     assert HeuristicAgent().propose(ProposalRequest(view, history=history)) is None
 
 

@@ -12,7 +12,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kope.agents import make_agent
-from kope.agents.base import ProposalRequest, Proposal, Rejected
+from kope.agents.base import ProposalRequest, Rejected
 from kope.agents.llm import extract_kernel
 from kope.errors import KopeError
 from kope.memory.store import ExperienceStore

@@ -15,8 +15,9 @@ payload and searches their space with this policy:
    of the best kernel so far (the highest-scoring such neighbour); every third attempt
    explores the best untried configuration instead.
 4. Stopping: when the space is exhausted; when, after four verified attempts, the best kernel
-   is still under 0.3x eager and the last three did not improve it (eager is already best);
-   or when six attempts in, the last four improved nothing by 2%.
+   is still under 0.3x eager and the last three did not improve it, or after six it is still
+   under 0.5x (eager is already best); or when eight attempts in, the last five improved
+   nothing by 2% (converged).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any, Iterable
 
 from kope.agents.base import Agent, Experience, Feedback, Proposal, ProposalRequest
 from kope.agents.schedules import CONVOLUTIONS, Config, attach, config_key, describe, render
-from kope.passes.analysis import CONTRACTIONS, PayloadInfo, analyze, prepare_payload
+from kope.passes.analysis import PayloadInfo, analyze, prepare_payload
 
 APPROXIMABLE = {"math.exp", "math.erf", "math.tanh"}
 BIG_WORK = 1 << 16  # iterations above which threads are expected to pay off
@@ -60,17 +61,16 @@ def candidate_space(info: PayloadInfo, capabilities: dict[str, Any]) -> list[tup
     big = _work(info) >= BIG_WORK
     found: list[tuple[Config, float]] = []
     if info.kind == "contraction":
-        contraction = next(op for op in info.ops if op.name in CONTRACTIONS)
-        m, n, k = contraction.ranges[-3:]
         registers = [(8, 2 * lanes), (4, 2 * lanes), (6, 2 * lanes), (8, lanes), (4, 4 * lanes), (16, lanes)]
         caches = [(64, 128, 256), (32, 256, 128), (128, 128, 64), (64, 64, 64), (256, 64, 128)]
         for t, (mr, nr), cache in itertools.product(threads, registers, caches):
-            mc, nc, kc = min(cache[0], _ceil_to(m, mr)), min(cache[1], _ceil_to(n, nr)), min(cache[2], k)
             score = 0.0
             score += 2.0 if (t > 1) == big else 0.0
             score += 1.0 if (mr, nr) == (8, 2 * lanes) else 0.5 if mr * nr // lanes >= 8 else 0.0
             score += 0.5 if cache == (64, 128, 256) else 0.0
-            found.append(({"family": "contraction", "threads": t, "cache": [mc, max(nc, nr), kc],
+            # Tiles are recorded as chosen, not clipped to this shape, so that a configuration
+            # means the same on every operator it is transferred to (render clips).
+            found.append(({"family": "contraction", "threads": t, "cache": list(cache),
                            "register": [mr, nr, 1]}, score))
     elif info.kind == "convolution" and info.find(CONVOLUTIONS):
         conv = info.find(CONVOLUTIONS)
@@ -104,10 +104,6 @@ def candidate_space(info: PayloadInfo, capabilities: dict[str, Any]) -> list[tup
     return list(unique.values())
 
 
-def _ceil_to(value: int, multiple: int) -> int:
-    return max(multiple, math.ceil(value / multiple) * multiple)
-
-
 def decisions(config: Config) -> list[tuple[str, str]]:
     """The decision values of a configuration, e.g. ("threads", "2")."""
     return [(k, config_key(v) if isinstance(v, list) else str(v)) for k, v in sorted(config.items())
@@ -124,7 +120,20 @@ class MemoryAdvice:
     seeds: list[tuple[float, Config, str]]  # (score, config, attempt id) proven elsewhere
 
 
+MIN_TRANSFER = 0.85  # similarity below which a configuration is not reused as is
+VALUE_SCALE = 3.0  # weight of learned decision values against the prior's units
+
+
 def learn(experience: Iterable[Experience], family: str) -> MemoryAdvice:
+    """What experience says about each decision value, and which configurations to reuse.
+
+    A decision value's learned worth is how much better than average (in log speedup over
+    eager) the attempts that used it did, weighted by the square of their operator's
+    similarity and shrunk towards zero when few attempts back it. Failures count against
+    their decisions; a configuration that failed on a very similar operator is banned.
+    Configurations proven on an operator at least MIN_TRANSFER similar become seeds.
+    """
+    verified: list[tuple[float, float, list[tuple[str, str]]]] = []
     value: dict[tuple[str, str], float] = {}
     banned: set[str] = set()
     seeds: list[tuple[float, Config, str]] = []
@@ -132,17 +141,31 @@ def learn(experience: Iterable[Experience], family: str) -> MemoryAdvice:
         config = item.config
         if not config or config.get("family") != family:
             continue
-        weight = max(0.0, min(1.0, item.similarity))
+        weight = max(0.0, min(1.0, item.similarity)) ** 2
         if item.verdict == "verified" and item.speedup_vs_eager:
             gain = math.log(max(item.speedup_vs_eager, 1e-3))
-            for decision in decisions(config):
-                value[decision] = value.get(decision, 0.0) + weight * gain
-            seeds.append((weight * (1.0 + gain), config, item.attempt_id))
+            verified.append((weight, gain, decisions(config)))
+            if item.similarity >= MIN_TRANSFER:
+                seeds.append((item.similarity * (1.0 + gain), config, item.attempt_id))
         else:
             for decision in decisions(config):
                 value[decision] = value.get(decision, 0.0) - 0.5 * weight
-            if weight >= 0.8:
+            if item.similarity >= 0.8:
                 banned.add(config_key(config))
+    total = sum(w for w, _, _ in verified)
+    if total > 0:
+        baseline = sum(w * g for w, g, _ in verified) / total
+        sums: dict[tuple[str, str], list[float]] = {}
+        for weight, gain, used in verified:
+            for decision in used:
+                entry = sums.setdefault(decision, [0.0, 0.0, 0.0])
+                entry[0] += weight * (gain - baseline)
+                entry[1] += weight
+                entry[2] += 1
+        for decision, (weighted, weights, count) in sums.items():
+            if weights > 0:
+                shrink = count / (count + 1.0)
+                value[decision] = value.get(decision, 0.0) + VALUE_SCALE * shrink * weighted / weights
     seeds.sort(key=lambda s: -s[0])
     return MemoryAdvice(value, banned, seeds)
 
@@ -247,17 +270,15 @@ def _distance(a: Config, b: Config) -> int:
     return sum(1 for k in keys if a.get(k) != b.get(k))
 
 
+def _best_speedup(history: list[Feedback]) -> float:
+    return max((f.speedup_vs_eager or 0.0 for f in history if f.verdict == "verified"), default=0.0)
+
+
 def _should_stop(history: list[Feedback]) -> bool:
     verified = [f for f in history if f.verdict == "verified" and f.speedup_vs_eager]
-    if len(verified) >= 4:
-        best_before = max(f.speedup_vs_eager or 0 for f in history[:-3] if f.speedup_vs_eager) \
-            if any(f.speedup_vs_eager for f in history[:-3]) else 0.0
-        best_now = max(f.speedup_vs_eager or 0 for f in verified)
-        if best_now < 0.3 and best_now <= best_before * 1.05:
-            return True
-    if len(history) >= 6:
-        earlier = [f.speedup_vs_eager or 0 for f in history[:-4] if f.verdict == "verified"]
-        recent = [f.speedup_vs_eager or 0 for f in history[-4:] if f.verdict == "verified"]
-        if earlier and (not recent or max(recent) <= max(earlier) * 1.02):
-            return True
-    return False
+    best_now = _best_speedup(history)
+    if len(verified) >= 4 and best_now < 0.3 and best_now <= _best_speedup(history[:-3]) * 1.05:
+        return True
+    if len(verified) >= 6 and best_now < 0.5:
+        return True
+    return len(history) >= 8 and best_now <= _best_speedup(history[:-5]) * 1.02

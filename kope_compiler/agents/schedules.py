@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kope.passes.analysis import CONTRACTIONS, OpInfo, PayloadInfo
@@ -164,6 +164,28 @@ def render(info: PayloadInfo, config: Config) -> str:
     raise ValueError(f"unknown schedule family {family!r}")
 
 
+def _ceil_to(value: int, multiple: int) -> int:
+    return max(multiple, math.ceil(value / multiple) * multiple)
+
+
+def fit_tile(extent: int, target: int, multiple: int) -> int:
+    """A tile size near `target` that divides `extent` and is a multiple of `multiple`.
+
+    A tile that does not divide its loop leaves a partial tile whose sizes are dynamic, and
+    every tile nested in it is then vectorized with masks, several times slower. So: the
+    largest such divisor not above `target`; else the smallest above it; else (no multiple of
+    `multiple` divides `extent`: partial tiles are unavoidable) `target` itself, or the whole
+    extent if that is smaller.
+    """
+    divisors = [d for d in range(multiple, extent + 1, multiple) if extent % d == 0]
+    below = [d for d in divisors if d <= target]
+    if below:
+        return max(below)
+    if divisors:
+        return min(divisors)
+    return min(target, extent)
+
+
 def _chunk(extent: int, parts: int, multiple: int = 1) -> int:
     size = math.ceil(extent / max(parts, 1))
     return max(multiple, math.ceil(size / multiple) * multiple)
@@ -175,19 +197,43 @@ def _contraction(info: PayloadInfo, config: Config) -> str:
     root = info.root
     batch = len(contraction.iterators) == 4  # b, m, n, k
     mr, nr, kr = config["register"]
-    mc, nc, kc = config["cache"]
-    handles = {op.index: s.match_op(op.index) for op in info.ops}
+    m, n, k = contraction.ranges[-3:]
     threads = config.get("threads", 1)
+    split_batch = batch and contraction.ranges[0] >= threads
+    rows_multiple = mr * (1 if split_batch else threads)
+    handles = {op.index: s.match_op(op.index) for op in info.ops}
+    # Shapes the register tile does not divide are padded (with zeros, which add nothing to a
+    # sum of products) so that every tile is static; a masked partial tile is several times
+    # slower. Only when the contraction is the result: a consumer would read a padded slice.
+    if root.index == contraction.index and (m % rows_multiple or n % nr):
+        padded = s.fresh("padded")
+        zeros = ", ".join(["0.0 : f32"] * 3)
+        dims = "[1, 2, 3]" if batch else "[0, 1, 2]"
+        multiples = ([1] if batch else []) + [rows_multiple, nr, 1]
+        s.emit(f"{padded}, {s.fresh('pad')}, {s.fresh('copy')} = transform.structured.pad "
+               f"{handles[contraction.index]} pad_to_multiple_of {_list(multiples)} "
+               f"{{padding_dimensions = {dims}, padding_values = [{zeros}]}} : "
+               "(!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)")
+        handles[contraction.index] = padded
+        m, n = _ceil_to(m, rows_multiple), _ceil_to(n, nr)
+        contraction = replace(contraction, init_producers=[])  # the fill now feeds a pad
+        root = contraction
+        info = replace(info, ops=[op for op in info.ops if op.index == contraction.index])
+    if threads > 1 and not split_batch:
+        m = _chunk(m, threads, mr)  # each thread's rows: the extent the cache tile must divide
+    mc = fit_tile(m, config["cache"][0], mr)
+    nc = fit_tile(n, config["cache"][1], nr)
+    kc = fit_tile(k, config["cache"][2], kr)
     c_handle = handles[contraction.index]
     root_handle = handles[root.index]
     inits = set(contraction.init_producers)
     if threads > 1:
         sizes = [0] * len(root.ranges)
-        if batch and root.ranges[0] >= threads:
+        if split_batch:
             sizes[0] = _chunk(root.ranges[0], threads)
         else:
             m_dim = 1 if batch else 0
-            sizes[m_dim] = _chunk(root.ranges[m_dim], threads, mr)
+            sizes[m_dim] = m
         tiled_root, loop = s.tile_forall(root_handle, sizes)
         if root.index == contraction.index:
             c_handle = tiled_root
