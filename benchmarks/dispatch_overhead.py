@@ -5,8 +5,10 @@
    aot_eager (torch's own aot_autograd path with eager kernels) is shown beside it, to separate
    what any aot_autograd backend pays from what KOPE's kernel calls add.
 2. The model zoo under kernels="auto" vs eager vs inductor, timed side by side in one run.
+   With --precompile N, each zoo model is first `kope precompile`d (heuristic agent, budget N)
+   into the same store, so `auto` runs the agent's kernels where they won.
 
-    python benchmarks/dispatch_overhead.py [--repeat 200] [--no-inductor]
+    python benchmarks/dispatch_overhead.py [--repeat 200] [--no-inductor] [--precompile 8]
 
 Medians of interleaved calls; the store is a fresh temporary directory unless --store is given.
 """
@@ -19,6 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -78,6 +81,23 @@ def dispatch_overhead(repeat: int, store: str) -> None:
           f"{(kernel_sum - eager_sum) / max(len(report.tasks), 1):+.2f} µs/op\n")
 
 
+def precompile_zoo(store: str, budget: int) -> None:
+    from kope.compiler import store_at, target_for
+    from kope.optimize import Budget
+    from kope.precompile import precompile
+    from kope.zoo import ZOO
+
+    target = target_for("cpu", 1, 120.0)
+    for name, factory in ZOO.items():
+        model, inputs = factory()
+        report = precompile(model, inputs, target=target, store=store_at(Path(store)),
+                            budget=Budget(attempts=budget), progress=False)
+        s = report["summary"]
+        print(f"precompiled {name}: {s['operators']} operators, {s['agent_wins']} agent wins, "
+              f"{s['wall_s']:.0f} s")
+    print()
+
+
 def zoo_latency(repeat: int, store: str, inductor: bool) -> None:
     from kope.zoo import ZOO
 
@@ -109,10 +129,14 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=200)
     parser.add_argument("--store", help="experience store (default: a fresh temporary directory)")
     parser.add_argument("--no-inductor", action="store_true", help="skip the inductor column")
+    parser.add_argument("--precompile", type=int, default=0, metavar="N",
+                        help="precompile each zoo model with budget N before timing it")
     args = parser.parse_args()
     store = args.store or tempfile.mkdtemp(prefix="kope-bench-")
     print(f"torch {torch.__version__}, {os.cpu_count()} cores, store {store}\n")
     dispatch_overhead(args.repeat, store)
+    if args.precompile:
+        precompile_zoo(store, args.precompile)
     zoo_latency(args.repeat, store, not args.no_inductor)
     return 0
 

@@ -25,8 +25,6 @@ def retrieve_experience(store: ExperienceStore, key: str, budget_tokens: int) ->
     if task is None:
         return [], ""
     context = retrieve(store, task, budget_tokens)
-    from kope.optimize import decode_decision
-
     mine = _features(task)
     items: list[Experience] = []
     for item in context.items:
@@ -36,12 +34,11 @@ def retrieve_experience(store: ExperienceStore, key: str, budget_tokens: int) ->
         other = store.task(item.task)
         if not isinstance(attempt, AttemptRecord) or other is None:
             continue
-        text, config = decode_decision(attempt.decision)
         items.append(Experience(
             attempt_id=attempt.id, task_key=other.key, task_label=other.label, task_op=other.op,
             shapes=tuple(tuple(s) for s, _ in other.inputs),
             similarity=math.exp(-distance(mine, _features(other)) / 2),
-            decision=text, config=config, verdict=attempt.verdict,
+            decision=attempt.decision, config=attempt.config, verdict=attempt.verdict,
             speedup_vs_eager=attempt.speedup_vs_eager,
             speedup_vs_reference=attempt.speedup_vs_reference,
             error=(attempt.error or "").strip().splitlines()[0][:200] if attempt.error else None,

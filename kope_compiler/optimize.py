@@ -10,7 +10,6 @@ data, never an error. The best verified candidate becomes the operator's kernel 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -34,7 +33,6 @@ from kope.task import Task
 
 log = logging.getLogger("kope.optimize")
 
-CONFIG_MARK = " | config="
 
 
 @dataclass(frozen=True)
@@ -69,21 +67,6 @@ class TaskSummary:
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def encode_decision(text: str, config: dict[str, Any] | None) -> str:
-    return text + (CONFIG_MARK + json.dumps(config, sort_keys=True) if config else "")
-
-
-def decode_decision(decision: str) -> tuple[str, dict[str, Any] | None]:
-    text, mark, payload = decision.partition(CONFIG_MARK)
-    if not mark:
-        return decision, None
-    try:
-        config = json.loads(payload)
-    except json.JSONDecodeError:
-        return text, None
-    return text, config if isinstance(config, dict) else None
 
 
 def task_view(task: Task, target: Target) -> TaskView:
@@ -136,7 +119,7 @@ def optimize_task(
         tokens += proposal.tokens_in + proposal.tokens_out
         attempt = _attempt(task, target, store, agent, proposal, seed + index + 1)
         history.append(_feedback(attempt))
-        log.info("%s attempt %d: %s -> %s%s", task.label, index + 1, attempt.decision.partition(CONFIG_MARK)[0],
+        log.info("%s attempt %d: %s -> %s%s", task.label, index + 1, attempt.decision,
                  attempt.verdict, f" {attempt.speedup_vs_eager:.2f}x eager" if attempt.speedup_vs_eager else "")
         if on_attempt is not None:
             on_attempt(index, attempt)
@@ -160,7 +143,7 @@ def _attempt(
                                  seed=seed_for(task.key) + seed)
     attempt = record_evaluation(
         store, task.key, evaluation, SOURCE_AGENT, proposal.source,
-        decision=encode_decision(proposal.decision, proposal.config), **meta,
+        decision=proposal.decision, config=proposal.config, **meta,
     )
     if proposal.parent:
         attempt.parent = proposal.parent
@@ -171,8 +154,8 @@ def _attempt(
 
 
 def _feedback(attempt: AttemptRecord) -> Feedback:
-    text, config = decode_decision(attempt.decision)
-    return Feedback(attempt.id, text, config, attempt.verdict, attempt.error, attempt.latency_us,
+    return Feedback(attempt.id, attempt.decision, attempt.config, attempt.verdict, attempt.error,
+                    attempt.latency_us,
                     attempt.eager_us, attempt.speedup_vs_eager, attempt.speedup_vs_reference)
 
 
@@ -209,7 +192,7 @@ def summarize(task: Task, store: ExperienceStore, *, stopped: str = "", tokens: 
         verdicts={v: verdicts.get(v, 0) for v in VERDICTS if verdicts.get(v)},
         tokens=tokens if tokens is not None else sum(a.tokens_in + a.tokens_out for a in agent_attempts),
         stopped=stopped,
-        best_decision=decode_decision(best.decision)[0] if best and winner == "agent" else "",
+        best_decision=best.decision if best and winner == "agent" else "",
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from kope.memory.schema import SOURCE_AGENT, SOURCE_EAGER, SOURCE_REFERENCE, AttemptRecord, TaskRecord
 from kope.memory.store import ExperienceStore
@@ -61,7 +62,7 @@ def record_evaluation(
     evaluation: Evaluation,
     source: str,
     artifact: str | None,
-    **decision: str,
+    **decision: Any,
 ) -> AttemptRecord:
     """Store an evaluated candidate (and, for the reference, the eager baseline timed beside it).
 

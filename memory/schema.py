@@ -114,6 +114,7 @@ class AttemptRecord:
     parent: str | None = None  # the attempt this one refines
     created: float = field(default_factory=time.time)
     transferred_from: str | None = None  # an attempt of another task whose kernel it reused
+    config: dict[str, Any] | None = None  # the decision in machine-readable form (an agent's)
 
 
 @dataclass

@@ -69,8 +69,10 @@ def op_family(op: str) -> str:
 
 
 def normalize_decision(text: str) -> str:
-    """A decision's identity for grouping: lower case, `×` as `x`, single spaces."""
-    return re.sub(r"\s+", " ", text.replace("×", "x").strip().lower())
+    """A decision's identity for grouping: what was done, without the trailing "(why)" an
+    agent may add; lower case, `×` as `x`, single spaces."""
+    what = re.sub(r"\s*\([^()]*\)\s*$", "", text.strip())
+    return re.sub(r"\s+", " ", what.replace("×", "x").strip().lower())
 
 
 def decision_hash(text: str) -> int:

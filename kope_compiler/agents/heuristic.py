@@ -9,8 +9,9 @@ payload and searches their space with this policy:
 2. Memory: experience from similar operators adjusts the order. A decision value (e.g.
    `threads=2`, `register=8x32x1`) that sped up similar operators gains, in proportion to the
    similarity and the log of the speedup; one that failed on a similar operator loses, and a
-   whole configuration that failed on a very similar operator is not tried again. The first
-   attempt is the best configuration of the most similar operator when there is one.
+   whole configuration that failed on a very similar operator is not tried again. A
+   configuration proven on a very similar operator earns a bonus by its gain, so the first
+   attempt reuses it when the evidence outweighs the prior.
 3. Search: after the first verified kernel, it climbs: the next attempt changes one decision
    of the best kernel so far (the highest-scoring such neighbour); every third attempt
    explores the best untried configuration instead.
@@ -23,6 +24,7 @@ payload and searches their space with this policy:
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import random
 from dataclasses import dataclass
@@ -117,7 +119,7 @@ def decisions(config: Config) -> list[tuple[str, str]]:
 class MemoryAdvice:
     value: dict[tuple[str, str], float]  # decision value -> learned score
     banned: set[str]  # configurations that failed on a very similar operator
-    seeds: list[tuple[float, Config, str]]  # (score, config, attempt id) proven elsewhere
+    bonus: dict[str, tuple[float, str]]  # config key -> (score bonus, attempt it was proven by)
 
 
 MIN_TRANSFER = 0.85  # similarity below which a configuration is not reused as is
@@ -125,18 +127,19 @@ VALUE_SCALE = 3.0  # weight of learned decision values against the prior's units
 
 
 def learn(experience: Iterable[Experience], family: str) -> MemoryAdvice:
-    """What experience says about each decision value, and which configurations to reuse.
+    """What experience says about each decision value and each configuration.
 
     A decision value's learned worth is how much better than average (in log speedup over
     eager) the attempts that used it did, weighted by the square of their operator's
-    similarity and shrunk towards zero when few attempts back it. Failures count against
-    their decisions; a configuration that failed on a very similar operator is banned.
-    Configurations proven on an operator at least MIN_TRANSFER similar become seeds.
+    similarity, and scaled by the confidence that weight gives (evidence from unlike
+    operators moves nothing). A configuration proven on an operator at least MIN_TRANSFER
+    similar earns a bonus in proportion to similarity and gain; one that failed on an
+    operator at least 0.8 similar is banned; failures count against their decision values.
     """
     verified: list[tuple[float, float, list[tuple[str, str]]]] = []
     value: dict[tuple[str, str], float] = {}
     banned: set[str] = set()
-    seeds: list[tuple[float, Config, str]] = []
+    bonus: dict[str, tuple[float, str]] = {}
     for item in experience:
         config = item.config
         if not config or config.get("family") != family:
@@ -145,8 +148,11 @@ def learn(experience: Iterable[Experience], family: str) -> MemoryAdvice:
         if item.verdict == "verified" and item.speedup_vs_eager:
             gain = math.log(max(item.speedup_vs_eager, 1e-3))
             verified.append((weight, gain, decisions(config)))
-            if item.similarity >= MIN_TRANSFER:
-                seeds.append((item.similarity * (1.0 + gain), config, item.attempt_id))
+            if item.similarity >= MIN_TRANSFER and gain > 0:
+                key = config_key(config)
+                score = VALUE_SCALE * item.similarity * gain
+                if score > bonus.get(key, (0.0, ""))[0]:
+                    bonus[key] = (score, item.attempt_id)
         else:
             for decision in decisions(config):
                 value[decision] = value.get(decision, 0.0) - 0.5 * weight
@@ -158,16 +164,13 @@ def learn(experience: Iterable[Experience], family: str) -> MemoryAdvice:
         sums: dict[tuple[str, str], list[float]] = {}
         for weight, gain, used in verified:
             for decision in used:
-                entry = sums.setdefault(decision, [0.0, 0.0, 0.0])
+                entry = sums.setdefault(decision, [0.0, 0.0])
                 entry[0] += weight * (gain - baseline)
                 entry[1] += weight
-                entry[2] += 1
-        for decision, (weighted, weights, count) in sums.items():
-            if weights > 0:
-                shrink = count / (count + 1.0)
-                value[decision] = value.get(decision, 0.0) + VALUE_SCALE * shrink * weighted / weights
-    seeds.sort(key=lambda s: -s[0])
-    return MemoryAdvice(value, banned, seeds)
+        for decision, (weighted, weights) in sums.items():
+            confidence = weights / (weights + 1.0)
+            value[decision] = value.get(decision, 0.0) + VALUE_SCALE * confidence * weighted / weights
+    return MemoryAdvice(value, banned, bonus)
 
 
 # -- the agent ---------------------------------------------------------------------------------
@@ -206,8 +209,15 @@ class HeuristicAgent(Agent):
             if key in tried or key in advice.banned:
                 continue
             score = prior + sum(advice.value.get(d, 0.0) for d in decisions(config))
+            score += advice.bonus.get(key, (0.0, ""))[0]
             scored.append((score + rng.uniform(0.0, self.jitter), config))
-        choice, parent, transferred = self._choose(scored, request, advice, tried)
+        for key, (_, attempt) in advice.bonus.items():  # proven configurations off this grid
+            config = json.loads(key)
+            if key not in tried and key not in advice.banned and all(config_key(c) != key for _, c in scored):
+                score = sum(advice.value.get(d, 0.0) for d in decisions(config)) + advice.bonus[key][0]
+                scored.append((score + rng.uniform(0.0, self.jitter), config))
+        choice, parent = self._choose(scored, request)
+        transferred = advice.bonus.get(config_key(choice), (0.0, None))[1] if choice else None
         if choice is None:
             return None
         payload = self._payload(request, bool(choice.get("approximate_math")))
@@ -217,34 +227,28 @@ class HeuristicAgent(Agent):
                         parent=parent, transferred_from=transferred)
 
     def _choose(
-        self,
-        scored: list[tuple[float, Config]],
-        request: ProposalRequest,
-        advice: MemoryAdvice,
-        tried: set[str],
-    ) -> tuple[Config | None, str | None, str | None]:
+        self, scored: list[tuple[float, Config]], request: ProposalRequest
+    ) -> tuple[Config | None, str | None]:
+        """The next configuration, and the attempt it refines (if it changes the best one)."""
         if not scored:
-            return None, None, None
+            return None, None
         scored.sort(key=lambda s: -s[0])
         history = request.history
         if not history:
-            for _, config, attempt in advice.seeds:
-                if config_key(config) not in tried and config_key(config) not in advice.banned:
-                    return config, None, attempt
-            return scored[0][1], None, None
+            return scored[0][1], None
         best = _best(history)
         explore = len(history) % 3 == 2
         if best is not None and best.config and not explore:
             neighbours = [(s, c) for s, c in scored if _distance(c, best.config) == 1]
             if neighbours:
-                return neighbours[0][1], best.attempt_id, None
+                return neighbours[0][1], best.attempt_id
         failed = [f for f in history if f.verdict != "verified" and f.config]
         if failed and best is None:
             bad = {d for f in failed for d in decisions(f.config or {})}
             clean = [(s, c) for s, c in scored if not (set(decisions(c)) & bad)]
             if clean:
-                return clean[0][1], None, None
-        return scored[0][1], None, None
+                return clean[0][1], None
+        return scored[0][1], None
 
     @staticmethod
     def _why(config: Config, parent: str | None, transferred: str | None, request: ProposalRequest) -> str:
