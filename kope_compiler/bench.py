@@ -104,6 +104,7 @@ def _trajectory(store: ExperienceStore, key: str, agent: str) -> list[float]:
 def run_ablation(
     target: Target, budget: int, seeds: list[int], work_dir: Path,
     sequence: dict[str, Callable[[], Example]] = SEQUENCE, progress: bool = False,
+    agent_config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Memory vs empty memory, seed by seed, operator by operator (the two arms interleaved)."""
     results: dict[str, dict[int, list[dict[str, Any]]]] = {"memory": {}, "empty": {}}
@@ -117,12 +118,15 @@ def run_ablation(
             for arm in arms:
                 store = shared if arm == "memory" else ExperienceStore(work_dir / f"empty-seed{seed}-{index}")
                 report = precompile(model, inputs, target=target, store=store,
-                                    budget=Budget(attempts=budget), seed=seed, progress=progress)
+                                    budget=Budget(attempts=budget), seed=seed, progress=progress,
+                                    agent_config=agent_config)
                 row = report["operators"][0]
                 row["name"] = name
                 row["trajectory"] = _trajectory(store, row["key"], "heuristic")
                 results[arm][seed].append(row)
-    return summarize_ablation(results, budget)
+    summary = summarize_ablation(results, budget)
+    summary["agent_config"] = agent_config or {}
+    return summary
 
 
 def summarize_ablation(results: dict[str, dict[int, list[dict[str, Any]]]], budget: int) -> dict[str, Any]:
@@ -164,7 +168,8 @@ def format_ablation(result: dict[str, Any]) -> str:
             f"{a['mean']:.2f} ± {a['stdev']:.2f}",
         ))
     lines = _table(rows)
-    lines.append(f"budget {result['budget']} attempts per operator; seeds {result['seeds']}; "
+    prior = "flat prior" if result.get("agent_config", {}).get("prior_weight") == 0 else "static prior"
+    lines.append(f"heuristic agent, {prior}; budget {result['budget']} attempts per operator; seeds {result['seeds']}; "
                  f"{len(next(iter(result['runs']['memory'].values())))} operators in sequence "
                  "(mean ± stdev over seeds; 'budget+1' counts an operator never reaching 90%)")
     return "\n".join(lines)

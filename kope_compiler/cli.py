@@ -168,6 +168,8 @@ def _add_bench(sub: Any) -> None:
     p.add_argument("--budget", type=int, help="attempts per operator (suite 16, ablation 4)")
     p.add_argument("--seeds", default="0,1,2", help="ablation seeds (default: 0,1,2)")
     p.add_argument("--ops", help="suite operators, comma-separated (default: all)")
+    p.add_argument("--flat-prior", action="store_true",
+                   help="ablation: give the agent a flat prior, to see what memory adds alone")
     p.add_argument("--store", help="suite store (default: a fresh temporary directory)")
     p.add_argument("--report", help="write the JSON results here")
     p.add_argument("--target", default="cpu")
@@ -189,7 +191,9 @@ def _bench_command(args: argparse.Namespace) -> int:
         print(bench.format_suite(result))
     else:
         seeds = [int(s) for s in args.seeds.split(",")]
-        result = bench.run_ablation(target, args.budget or 4, seeds, bench.scratch_dir("kope-ablation-"))
+        config = {"prior_weight": 0.0} if args.flat_prior else None
+        result = bench.run_ablation(target, args.budget or 4, seeds, bench.scratch_dir("kope-ablation-"),
+                                    agent_config=config)
         print(bench.format_ablation(result))
     if args.report:
         bench.write_json(result, Path(args.report))

@@ -181,9 +181,10 @@ class HeuristicAgent(Agent):
 
     name = "heuristic"
 
-    def __init__(self, seed: int = 0, jitter: float = 0.3, **_: Any):
+    def __init__(self, seed: int = 0, jitter: float = 0.3, prior_weight: float = 1.0, **_: Any):
         self.seed = seed
         self.jitter = jitter  # seeded noise on the prior: different seeds explore differently
+        self.prior_weight = prior_weight  # 0: a flat prior (what memory adds on its own)
         self._prepared: dict[tuple[str, bool], str] = {}
 
     def _payload(self, request: ProposalRequest, approximate: bool) -> str:
@@ -208,7 +209,7 @@ class HeuristicAgent(Agent):
             key = config_key(config)
             if key in tried or key in advice.banned:
                 continue
-            score = prior + sum(advice.value.get(d, 0.0) for d in decisions(config))
+            score = self.prior_weight * prior + sum(advice.value.get(d, 0.0) for d in decisions(config))
             score += advice.bonus.get(key, (0.0, ""))[0]
             scored.append((score + rng.uniform(0.0, self.jitter), config))
         for key, (_, attempt) in advice.bonus.items():  # proven configurations off this grid
