@@ -26,6 +26,7 @@ from kope.memory.schema import (
     TRANSFERRED_FROM,
     AttemptRecord,
 )
+from kope.errors import KopeError
 from kope.memory.store import ExperienceStore
 from kope.selection import known_reference, latest, record_evaluation, seed_for
 from kope.targets.base import COMPILE_ERROR, VERDICTS, Kernel, Target
@@ -112,7 +113,15 @@ def optimize_task(
         experience, context = retrieve_experience(store, task.key, budget.context_tokens)
         request = ProposalRequest(view, experience, context, list(history),
                                   budget.attempts - index, seed)
-        proposal = agent.propose(request)
+        try:
+            proposal = agent.propose(request)
+        except KopeError:
+            raise  # the user must act (an unreachable endpoint, a missing model name)
+        except Exception as err:  # an agent defect: stop this operator, keep what is recorded
+            log.error("%s: the %s agent failed (%s: %s); stopping this operator", task.label,
+                      agent.name, type(err).__name__, err)
+            stopped = f"agent error: {type(err).__name__}"
+            break
         if proposal is None:
             stopped = "agent stopped"
             break

@@ -29,6 +29,8 @@ class Options:
     """Isolated worker processes that verify and time candidates."""
     timeout_s: float = 60.0
     """Wall-clock limit for building, verifying and timing one candidate in a worker."""
+    fuse: bool = True
+    """Fuse chains of elementwise operators into one kernel each."""
     optimize: bool = False
     """Let the agent optimize operators the store has not seen optimized, inline."""
     agent: str = "heuristic"
@@ -80,6 +82,8 @@ class Options:
             raise OptionError(f"option workers={self.workers!r} must be an integer >= 1")
         if not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
             raise OptionError(f"option timeout_s={self.timeout_s!r} must be a positive number")
+        if not isinstance(self.fuse, bool):
+            raise OptionError(f"option fuse={self.fuse!r} must be True or False")
         if not isinstance(self.optimize, bool):
             raise OptionError(f"option optimize={self.optimize!r} must be True or False")
         from kope.agents import agent_names

@@ -195,14 +195,14 @@ def elementwise_chains(gm: fx.GraphModule) -> list[list[fx.Node]]:
     return chains
 
 
-def partition(gm: fx.GraphModule, target_key: str) -> Partition:
+def partition(gm: fx.GraphModule, target_key: str, fuse: bool = True) -> Partition:
     """Make Tasks of `gm`'s compute nodes: chains of elementwise nodes fused into one Task,
     other nodes one Task each, decomposing nodes torch-mlir cannot lower."""
     result = Partition()
     table = decomposition_table()
     drop_unused_outputs(gm)
     fused: set[fx.Node] = set()
-    for chain in elementwise_chains(gm):
+    for chain in elementwise_chains(gm) if fuse else []:
         try:
             result.tasks.append(make_task(chain, target_key))
         except LoweringError as err:

@@ -58,6 +58,8 @@ def _work(info: PayloadInfo) -> int:
 
 def candidate_space(info: PayloadInfo, capabilities: dict[str, Any]) -> list[tuple[Config, float]]:
     """Every configuration worth trying for this payload, with its prior score."""
+    if not any(op.is_root for op in info.ops):
+        return []  # no linalg op computes the result (a copy or reshape): nothing to schedule
     lanes = _lanes(capabilities, info.element_type)
     threads = _threads(capabilities)
     big = _work(info) >= BIG_WORK
