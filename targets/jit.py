@@ -99,6 +99,7 @@ class JitKernel:
             *[ctypes.addressof(h) for h in self._holders]
         )
         self._out_shapes = [(s.shape, s.torch_dtype) for s in self.outputs]
+        self._packed_inputs: dict[int, tuple[tuple[object, ...], torch.Tensor, torch.Tensor]] = {}
 
     def run(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         """Run on contiguous `inputs`, writing into the contiguous destinations `outputs`."""
@@ -109,7 +110,24 @@ class JitKernel:
         self._fn(self._packed)
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        ins = [t if t.is_contiguous() else t.contiguous() for t in inputs]
+        ins = [t if t.is_contiguous() else self._contiguous(i, t) for i, t in enumerate(inputs)]
         outs = [torch.empty(shape, dtype=dtype) for shape, dtype in self._out_shapes]
         self.run(ins, outs)
         return tuple(outs)
+
+    def _contiguous(self, index: int, view: torch.Tensor) -> torch.Tensor:
+        """A contiguous copy of a strided input, reused while its data is unchanged.
+
+        A transposed weight arrives as a fresh view every call; copying it every call would
+        cost more than many kernels. The copy is reused while the view's storage, layout and
+        version counter (bumped by every in-place write) are the same; the view is kept alive
+        with it, so no other tensor can take its storage's address meanwhile.
+        """
+        key = (view.untyped_storage().data_ptr(), view.storage_offset(), tuple(view.shape),
+               view.stride(), view.dtype, view._version)
+        cached = self._packed_inputs.get(index)
+        if cached is not None and cached[0] == key:
+            return cached[2]
+        packed = view.contiguous()
+        self._packed_inputs[index] = (key, view, packed)
+        return packed

@@ -62,3 +62,16 @@ def test_build_error_is_raised_for_a_kernel_that_does_not_parse() -> None:
     task = _task(torch.relu, torch.randn(3))
     with pytest.raises(BuildError, match="kernel.mlir:1:"):
         build_kernel(task.spec, Kernel("func.func @kope_kernel(%a: memref<3xf32>) { oops }"))
+
+
+def test_packed_strided_input_follows_in_place_writes() -> None:
+    """A contiguous copy of a strided input is reused only while the data is unchanged."""
+    x = torch.randn(6, 4)
+    task = _task(lambda t: t * 3, x.t().contiguous())
+    kernel = build_kernel(task.spec, Kernel(task.payload))
+    torch.testing.assert_close(kernel(x.t())[0], x.t() * 3)
+    torch.testing.assert_close(kernel(x.t())[0], x.t() * 3)  # reused copy
+    x.add_(1.0)  # an in-place write bumps the version counter
+    torch.testing.assert_close(kernel(x.t())[0], x.t() * 3)
+    y = torch.randn(6, 4)
+    torch.testing.assert_close(kernel(y.t())[0], y.t() * 3)
