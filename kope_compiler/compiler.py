@@ -63,7 +63,8 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
     start = time.perf_counter()
     target = target_for(options.target, options.workers, options.timeout_s)
     store = store_at(options.store_path)
-    part = partition(gm, target.key(), fuse=options.fuse)
+    part = partition(gm, target.key(), fuse=options.fuse,
+                     fast_paths=options.kernels == "reference" or options.optimize)
     graph = GraphReport(views=part.views, policy=options.kernels)
     graph.eager = [EagerReport(e.op, e.reason, e.compute) for e in part.eager]
     for e in part.eager:

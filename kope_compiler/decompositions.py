@@ -80,9 +80,13 @@ _KOPE_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
 }
 
 
+FAST_PATHS = frozenset(_KOPE_DECOMPOSITIONS)  # fused eager kernels, faster whole than in parts
+
+
 @functools.cache
-def decomposition_table() -> dict[Any, Callable[..., Any]]:
-    """torch-mlir's decomposition table plus KOPE's."""
+def decomposition_table(fast_paths: bool = True) -> dict[Any, Callable[..., Any]]:
+    """torch-mlir's decomposition table, plus KOPE's for fused fast paths if `fast_paths`."""
     table = dict(get_decomposition_table())
-    table.update(_KOPE_DECOMPOSITIONS)
+    if fast_paths:
+        table.update(_KOPE_DECOMPOSITIONS)
     return table

@@ -21,7 +21,7 @@ from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_map
 
-from kope.decompositions import decomposition_table
+from kope.decompositions import FAST_PATHS, decomposition_table
 from kope.task import LoweringError, Task, make_task, op_name
 
 log = logging.getLogger("kope.compiler")
@@ -195,11 +195,15 @@ def elementwise_chains(gm: fx.GraphModule) -> list[list[fx.Node]]:
     return chains
 
 
-def partition(gm: fx.GraphModule, target_key: str, fuse: bool = True) -> Partition:
+def partition(
+    gm: fx.GraphModule, target_key: str, fuse: bool = True, fast_paths: bool = True
+) -> Partition:
     """Make Tasks of `gm`'s compute nodes: chains of elementwise nodes fused into one Task,
-    other nodes one Task each, decomposing nodes torch-mlir cannot lower."""
+    other nodes one Task each, decomposing nodes torch-mlir cannot lower. With `fast_paths`
+    False, a fused eager fast path (e.g. nn.TransformerEncoderLayer's) is not decomposed: one
+    native kernel beats its parts run one by one, so it runs eagerly as a whole."""
     result = Partition()
-    table = decomposition_table()
+    table = decomposition_table(fast_paths)
     drop_unused_outputs(gm)
     fused: set[fx.Node] = set()
     for chain in elementwise_chains(gm) if fuse else []:
@@ -245,6 +249,9 @@ def partition(gm: fx.GraphModule, target_key: str, fuse: bool = True) -> Partiti
         if node.target in table and level < MAX_REFINE_DEPTH:
             replacement = decompose_in_place(gm, node, table[node.target])
         if replacement is None:
+            if node.target in FAST_PATHS and not fast_paths:
+                failure = (f"{name} is a fused eager fast path, faster whole than decomposed "
+                           "(kernels=reference decomposes it)")
             result.eager.append(EagerNode(node, name, failure, True))
             continue
         log.debug("%s does not lower as a whole (%s); decomposed into %d nodes",

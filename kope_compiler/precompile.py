@@ -42,7 +42,8 @@ def trace_tasks(model: torch.nn.Module, inputs: Sequence[Any], target_key: str) 
     found: dict[str, Task] = {}
 
     def forward_compiler(gm: fx.GraphModule, _inputs: Sequence[Any]) -> Callable[..., Any]:
-        for task in partition(gm, target_key).tasks:
+        # As the backend partitions by default: fused eager fast paths stay whole.
+        for task in partition(gm, target_key, fast_paths=False).tasks:
             found.setdefault(task.key, task)
         return make_boxed_func(gm.forward)
 
