@@ -33,8 +33,12 @@ def geomean(values: list[float]) -> float | None:
 
 
 def run_suite(
-    target: Target, store_dir: Path, budget: int, names: list[str] | None = None,
-    seed: int = 0, progress: bool = True,
+    target: Target,
+    store_dir: Path,
+    budget: int,
+    names: list[str] | None = None,
+    seed: int = 0,
+    progress: bool = True,
 ) -> dict[str, Any]:
     """Precompile each suite operator; the report has one row per operator and the goals."""
     store = ExperienceStore(store_dir)
@@ -42,8 +46,15 @@ def run_suite(
     start = time.monotonic()
     for name in names or list(OPSET):
         model, inputs = OPSET[name]()
-        report = precompile(model, inputs, target=target, store=store, budget=Budget(attempts=budget),
-                            seed=seed, progress=progress)
+        report = precompile(
+            model,
+            inputs,
+            target=target,
+            store=store,
+            budget=Budget(attempts=budget),
+            seed=seed,
+            progress=progress,
+        )
         for row in report["operators"]:
             rows.append({"name": name, **row})
     non_elementwise = [r for r in rows if r["name"] not in ELEMENTWISE]
@@ -55,8 +66,9 @@ def run_suite(
             "pass_rate": sum(1 for r in rows if r["verified"]) / max(len(rows), 1),
             "geomean_speedup_vs_eager": geomean([r["speedup_vs_eager"] for r in rows]),
             "geomean_speedup_vs_reference": geomean([r["speedup_vs_reference"] for r in rows]),
-            "geomean_speedup_vs_reference_non_elementwise":
-                geomean([r["speedup_vs_reference"] for r in non_elementwise]),
+            "geomean_speedup_vs_reference_non_elementwise": geomean(
+                [r["speedup_vs_reference"] for r in non_elementwise]
+            ),
             "agent_beats_eager_1_1x": len(wins),
             "tokens": sum(r["tokens"] for r in rows),
             "budget": budget,
@@ -66,12 +78,30 @@ def run_suite(
 
 
 def format_suite(report: dict[str, Any]) -> str:
-    header = ("operator", "winner", "eager µs", "best µs", "vs eager", "vs reference", "attempts", "verdicts")
+    header = (
+        "operator",
+        "winner",
+        "eager µs",
+        "best µs",
+        "vs eager",
+        "vs reference",
+        "attempts",
+        "verdicts",
+    )
     rows = [header]
     for r in report["operators"]:
-        rows.append((r["name"], r["winner"], _f(r["eager_us"]), _f(r["best_us"]),
-                     _x(r["speedup_vs_eager"]), _x(r["speedup_vs_reference"]), str(r["attempts"]),
-                     " ".join(f"{k}:{v}" for k, v in r["verdicts"].items())))
+        rows.append(
+            (
+                r["name"],
+                r["winner"],
+                _f(r["eager_us"]),
+                _f(r["best_us"]),
+                _x(r["speedup_vs_eager"]),
+                _x(r["speedup_vs_reference"]),
+                str(r["attempts"]),
+                " ".join(f"{k}:{v}" for k, v in r["verdicts"].items()),
+            )
+        )
     s = report["summary"]
     lines = _table(rows)
     lines += [
@@ -102,8 +132,12 @@ def _trajectory(store: ExperienceStore, key: str, agent: str) -> list[float]:
 
 
 def run_ablation(
-    target: Target, budget: int, seeds: list[int], work_dir: Path,
-    sequence: dict[str, Callable[[], Example]] = SEQUENCE, progress: bool = False,
+    target: Target,
+    budget: int,
+    seeds: list[int],
+    work_dir: Path,
+    sequence: dict[str, Callable[[], Example]] = SEQUENCE,
+    progress: bool = False,
     agent_config: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Memory vs empty memory, seed by seed, operator by operator (the two arms interleaved)."""
@@ -116,10 +150,21 @@ def run_ablation(
             model, inputs = factory()
             arms = ["memory", "empty"] if (index + seed) % 2 == 0 else ["empty", "memory"]
             for arm in arms:
-                store = shared if arm == "memory" else ExperienceStore(work_dir / f"empty-seed{seed}-{index}")
-                report = precompile(model, inputs, target=target, store=store,
-                                    budget=Budget(attempts=budget), seed=seed, progress=progress,
-                                    agent_config=agent_config)
+                store = (
+                    shared
+                    if arm == "memory"
+                    else ExperienceStore(work_dir / f"empty-seed{seed}-{index}")
+                )
+                report = precompile(
+                    model,
+                    inputs,
+                    target=target,
+                    store=store,
+                    budget=Budget(attempts=budget),
+                    seed=seed,
+                    progress=progress,
+                    agent_config=agent_config,
+                )
                 row = report["operators"][0]
                 row["name"] = name
                 row["trajectory"] = _trajectory(store, row["key"], "heuristic")
@@ -129,7 +174,9 @@ def run_ablation(
     return summary
 
 
-def summarize_ablation(results: dict[str, dict[int, list[dict[str, Any]]]], budget: int) -> dict[str, Any]:
+def summarize_ablation(
+    results: dict[str, dict[int, list[dict[str, Any]]]], budget: int
+) -> dict[str, Any]:
     arms: dict[str, dict[str, Any]] = {}
     seeds = sorted(results["memory"])
     for arm, by_seed in results.items():
@@ -141,8 +188,14 @@ def summarize_ablation(results: dict[str, dict[int, list[dict[str, Any]]]], budg
             passes.append(sum(1 for r in rows if r["verified"]) / len(rows))
             needed = []
             for row, other in zip(rows, others):
-                best = min(min(row["trajectory"], default=math.inf), min(other["trajectory"], default=math.inf))
-                hit = next((i + 1 for i, lat in enumerate(row["trajectory"]) if lat <= best / 0.9), budget + 1)
+                best = min(
+                    min(row["trajectory"], default=math.inf),
+                    min(other["trajectory"], default=math.inf),
+                )
+                hit = next(
+                    (i + 1 for i, lat in enumerate(row["trajectory"]) if lat <= best / 0.9),
+                    budget + 1,
+                )
                 needed.append(hit)
             reach.append(statistics.mean(needed))
         arms[arm] = {
@@ -154,24 +207,35 @@ def summarize_ablation(results: dict[str, dict[int, list[dict[str, Any]]]], budg
 
 
 def _spread(values: list[float]) -> dict[str, float]:
-    return {"mean": statistics.mean(values), "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "min": min(values), "max": max(values)}
+    return {
+        "mean": statistics.mean(values),
+        "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "min": min(values),
+        "max": max(values),
+    }
 
 
 def format_ablation(result: dict[str, Any]) -> str:
     rows = [("arm", "geomean speedup vs eager", "pass rate", "attempts to 90% of best")]
     for arm, m in result["arms"].items():
         g, p, a = m["geomean_speedup_vs_eager"], m["pass_rate"], m["attempts_to_90pct_of_best"]
-        rows.append((
-            "with experience graph" if arm == "memory" else "empty memory",
-            f"{g['mean']:.2f}x ± {g['stdev']:.2f}", f"{p['mean']:.0%} ± {p['stdev']:.0%}",
-            f"{a['mean']:.2f} ± {a['stdev']:.2f}",
-        ))
+        rows.append(
+            (
+                "with experience graph" if arm == "memory" else "empty memory",
+                f"{g['mean']:.2f}x ± {g['stdev']:.2f}",
+                f"{p['mean']:.0%} ± {p['stdev']:.0%}",
+                f"{a['mean']:.2f} ± {a['stdev']:.2f}",
+            )
+        )
     lines = _table(rows)
-    prior = "flat prior" if result.get("agent_config", {}).get("prior_weight") == 0 else "static prior"
-    lines.append(f"heuristic agent, {prior}; budget {result['budget']} attempts per operator; seeds {result['seeds']}; "
-                 f"{len(next(iter(result['runs']['memory'].values())))} operators in sequence "
-                 "(mean ± stdev over seeds; 'budget+1' counts an operator never reaching 90%)")
+    prior = (
+        "flat prior" if result.get("agent_config", {}).get("prior_weight") == 0 else "static prior"
+    )
+    lines.append(
+        f"heuristic agent, {prior}; budget {result['budget']} attempts per operator; seeds {result['seeds']}; "
+        f"{len(next(iter(result['runs']['memory'].values())))} operators in sequence "
+        "(mean ± stdev over seeds; 'budget+1' counts an operator never reaching 90%)"
+    )
     return "\n".join(lines)
 
 

@@ -30,7 +30,9 @@ log = logging.getLogger("kope.compiler")
 class KernelCall:
     """A graph node's callable that runs a JIT kernel and counts its calls."""
 
-    def __init__(self, kernel: Callable[..., tuple[torch.Tensor, ...]], single: bool, report: TaskReport):
+    def __init__(
+        self, kernel: Callable[..., tuple[torch.Tensor, ...]], single: bool, report: TaskReport
+    ):
         self.kernel = kernel
         self.single = single
         self.report = report
@@ -63,8 +65,12 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
     start = time.perf_counter()
     target = target_for(options.target, options.workers, options.timeout_s)
     store = store_at(options.store_path)
-    part = partition(gm, target.key(), fuse=options.fuse,
-                     fast_paths=options.kernels == "reference" or options.optimize)
+    part = partition(
+        gm,
+        target.key(),
+        fuse=options.fuse,
+        fast_paths=options.kernels == "reference" or options.optimize,
+    )
     graph = GraphReport(views=part.views, policy=options.kernels)
     graph.eager = [EagerReport(e.op, e.reason, e.compute) for e in part.eager]
     for e in part.eager:
@@ -75,8 +81,14 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
     for task in part.tasks:
         choice = choose(task, target, store, options.kernels)
         entry = TaskReport(
-            label=task.label, key=task.key, op=task.op, kernel=choice.kernel, reason=choice.reason,
-            eager_us=choice.eager_us, kernel_us=choice.kernel_us, verdict=choice.verdict,
+            label=task.label,
+            key=task.key,
+            op=task.op,
+            kernel=choice.kernel,
+            reason=choice.reason,
+            eager_us=choice.eager_us,
+            kernel_us=choice.kernel_us,
+            verdict=choice.verdict,
         )
         if choice.source is not None:
             try:

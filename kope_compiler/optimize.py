@@ -35,7 +35,6 @@ from kope.task import Task
 log = logging.getLogger("kope.optimize")
 
 
-
 @dataclass(frozen=True)
 class Budget:
     """When to stop optimizing one operator; None means no limit of that kind."""
@@ -72,8 +71,13 @@ class TaskSummary:
 
 def task_view(task: Task, target: Target) -> TaskView:
     return TaskView(
-        key=task.key, op=task.op, label=task.label, payload=task.payload,
-        inputs=task.spec.inputs, outputs=task.spec.outputs, target=target.name,
+        key=task.key,
+        op=task.op,
+        label=task.label,
+        payload=task.payload,
+        inputs=task.spec.inputs,
+        outputs=task.spec.outputs,
+        target=target.name,
         capabilities=target.capabilities(),
     )
 
@@ -91,13 +95,19 @@ def optimize_task(
     """Run the loop on one operator and summarise what the store now knows about it."""
     reference = known_reference(task, target, store)
     if reference.verdict != "verified":
-        log.warning("%s: the reference lowering is %s; nothing to verify candidates against",
-                    task.label, reference.verdict)
+        log.warning(
+            "%s: the reference lowering is %s; nothing to verify candidates against",
+            task.label,
+            reference.verdict,
+        )
         return summarize(task, store, stopped=f"reference lowering {reference.verdict}")
     view = task_view(task, target)
     # Resuming: this agent's earlier attempts on the operator count against the budget.
-    history = [_feedback(a) for a in store.attempts(task.key)
-               if a.source == SOURCE_AGENT and a.agent == agent.name]
+    history = [
+        _feedback(a)
+        for a in store.attempts(task.key)
+        if a.source == SOURCE_AGENT and a.agent == agent.name
+    ]
     tokens = 0
     start = time.monotonic()
     stopped = "budget spent"
@@ -111,15 +121,21 @@ def optimize_task(
             stopped = "tokens spent"
             break
         experience, context = retrieve_experience(store, task.key, budget.context_tokens)
-        request = ProposalRequest(view, experience, context, list(history),
-                                  budget.attempts - index, seed)
+        request = ProposalRequest(
+            view, experience, context, list(history), budget.attempts - index, seed
+        )
         try:
             proposal = agent.propose(request)
         except KopeError:
             raise  # the user must act (an unreachable endpoint, a missing model name)
         except Exception as err:  # an agent defect: stop this operator, keep what is recorded
-            log.error("%s: the %s agent failed (%s: %s); stopping this operator", task.label,
-                      agent.name, type(err).__name__, err)
+            log.error(
+                "%s: the %s agent failed (%s: %s); stopping this operator",
+                task.label,
+                agent.name,
+                type(err).__name__,
+                err,
+            )
             stopped = f"agent error: {type(err).__name__}"
             break
         if proposal is None:
@@ -128,8 +144,14 @@ def optimize_task(
         tokens += proposal.tokens_in + proposal.tokens_out
         attempt = _attempt(task, target, store, agent, proposal, seed + index + 1)
         history.append(_feedback(attempt))
-        log.info("%s attempt %d: %s -> %s%s", task.label, index + 1, attempt.decision,
-                 attempt.verdict, f" {attempt.speedup_vs_eager:.2f}x eager" if attempt.speedup_vs_eager else "")
+        log.info(
+            "%s attempt %d: %s -> %s%s",
+            task.label,
+            index + 1,
+            attempt.decision,
+            attempt.verdict,
+            f" {attempt.speedup_vs_eager:.2f}x eager" if attempt.speedup_vs_eager else "",
+        )
         if on_attempt is not None:
             on_attempt(index, attempt)
     _distil(store, task.key)
@@ -137,22 +159,45 @@ def optimize_task(
 
 
 def _attempt(
-    task: Task, target: Target, store: ExperienceStore, agent: Agent,
-    proposal: Proposal | Rejected, seed: int,
+    task: Task,
+    target: Target,
+    store: ExperienceStore,
+    agent: Agent,
+    proposal: Proposal | Rejected,
+    seed: int,
 ) -> AttemptRecord:
-    meta = dict(agent=agent.name, model=proposal.model, tokens_in=proposal.tokens_in,
-                tokens_out=proposal.tokens_out)
+    meta = dict(
+        agent=agent.name,
+        model=proposal.model,
+        tokens_in=proposal.tokens_in,
+        tokens_out=proposal.tokens_out,
+    )
     if isinstance(proposal, Rejected):
-        attempt = AttemptRecord(task=task.key, source=SOURCE_AGENT, verdict=COMPILE_ERROR,
-                                error=f"rejected without running: {proposal.reason}",
-                                decision=proposal.decision or "answer rejected", **meta)
+        attempt = AttemptRecord(
+            task=task.key,
+            source=SOURCE_AGENT,
+            verdict=COMPILE_ERROR,
+            error=f"rejected without running: {proposal.reason}",
+            decision=proposal.decision or "answer rejected",
+            **meta,
+        )
         store.add_attempt(attempt)
         return attempt
-    evaluation = target.evaluate(task.spec, Kernel(proposal.source), oracle=Kernel(task.payload),
-                                 seed=seed_for(task.key) + seed)
+    evaluation = target.evaluate(
+        task.spec,
+        Kernel(proposal.source),
+        oracle=Kernel(task.payload),
+        seed=seed_for(task.key) + seed,
+    )
     attempt = record_evaluation(
-        store, task.key, evaluation, SOURCE_AGENT, proposal.source,
-        decision=proposal.decision, config=proposal.config, **meta,
+        store,
+        task.key,
+        evaluation,
+        SOURCE_AGENT,
+        proposal.source,
+        decision=proposal.decision,
+        config=proposal.config,
+        **meta,
     )
     if proposal.parent:
         attempt.parent = proposal.parent
@@ -163,9 +208,17 @@ def _attempt(
 
 
 def _feedback(attempt: AttemptRecord) -> Feedback:
-    return Feedback(attempt.id, attempt.decision, attempt.config, attempt.verdict, attempt.error,
-                    attempt.latency_us,
-                    attempt.eager_us, attempt.speedup_vs_eager, attempt.speedup_vs_reference)
+    return Feedback(
+        attempt.id,
+        attempt.decision,
+        attempt.config,
+        attempt.verdict,
+        attempt.error,
+        attempt.latency_us,
+        attempt.eager_us,
+        attempt.speedup_vs_eager,
+        attempt.speedup_vs_reference,
+    )
 
 
 def _distil(store: ExperienceStore, key: str) -> None:
@@ -176,7 +229,9 @@ def _distil(store: ExperienceStore, key: str) -> None:
     distil_insights(store, key)
 
 
-def summarize(task: Task, store: ExperienceStore, *, stopped: str = "", tokens: int | None = None) -> TaskSummary:
+def summarize(
+    task: Task, store: ExperienceStore, *, stopped: str = "", tokens: int | None = None
+) -> TaskSummary:
     attempts = store.attempts(task.key)
     agent_attempts = [a for a in attempts if a.source == SOURCE_AGENT]
     reference = latest(attempts, SOURCE_REFERENCE)
@@ -194,12 +249,21 @@ def summarize(task: Task, store: ExperienceStore, *, stopped: str = "", tokens: 
     else:
         best_us = eager_us
     return TaskSummary(
-        key=task.key, op=task.op, label=task.label, winner=winner,
-        verified=verdicts.get("verified", 0) > 0, attempts=len(agent_attempts),
-        eager_us=eager_us, reference_us=ref_us, best_us=best_us,
-        speedup_vs_eager=_ratio(eager_us, best_us), speedup_vs_reference=_ratio(ref_us, best_us),
+        key=task.key,
+        op=task.op,
+        label=task.label,
+        winner=winner,
+        verified=verdicts.get("verified", 0) > 0,
+        attempts=len(agent_attempts),
+        eager_us=eager_us,
+        reference_us=ref_us,
+        best_us=best_us,
+        speedup_vs_eager=_ratio(eager_us, best_us),
+        speedup_vs_reference=_ratio(ref_us, best_us),
         verdicts={v: verdicts.get(v, 0) for v in VERDICTS if verdicts.get(v)},
-        tokens=tokens if tokens is not None else sum(a.tokens_in + a.tokens_out for a in agent_attempts),
+        tokens=tokens
+        if tokens is not None
+        else sum(a.tokens_in + a.tokens_out for a in agent_attempts),
         stopped=stopped,
         best_decision=best.decision if best and winner == "agent" else "",
     )

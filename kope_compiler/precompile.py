@@ -83,7 +83,9 @@ class Progress:
             width = 30
             filled = int(width * self.done / max(self.total_tasks, 1))
             bar = "#" * filled + "-" * (width - filled)
-            self.stream.write(f"\r\033[K[{bar}] {self.done}/{self.total_tasks} {label[:60]}: {text}\n")
+            self.stream.write(
+                f"\r\033[K[{bar}] {self.done}/{self.total_tasks} {label[:60]}: {text}\n"
+            )
             self.stream.flush()
 
     def _draw(self) -> None:
@@ -126,16 +128,25 @@ def precompile(
             return
         agent = make_agent(agent_name, seed=seed, **(agent_config or {}))
         try:
+
             def on_attempt(index: int, attempt: Any) -> None:
-                speed = f"{attempt.speedup_vs_eager:.2f}x" if attempt.speedup_vs_eager else attempt.verdict
+                speed = (
+                    f"{attempt.speedup_vs_eager:.2f}x"
+                    if attempt.speedup_vs_eager
+                    else attempt.verdict
+                )
                 bar.update(task.label, f"attempt {index + 1}/{budget.attempts}: {speed}")
 
-            summary = optimize_task(task, target, store, agent, budget, seed=seed, on_attempt=on_attempt)
+            summary = optimize_task(
+                task, target, store, agent, budget, seed=seed, on_attempt=on_attempt
+            )
         finally:
             agent.close()
         summaries[task.key] = summary
         best = f"{summary.speedup_vs_eager:.2f}x eager" if summary.speedup_vs_eager else "no timing"
-        bar.finish(task.label, f"{summary.winner} {best} ({summary.attempts} attempts, {summary.stopped})")
+        bar.finish(
+            task.label, f"{summary.winner} {best} ({summary.attempts} attempts, {summary.stopped})"
+        )
 
     if workers > 1:
         with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -151,6 +162,7 @@ def report_json(
     summaries: list[TaskSummary], wall_s: float, agent: str, target: Target, budget: Budget
 ) -> dict[str, Any]:
     """The report: per operator, and a summary with pass rate and geomean speedups."""
+
     def geomean(values: list[float]) -> float | None:
         values = [v for v in values if v and v > 0 and math.isfinite(v)]
         return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
@@ -160,9 +172,13 @@ def report_json(
         "operators": operators,
         "summary": {
             "operators": len(summaries),
-            "pass_rate": (sum(1 for s in summaries if s.verified) / len(summaries)) if summaries else 0.0,
+            "pass_rate": (sum(1 for s in summaries if s.verified) / len(summaries))
+            if summaries
+            else 0.0,
             "geomean_speedup_vs_eager": geomean([s.speedup_vs_eager or 0 for s in summaries]),
-            "geomean_speedup_vs_reference": geomean([s.speedup_vs_reference or 0 for s in summaries]),
+            "geomean_speedup_vs_reference": geomean(
+                [s.speedup_vs_reference or 0 for s in summaries]
+            ),
             "agent_wins": sum(1 for s in summaries if s.winner == "agent"),
             "tokens": sum(s.tokens for s in summaries),
             "agent": agent,

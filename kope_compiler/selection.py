@@ -12,7 +12,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from kope.memory.schema import SOURCE_AGENT, SOURCE_EAGER, SOURCE_REFERENCE, AttemptRecord, TaskRecord
+from kope.memory.schema import (
+    SOURCE_AGENT,
+    SOURCE_EAGER,
+    SOURCE_REFERENCE,
+    AttemptRecord,
+    TaskRecord,
+)
 from kope.memory.store import ExperienceStore
 from kope.targets.base import Evaluation, Kernel, Target
 from kope.task import Task
@@ -94,12 +100,20 @@ def record_evaluation(
         attempt.speedup_vs_reference = 1.0
     store.add_attempt(attempt, artifact)
     if eager is not None and source == SOURCE_REFERENCE:  # one baseline per task suffices
-        store.add_attempt(AttemptRecord(
-            task=key, source=SOURCE_EAGER, verdict="verified",
-            latency_us=eager.median_us, spread_us=eager.spread_us, repeats=eager.repeats,
-            threads=eager.threads, eager_us=eager.median_us, speedup_vs_eager=1.0,
-            decision=f"eager ATen baseline timed beside attempt {attempt.id}",
-        ))
+        store.add_attempt(
+            AttemptRecord(
+                task=key,
+                source=SOURCE_EAGER,
+                verdict="verified",
+                latency_us=eager.median_us,
+                spread_us=eager.spread_us,
+                repeats=eager.repeats,
+                threads=eager.threads,
+                eager_us=eager.median_us,
+                speedup_vs_eager=1.0,
+                decision=f"eager ATen baseline timed beside attempt {attempt.id}",
+            )
+        )
     return attempt
 
 
@@ -119,12 +133,21 @@ def choose(task: Task, target: Target, store: ExperienceStore, policy: str) -> C
     if reference.verdict != "verified":
         log.warning(
             "torch-mlir defect? the reference lowering of %s is %s; running it eagerly: %s",
-            task.label, reference.verdict, (reference.error or "").splitlines()[0:1],
+            task.label,
+            reference.verdict,
+            (reference.error or "").splitlines()[0:1],
         )
-        return Choice("eager", f"reference lowering {reference.verdict}: "
-                      f"{_first_line(reference.error)}", verdict=reference.verdict)
+        return Choice(
+            "eager",
+            f"reference lowering {reference.verdict}: {_first_line(reference.error)}",
+            verdict=reference.verdict,
+        )
     ref_choice = Choice(
-        "reference", "", Kernel(task.payload), reference.eager_us, reference.latency_us,
+        "reference",
+        "",
+        Kernel(task.payload),
+        reference.eager_us,
+        reference.latency_us,
         reference.verdict,
     )
     if policy == "reference":
@@ -135,22 +158,31 @@ def choose(task: Task, target: Target, store: ExperienceStore, policy: str) -> C
         return Choice(
             "eager",
             f"eager is fastest ({_fmt(reference.eager_us)} µs vs reference {_fmt(reference.latency_us)} µs)",
-            eager_us=reference.eager_us, kernel_us=reference.latency_us, verdict=reference.verdict,
+            eager_us=reference.eager_us,
+            kernel_us=reference.latency_us,
+            verdict=reference.verdict,
         )
     if best.source == SOURCE_AGENT and best.artifact:
         text = store.get_artifact(best.artifact)
         if text is not None:
             return Choice(
-                "agent", f"fastest verified agent kernel ({best.speedup_vs_eager or 0:.2f}x eager)",
-                Kernel(text), best.eager_us, best.latency_us, reference.verdict,
+                "agent",
+                f"fastest verified agent kernel ({best.speedup_vs_eager or 0:.2f}x eager)",
+                Kernel(text),
+                best.eager_us,
+                best.latency_us,
+                reference.verdict,
             )
         log.warning("the best kernel of %s has lost its artifact; using the next best", task.label)
-    ref_choice.reason = (
-        f"reference is fastest ({_fmt(reference.latency_us)} µs vs eager {_fmt(reference.eager_us)} µs)"
-    )
+    ref_choice.reason = f"reference is fastest ({_fmt(reference.latency_us)} µs vs eager {_fmt(reference.eager_us)} µs)"
     if (reference.speedup_vs_eager or 0) < 1.0:
-        return Choice("eager", "eager is fastest", eager_us=reference.eager_us,
-                      kernel_us=reference.latency_us, verdict=reference.verdict)
+        return Choice(
+            "eager",
+            "eager is fastest",
+            eager_us=reference.eager_us,
+            kernel_us=reference.latency_us,
+            verdict=reference.verdict,
+        )
     return ref_choice
 
 

@@ -21,7 +21,10 @@ PAYLOAD = "main"
 
 def find_func(module: ir.Operation, name: str) -> ir.Operation | None:
     for op in module.regions[0].blocks[0].operations:
-        if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
+        if (
+            op.operation.name == "func.func"
+            and ir.StringAttr(op.attributes["sym_name"]).value == name
+        ):
             return op.operation
     return None
 

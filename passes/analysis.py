@@ -24,10 +24,18 @@ CLEANUP = (
     "cse",
 )
 CONTRACTIONS = {
-    "linalg.matmul", "linalg.batch_matmul", "linalg.matmul_transpose_a",
-    "linalg.matmul_transpose_b", "linalg.batch_matmul_transpose_a",
-    "linalg.batch_matmul_transpose_b", "linalg.batch_reduce_matmul", "linalg.contract",
-    "linalg.mmt4d", "linalg.batch_mmt4d", "linalg.vecmat", "linalg.matvec",
+    "linalg.matmul",
+    "linalg.batch_matmul",
+    "linalg.matmul_transpose_a",
+    "linalg.matmul_transpose_b",
+    "linalg.batch_matmul_transpose_a",
+    "linalg.batch_matmul_transpose_b",
+    "linalg.batch_reduce_matmul",
+    "linalg.contract",
+    "linalg.mmt4d",
+    "linalg.batch_mmt4d",
+    "linalg.vecmat",
+    "linalg.matvec",
 }
 
 
@@ -80,8 +88,11 @@ def _main(module: ir.Module) -> ir.Operation:
 
 
 def _linalg_ops(func: ir.Operation) -> list[ir.Operation]:
-    return [op.operation for op in func.regions[0].blocks[0].operations
-            if op.operation.name.startswith("linalg.")]
+    return [
+        op.operation
+        for op in func.regions[0].blocks[0].operations
+        if op.operation.name.startswith("linalg.")
+    ]
 
 
 def prepare_payload(text: str, *, approximate_math: bool = False) -> str:
@@ -140,12 +151,17 @@ def analyze(text: str) -> PayloadInfo:
 
     func.walk(collect)
     with context:
-        PassManager.parse("builtin.module(func.func(linalg-generalize-named-ops))").run(module.operation)
+        PassManager.parse("builtin.module(func.func(linalg-generalize-named-ops))").run(
+            module.operation
+        )
     info = PayloadInfo(math=math_ops)
     for index, op in enumerate(_linalg_ops(_main(module))):
         iterators, ranges = _loops(op)
-        info.ops.append(OpInfo(index, names[index], iterators, ranges, init_producers[index],
-                               index == root_index))
+        info.ops.append(
+            OpInfo(
+                index, names[index], iterators, ranges, init_producers[index], index == root_index
+            )
+        )
         if op.results:
             element = op.results[0].type.element_type
             info.element_type = str(element)
@@ -160,7 +176,7 @@ def _owner(value: ir.Value) -> ir.Operation | None:
 
 
 def _init_producers(op: ir.Operation, ops: list[ir.Operation]) -> list[int]:
-    inits = op.operands[len(op.operands) - len(op.results):]
+    inits = op.operands[len(op.operands) - len(op.results) :]
     found = []
     for value in inits:
         owner = _owner(value)
@@ -191,7 +207,9 @@ def _root_index(func: ir.Operation) -> int:
 def _loops(op: ir.Operation) -> tuple[list[str], list[int]]:
     if "iterator_types" not in op.attributes:
         return [], []
-    iterators = [str(a).split("<")[-1].rstrip(">") for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+    iterators = [
+        str(a).split("<")[-1].rstrip(">") for a in ir.ArrayAttr(op.attributes["iterator_types"])
+    ]
     maps = [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
     ranges = [0] * len(iterators)
     for operand, amap in zip(op.operands, maps):

@@ -24,8 +24,14 @@ from kope.passes.base import ModulePass
 _LOG2E = 1.44269504088896341
 _LN2_HI = 0.693359375
 _LN2_LO = -2.12194440e-4
-_EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
-             1.6666665459e-1, 5.0000001201e-1)
+_EXP_POLY = (
+    1.9875691500e-4,
+    1.3981999507e-3,
+    8.3334519073e-3,
+    4.1665795894e-2,
+    1.6666665459e-1,
+    5.0000001201e-1,
+)
 _EXP_MAX = 88.72283905206835  # above: +Inf
 _EXP_MIN = -87.33654475055310  # below: 0 (results would be subnormal)
 _ERF_P = 0.3275911
@@ -52,7 +58,9 @@ class _Builder:
 
     def int_const(self, value: int) -> ir.Value:
         if isinstance(self.type, ir.VectorType):
-            attr = ir.DenseElementsAttr.get_splat(self.int_type, ir.IntegerAttr.get(self.i32, value))
+            attr = ir.DenseElementsAttr.get_splat(
+                self.int_type, ir.IntegerAttr.get(self.i32, value)
+            )
             return arith.constant(self.int_type, attr)
         return arith.constant(self.i32, value)
 
@@ -71,7 +79,9 @@ class _Builder:
             acc = self.fma(acc, x, self.const(c))
         return acc
 
-    def select(self, predicate: str, a: ir.Value, b: ir.Value, yes: ir.Value, no: ir.Value) -> ir.Value:
+    def select(
+        self, predicate: str, a: ir.Value, b: ir.Value, yes: ir.Value, no: ir.Value
+    ) -> ir.Value:
         cond = arith.cmpf(getattr(arith.CmpFPredicate, predicate), a, b)
         return arith.select(cond, yes, no)
 

@@ -38,8 +38,16 @@ log = logging.getLogger("kope.targets.cpu")
 
 KERNEL_THREADS = 1
 _MLIR_ELEMENT = {
-    "float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16",
-    "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "i8", "bool": "i1",
+    "float64": "f64",
+    "float32": "f32",
+    "float16": "f16",
+    "bfloat16": "bf16",
+    "int64": "i64",
+    "int32": "i32",
+    "int16": "i16",
+    "int8": "i8",
+    "uint8": "i8",
+    "bool": "i1",
 }
 
 
@@ -50,8 +58,22 @@ class BuildError(Exception):
 # What a kernel may be written in. Anything else (llvm, gpu, omp, ...) could reach outside the
 # kernel (inline assembly, calls into libc), so it is refused before any pass runs.
 KERNEL_DIALECTS = {
-    "builtin", "func", "arith", "math", "linalg", "tensor", "memref", "scf", "vector",
-    "bufferization", "affine", "transform", "ub", "index", "complex", "cf",
+    "builtin",
+    "func",
+    "arith",
+    "math",
+    "linalg",
+    "tensor",
+    "memref",
+    "scf",
+    "vector",
+    "bufferization",
+    "affine",
+    "transform",
+    "ub",
+    "index",
+    "complex",
+    "cf",
 }
 
 
@@ -98,7 +120,9 @@ def lower_kernel(task: TaskSpec, kernel: Kernel) -> ir.Module:
     except ir.MLIRError as err:
         from kope.passes.pipeline import format_diagnostics
 
-        raise BuildError("kernel does not parse:\n" + "\n".join(format_diagnostics(err, "kernel.mlir"))) from None
+        raise BuildError(
+            "kernel does not parse:\n" + "\n".join(format_diagnostics(err, "kernel.mlir"))
+        ) from None
     refused = screen_kernel(module)
     if refused:
         raise BuildError(f"kernel refused: it contains {refused}")
@@ -199,8 +223,14 @@ def _verify(job: EvalJob, kernel: JitKernel, oracle_kernel: JitKernel | None) ->
             expected = _oracle_outputs(task, oracle_kernel, inputs)
         except Exception as err:  # the oracle itself rejects these inputs
             if trial.kind == "random":
-                return Evaluation(RUNTIME_ERROR, error=f"the oracle ({oracle_name}) failed on random inputs: {err}", oracle=oracle_name)
-            notes.append(f"{trial.kind} trial skipped: the oracle rejects it ({str(err).splitlines()[0][:120]})")
+                return Evaluation(
+                    RUNTIME_ERROR,
+                    error=f"the oracle ({oracle_name}) failed on random inputs: {err}",
+                    oracle=oracle_name,
+                )
+            notes.append(
+                f"{trial.kind} trial skipped: the oracle rejects it ({str(err).splitlines()[0][:120]})"
+            )
             continue
         pristine = [t.clone() for t in inputs]
         outputs = verify.GuardedOutputs(task.outputs)
@@ -208,18 +238,32 @@ def _verify(job: EvalJob, kernel: JitKernel, oracle_kernel: JitKernel | None) ->
         trials += 1
         damage = outputs.check() or verify.inputs_unchanged(pristine, inputs)
         if damage:
-            return Evaluation(RUNTIME_ERROR, error=f"{trial.kind} trial: {damage}", oracle=oracle_name, trials=trials)
+            return Evaluation(
+                RUNTIME_ERROR,
+                error=f"{trial.kind} trial: {damage}",
+                oracle=oracle_name,
+                trials=trials,
+            )
         for index, (got, want) in enumerate(zip(outputs.views, expected)):
             cmp = verify.compare(got, want, index)
             max_abs, max_rel = max(max_abs, cmp.max_abs_err), max(max_rel, cmp.max_rel_err)
             if not cmp.ok:
                 return Evaluation(
-                    MISMATCH, error=f"{trial.kind} trial (seed {trial.seed}): {cmp.message}",
-                    max_abs_err=cmp.max_abs_err, max_rel_err=cmp.max_rel_err,
-                    oracle=oracle_name, trials=trials,
+                    MISMATCH,
+                    error=f"{trial.kind} trial (seed {trial.seed}): {cmp.message}",
+                    max_abs_err=cmp.max_abs_err,
+                    max_rel_err=cmp.max_rel_err,
+                    oracle=oracle_name,
+                    trials=trials,
                 )
-    return Evaluation(VERIFIED, max_abs_err=max_abs, max_rel_err=max_rel,
-                      oracle=oracle_name, trials=trials, notes=notes)
+    return Evaluation(
+        VERIFIED,
+        max_abs_err=max_abs,
+        max_rel_err=max_rel,
+        oracle=oracle_name,
+        trials=trials,
+        notes=notes,
+    )
 
 
 def _oracle_outputs(
@@ -292,7 +336,9 @@ class CpuTarget(Target):
             verdict = COMPILE_ERROR
         else:
             verdict = RUNTIME_ERROR
-        what = {"crash": "crashed", "timeout": "timed out", "error": "raised"}[outcome.failure or "error"]
+        what = {"crash": "crashed", "timeout": "timed out", "error": "raised"}[
+            outcome.failure or "error"
+        ]
         return Evaluation(
             verdict,
             error=f"the worker {what} during {outcome.phase}: {outcome.detail}",

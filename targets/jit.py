@@ -123,8 +123,14 @@ class JitKernel:
         version counter (bumped by every in-place write) are the same; the view is kept alive
         with it, so no other tensor can take its storage's address meanwhile.
         """
-        key = (view.untyped_storage().data_ptr(), view.storage_offset(), tuple(view.shape),
-               view.stride(), view.dtype, view._version)
+        key = (
+            view.untyped_storage().data_ptr(),
+            view.storage_offset(),
+            tuple(view.shape),
+            view.stride(),
+            view.dtype,
+            view._version,
+        )
         cached = self._packed_inputs.get(index)
         if cached is not None and cached[0] == key:
             return cached[2]

@@ -114,7 +114,11 @@ class GuardedOutputs:
             else:
                 body.fill_(_INT_POISON)
             self.buffers.append(buf)
-            view = body.view(dtype).view(spec.shape) if nbytes else torch.empty(spec.shape, dtype=dtype)
+            view = (
+                body.view(dtype).view(spec.shape)
+                if nbytes
+                else torch.empty(spec.shape, dtype=dtype)
+            )
             self.views.append(view)
 
     def check(self) -> str | None:
@@ -152,7 +156,12 @@ class Comparison:
 def compare(got: torch.Tensor, want: torch.Tensor, index: int = 0) -> Comparison:
     """Compare one output with its dtype's tolerance; NaN and ±Inf must match exactly."""
     if tuple(got.shape) != tuple(want.shape):
-        return Comparison(False, math.inf, math.inf, f"output {index}: shape {tuple(got.shape)} != {tuple(want.shape)}")
+        return Comparison(
+            False,
+            math.inf,
+            math.inf,
+            f"output {index}: shape {tuple(got.shape)} != {tuple(want.shape)}",
+        )
     if got.numel() == 0:
         return Comparison(True, 0.0, 0.0)
     if not got.dtype.is_floating_point:
@@ -160,7 +169,9 @@ def compare(got: torch.Tensor, want: torch.Tensor, index: int = 0) -> Comparison
         if diff.any():
             where = _first(diff)
             return Comparison(
-                False, math.inf, math.inf,
+                False,
+                math.inf,
+                math.inf,
                 f"output {index}: {int(diff.sum())} of {got.numel()} elements differ, first at "
                 f"{list(where)}: got {got[where].item()}, expected {want[where].item()}",
             )
@@ -182,7 +193,9 @@ def compare(got: torch.Tensor, want: torch.Tensor, index: int = 0) -> Comparison
     if bad.any():
         where = _first(bad)
         return Comparison(
-            False, max_abs, max_rel,
+            False,
+            max_abs,
+            max_rel,
             f"output {index}: {int(bad.sum())} of {got.numel()} elements outside "
             f"rtol={rtol:g} atol={atol:g}*{scale:.3g}, first at {list(where)}: "
             f"got {g[where].item():.7g}, expected {w[where].item():.7g}",

@@ -166,7 +166,9 @@ class Worker:
                     return Outcome(failure="error", detail=value, phase=phase)
         except TimeoutError:
             self.kill()
-            return Outcome(failure="timeout", detail=f"no answer within {timeout_s:g} s", phase=phase)
+            return Outcome(
+                failure="timeout", detail=f"no answer within {timeout_s:g} s", phase=phase
+            )
         except (EOFError, BrokenPipeError, OSError):
             return Outcome(failure="crash", detail=self._death_note(), phase=phase)
 
@@ -243,8 +245,12 @@ class WorkerPool:
         finally:
             self._release(worker)
         if outcome.failure in ("crash", "timeout"):
-            log.warning("worker %s during %s: %s", outcome.failure, outcome.phase,
-                        outcome.detail.splitlines()[0] if outcome.detail else "")
+            log.warning(
+                "worker %s during %s: %s",
+                outcome.failure,
+                outcome.phase,
+                outcome.detail.splitlines()[0] if outcome.detail else "",
+            )
         return outcome
 
     def _acquire(self) -> Worker:

@@ -9,7 +9,15 @@ from importlib import import_module
 from importlib.metadata import entry_points
 from typing import Any
 
-from kope.agents.base import Agent, Experience, Feedback, Proposal, ProposalRequest, Rejected, TaskView
+from kope.agents.base import (
+    Agent,
+    Experience,
+    Feedback,
+    Proposal,
+    ProposalRequest,
+    Rejected,
+    TaskView,
+)
 
 _BUILTIN = {
     "heuristic": "kope.agents.heuristic:HeuristicAgent",
@@ -42,6 +50,14 @@ def make_agent(name: str, **config: Any) -> Agent:
 
 
 __all__ = [
-    "Agent", "Experience", "Feedback", "Proposal", "ProposalRequest", "Rejected", "TaskView",
-    "agent_class", "agent_names", "make_agent",
+    "Agent",
+    "Experience",
+    "Feedback",
+    "Proposal",
+    "ProposalRequest",
+    "Rejected",
+    "TaskView",
+    "agent_class",
+    "agent_names",
+    "make_agent",
 ]

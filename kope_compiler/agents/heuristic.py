@@ -65,7 +65,14 @@ def candidate_space(info: PayloadInfo, capabilities: dict[str, Any]) -> list[tup
     big = _work(info) >= BIG_WORK
     found: list[tuple[Config, float]] = []
     if info.kind == "contraction":
-        registers = [(8, 2 * lanes), (4, 2 * lanes), (6, 2 * lanes), (8, lanes), (4, 4 * lanes), (16, lanes)]
+        registers = [
+            (8, 2 * lanes),
+            (4, 2 * lanes),
+            (6, 2 * lanes),
+            (8, lanes),
+            (4, 4 * lanes),
+            (16, lanes),
+        ]
         caches = [(64, 128, 256), (32, 256, 128), (128, 128, 64), (64, 64, 64), (256, 64, 128)]
         for t, (mr, nr), cache in itertools.product(threads, registers, caches):
             score = 0.0
@@ -74,8 +81,17 @@ def candidate_space(info: PayloadInfo, capabilities: dict[str, Any]) -> list[tup
             score += 0.5 if cache == (64, 128, 256) else 0.0
             # Tiles are recorded as chosen, not clipped to this shape, so that a configuration
             # means the same on every operator it is transferred to (render clips).
-            found.append(({"family": "contraction", "threads": t, "cache": list(cache),
-                           "register": [mr, nr, 1]}, score))
+            found.append(
+                (
+                    {
+                        "family": "contraction",
+                        "threads": t,
+                        "cache": list(cache),
+                        "register": [mr, nr, 1],
+                    },
+                    score,
+                )
+            )
     elif info.kind == "convolution" and info.find(CONVOLUTIONS):
         conv = info.find(CONVOLUTIONS)
         assert conv is not None
@@ -87,12 +103,15 @@ def candidate_space(info: PayloadInfo, capabilities: dict[str, Any]) -> list[tup
                 continue
             score = (2.0 if (t > 1) == big else 0.0) + (1.0 if f == 16 else 0.0)
             score += 0.5 if columns % ow == 0 else 0.0
-            found.append(({"family": "conv", "threads": t, "channels": f, "columns": ow,
-                           "inputs": c}, score))
+            found.append(
+                ({"family": "conv", "threads": t, "channels": f, "columns": ow, "inputs": c}, score)
+            )
     elif info.kind in ("reduction", "elementwise"):
         approximate = [True, False] if info.math & APPROXIMABLE else [False]
         row_options = [1, 4, 8] if info.kind == "reduction" else [1, 4]
-        for t, rows, vector, approx in itertools.product(threads, row_options, [4 * lanes, 2 * lanes, lanes], approximate):
+        for t, rows, vector, approx in itertools.product(
+            threads, row_options, [4 * lanes, 2 * lanes, lanes], approximate
+        ):
             score = 0.0
             score += 2.0 if (t > 1) == big else 0.0
             score += 1.5 if approx else 0.0
@@ -110,8 +129,11 @@ def candidate_space(info: PayloadInfo, capabilities: dict[str, Any]) -> list[tup
 
 def decisions(config: Config) -> list[tuple[str, str]]:
     """The decision values of a configuration, e.g. ("threads", "2")."""
-    return [(k, config_key(v) if isinstance(v, list) else str(v)) for k, v in sorted(config.items())
-            if k != "family"]
+    return [
+        (k, config_key(v) if isinstance(v, list) else str(v))
+        for k, v in sorted(config.items())
+        if k != "family"
+    ]
 
 
 # -- memory ------------------------------------------------------------------------------------
@@ -171,7 +193,9 @@ def learn(experience: Iterable[Experience], family: str) -> MemoryAdvice:
                 entry[1] += weight
         for decision, (weighted, weights) in sums.items():
             confidence = weights / (weights + 1.0)
-            value[decision] = value.get(decision, 0.0) + VALUE_SCALE * confidence * weighted / weights
+            value[decision] = (
+                value.get(decision, 0.0) + VALUE_SCALE * confidence * weighted / weights
+            )
     return MemoryAdvice(value, banned, bonus)
 
 
@@ -192,7 +216,9 @@ class HeuristicAgent(Agent):
     def _payload(self, request: ProposalRequest, approximate: bool) -> str:
         key = (request.task.key, approximate)
         if key not in self._prepared:
-            self._prepared[key] = prepare_payload(request.task.payload, approximate_math=approximate)
+            self._prepared[key] = prepare_payload(
+                request.task.payload, approximate_math=approximate
+            )
         return self._prepared[key]
 
     def propose(self, request: ProposalRequest) -> Proposal | None:
@@ -211,13 +237,21 @@ class HeuristicAgent(Agent):
             key = config_key(config)
             if key in tried or key in advice.banned:
                 continue
-            score = self.prior_weight * prior + sum(advice.value.get(d, 0.0) for d in decisions(config))
+            score = self.prior_weight * prior + sum(
+                advice.value.get(d, 0.0) for d in decisions(config)
+            )
             score += advice.bonus.get(key, (0.0, ""))[0]
             scored.append((score + rng.uniform(0.0, self.jitter), config))
         for key, (_, attempt) in advice.bonus.items():  # proven configurations off this grid
             config = json.loads(key)
-            if key not in tried and key not in advice.banned and all(config_key(c) != key for _, c in scored):
-                score = sum(advice.value.get(d, 0.0) for d in decisions(config)) + advice.bonus[key][0]
+            if (
+                key not in tried
+                and key not in advice.banned
+                and all(config_key(c) != key for _, c in scored)
+            ):
+                score = (
+                    sum(advice.value.get(d, 0.0) for d in decisions(config)) + advice.bonus[key][0]
+                )
                 scored.append((score + rng.uniform(0.0, self.jitter), config))
         choice, parent = self._choose(scored, request)
         transferred = advice.bonus.get(config_key(choice), (0.0, None))[1] if choice else None
@@ -226,8 +260,13 @@ class HeuristicAgent(Agent):
         payload = self._payload(request, bool(choice.get("approximate_math")))
         source = attach(payload, render(analyze(payload), choice))
         why = self._why(choice, parent, transferred, request)
-        return Proposal(source=source, decision=f"{describe(choice)} ({why})", config=choice,
-                        parent=parent, transferred_from=transferred)
+        return Proposal(
+            source=source,
+            decision=f"{describe(choice)} ({why})",
+            config=choice,
+            parent=parent,
+            transferred_from=transferred,
+        )
 
     def _choose(
         self, scored: list[tuple[float, Config]], request: ProposalRequest
@@ -254,15 +293,20 @@ class HeuristicAgent(Agent):
         return scored[0][1], None
 
     @staticmethod
-    def _why(config: Config, parent: str | None, transferred: str | None, request: ProposalRequest) -> str:
+    def _why(
+        config: Config, parent: str | None, transferred: str | None, request: ProposalRequest
+    ) -> str:
         if transferred:
             source = next((e for e in request.experience if e.attempt_id == transferred), None)
             where = source.task_label if source else "a similar operator"
             return f"best schedule of {where}"
         if parent:
             best = next((f for f in request.history if f.attempt_id == parent), None)
-            changed = [k for k, _ in decisions(config)
-                       if best and best.config and config.get(k) != best.config.get(k)]
+            changed = [
+                k
+                for k, _ in decisions(config)
+                if best and best.config and config.get(k) != best.config.get(k)
+            ]
             return f"changes {', '.join(changed) or 'nothing'} of the best so far"
         return "highest prior" if not request.history else "exploring"
 

@@ -87,19 +87,25 @@ class LLMAgent(Agent):
         self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
         self.model = model or os.environ.get("KOPE_LLM_MODEL") or ""
         if not self.model:
-            raise KopeError("the llm agent needs a model name: set KOPE_LLM_MODEL (or pass --llm-model)")
+            raise KopeError(
+                "the llm agent needs a model name: set KOPE_LLM_MODEL (or pass --llm-model)"
+            )
         key = api_key or os.environ.get("OPENAI_API_KEY") or "unset"
         self.temperature = temperature
         self.seed = seed
         self._openai = openai
-        self._client = openai.OpenAI(base_url=self.base_url, api_key=key, timeout=timeout_s,
-                                     max_retries=max_retries)
+        self._client = openai.OpenAI(
+            base_url=self.base_url, api_key=key, timeout=timeout_s, max_retries=max_retries
+        )
 
     def propose(self, request: ProposalRequest) -> Proposal | Rejected | None:
         messages = self.messages(request)
         try:
             response = self._client.chat.completions.create(
-                model=self.model, messages=messages, temperature=self.temperature, seed=self.seed,
+                model=self.model,
+                messages=messages,
+                temperature=self.temperature,
+                seed=self.seed,
             )
         except self._openai.APIConnectionError as err:
             if isinstance(err, self._openai.APITimeoutError):
@@ -113,11 +119,13 @@ class LLMAgent(Agent):
                 f"the LLM endpoint at {self.base_url} rejected the API key: set OPENAI_API_KEY"
             ) from None
         except self._openai.APIStatusError as err:
-            return Rejected(f"the endpoint answered HTTP {err.status_code} after retries",
-                            model=self.model)
+            return Rejected(
+                f"the endpoint answered HTTP {err.status_code} after retries", model=self.model
+            )
         except (self._openai.APIError, ValueError) as err:  # ValueError: a body that is not JSON
-            return Rejected(f"the endpoint's answer was malformed: {type(err).__name__}",
-                            model=self.model)
+            return Rejected(
+                f"the endpoint's answer was malformed: {type(err).__name__}", model=self.model
+            )
         usage = getattr(response, "usage", None)
         tokens_in = getattr(usage, "prompt_tokens", 0) or 0
         tokens_out = getattr(usage, "completion_tokens", 0) or 0
@@ -127,8 +135,12 @@ class LLMAgent(Agent):
         kernel, decision = extract_kernel(content)
         meta = dict(model=self.model, tokens_in=tokens_in, tokens_out=tokens_out)
         if kernel is None:
-            return Rejected("the answer holds no kernel (no ```mlir block)", decision=decision, **meta)
-        python_like = "@triton.jit" in kernel or kernel.lstrip().startswith(("import", "from", "def"))
+            return Rejected(
+                "the answer holds no kernel (no ```mlir block)", decision=decision, **meta
+            )
+        python_like = "@triton.jit" in kernel or kernel.lstrip().startswith(
+            ("import", "from", "def")
+        )
         if python_like:
             refused = screen_python(kernel)
             reason = refused or f"the {request.task.target} target takes MLIR kernels, not Python"
@@ -137,28 +149,39 @@ class LLMAgent(Agent):
         if refused:
             return Rejected(refused, decision=decision, **meta)
         parent = request.history[-1].attempt_id if request.history else None
-        return Proposal(source=kernel, decision=decision or "rewritten by the model",
-                        parent=parent, **meta)
+        return Proposal(
+            source=kernel, decision=decision or "rewritten by the model", parent=parent, **meta
+        )
 
     def messages(self, request: ProposalRequest) -> list[dict[str, str]]:
         task = request.task
-        capabilities = ", ".join(f"{k}={v}" for k, v in sorted(task.capabilities.items())
-                                 if k != "kernel_form")
+        capabilities = ", ".join(
+            f"{k}={v}" for k, v in sorted(task.capabilities.items()) if k != "kernel_form"
+        )
         system = SYSTEM_PROMPT.format(target=task.target, capabilities=capabilities)
         parts = [
             f"Operator: {task.label}",
-            "Inputs: " + ", ".join(str(s) for s in task.inputs)
-            + "; outputs: " + ", ".join(str(s) for s in task.outputs),
+            "Inputs: "
+            + ", ".join(str(s) for s in task.inputs)
+            + "; outputs: "
+            + ", ".join(str(s) for s in task.outputs),
             "Reference lowering:\n```mlir\n" + task.payload.strip() + "\n```",
         ]
         if request.context:
-            parts.append("What KOPE learned from related operators (most relevant first):\n"
-                         + request.context)
+            parts.append(
+                "What KOPE learned from related operators (most relevant first):\n"
+                + request.context
+            )
         if request.history:
-            parts.append("Your previous attempts on this operator:\n"
-                         + "\n".join(_feedback_line(f) for f in request.history[-4:]))
+            parts.append(
+                "Your previous attempts on this operator:\n"
+                + "\n".join(_feedback_line(f) for f in request.history[-4:])
+            )
         parts.append(f"Attempts left: {request.attempts_left}. Propose your next kernel.")
-        return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}]
+        return [
+            {"role": "system", "content": system},
+            {"role": "user", "content": "\n\n".join(parts)},
+        ]
 
     def close(self) -> None:
         self._client.close()

@@ -46,8 +46,10 @@ def describe(config: Config) -> str:
     elif family == "rows":
         parts.append(f"{config['rows']} rows/step, vectors of {config['vector']}")
     elif family == "conv":
-        parts.append(f"tiles {config['channels']} out-channels x {config['columns']} columns "
-                     f"x {config['inputs']} in-channels, 1-D decomposition")
+        parts.append(
+            f"tiles {config['channels']} out-channels x {config['columns']} columns "
+            f"x {config['inputs']} in-channels, 1-D decomposition"
+        )
     if config.get("approximate_math"):
         parts.append("polynomial math")
     return ", ".join(parts)
@@ -69,14 +71,18 @@ class Script:
 
     def match_op(self, index: int) -> str:
         handle = self.fresh("op")
-        self.emit(f"{handle} = transform.structured.match attributes{{kope.op = {index} : i64}} "
-                  "in %root : (!transform.any_op) -> !transform.any_op")
+        self.emit(
+            f"{handle} = transform.structured.match attributes{{kope.op = {index} : i64}} "
+            "in %root : (!transform.any_op) -> !transform.any_op"
+        )
         return handle
 
     def tile_forall(self, handle: str, sizes: list[int]) -> tuple[str, str]:
         tiled, loop = self.fresh("t"), self.fresh("forall")
-        self.emit(f"{tiled}, {loop} = transform.structured.tile_using_forall {handle} tile_sizes "
-                  f"{_list(sizes)} : (!transform.any_op) -> (!transform.any_op, !transform.any_op)")
+        self.emit(
+            f"{tiled}, {loop} = transform.structured.tile_using_forall {handle} tile_sizes "
+            f"{_list(sizes)} : (!transform.any_op) -> (!transform.any_op, !transform.any_op)"
+        )
         return tiled, loop
 
     def tile_for(self, handle: str, sizes: list[int]) -> tuple[str, list[str]]:
@@ -85,27 +91,37 @@ class Script:
         names = [self.fresh("loop") for _ in range(loops)]
         results = ", ".join([tiled, *names])
         types = ", ".join(["!transform.any_op"] * (loops + 1))
-        self.emit(f"{results} = transform.structured.tile_using_for {handle} tile_sizes "
-                  f"{_list(sizes)} : (!transform.any_op) -> ({types})")
+        self.emit(
+            f"{results} = transform.structured.tile_using_for {handle} tile_sizes "
+            f"{_list(sizes)} : (!transform.any_op) -> ({types})"
+        )
         return tiled, names
 
     def fuse_into(self, handle: str, loop: str) -> tuple[str, str]:
         fused, new_loop = self.fresh("fused"), self.fresh("in")
-        self.emit(f"{fused}, {new_loop} = transform.structured.fuse_into_containing_op {handle} "
-                  f"into {loop} : (!transform.any_op, !transform.any_op) -> "
-                  "(!transform.any_op, !transform.any_op)")
+        self.emit(
+            f"{fused}, {new_loop} = transform.structured.fuse_into_containing_op {handle} "
+            f"into {loop} : (!transform.any_op, !transform.any_op) -> "
+            "(!transform.any_op, !transform.any_op)"
+        )
         return fused, new_loop
 
     def vectorize(self, handle: str, sizes: list[int]) -> None:
-        self.emit(f"transform.structured.vectorize {handle} vector_sizes {_list(sizes)} "
-                  ": !transform.any_op")
+        self.emit(
+            f"transform.structured.vectorize {handle} vector_sizes {_list(sizes)} "
+            ": !transform.any_op"
+        )
 
     def vectorize_function(self, contraction_lowering: str | None = None) -> None:
         func, vec = self.fresh("func"), self.fresh("vec")
-        self.emit(f'{func} = transform.structured.match ops{{["func.func"]}} in %root '
-                  ": (!transform.any_op) -> !transform.any_op")
-        self.emit(f"{vec} = transform.structured.vectorize_children_and_apply_patterns {func} "
-                  ": (!transform.any_op) -> !transform.any_op")
+        self.emit(
+            f'{func} = transform.structured.match ops{{["func.func"]}} in %root '
+            ": (!transform.any_op) -> !transform.any_op"
+        )
+        self.emit(
+            f"{vec} = transform.structured.vectorize_children_and_apply_patterns {func} "
+            ": (!transform.any_op) -> !transform.any_op"
+        )
         patterns = [
             "transform.apply_patterns.vector.lower_masked_transfers",
             "transform.apply_patterns.vector.transfer_permutation_patterns",
@@ -115,23 +131,35 @@ class Script:
             "transform.apply_patterns.canonicalization",
         ]
         if contraction_lowering:
-            patterns.insert(0, "transform.apply_patterns.vector.lower_contraction "
-                               f'lowering_strategy = "{contraction_lowering}"')
-        self.emit(f"transform.apply_patterns to {vec} {{\n    " + "\n    ".join(patterns)
-                  + "\n  } : !transform.any_op")
+            patterns.insert(
+                0,
+                "transform.apply_patterns.vector.lower_contraction "
+                f'lowering_strategy = "{contraction_lowering}"',
+            )
+        self.emit(
+            f"transform.apply_patterns to {vec} {{\n    "
+            + "\n    ".join(patterns)
+            + "\n  } : !transform.any_op"
+        )
         loops = self.fresh("loops")
-        self.emit(f'{loops} = transform.structured.match ops{{["scf.for"]}} in %root '
-                  ": (!transform.any_op) -> !transform.any_op")
-        self.emit(f"transform.foreach {loops} : !transform.any_op {{\n"
-                  "  ^bb0(%l: !transform.any_op):\n"
-                  "    transform.apply_licm to %l : !transform.any_op\n"
-                  "    transform.loop.hoist_loop_invariant_subsets %l : !transform.any_op\n"
-                  "  }")
+        self.emit(
+            f'{loops} = transform.structured.match ops{{["scf.for"]}} in %root '
+            ": (!transform.any_op) -> !transform.any_op"
+        )
+        self.emit(
+            f"transform.foreach {loops} : !transform.any_op {{\n"
+            "  ^bb0(%l: !transform.any_op):\n"
+            "    transform.apply_licm to %l : !transform.any_op\n"
+            "    transform.loop.hoist_loop_invariant_subsets %l : !transform.any_op\n"
+            "  }"
+        )
 
     def text(self) -> str:
         body = "\n  ".join(self.lines)
-        return ("transform.named_sequence @__transform_main(%root: !transform.any_op "
-                "{transform.readonly}) {\n  " + body + "\n  transform.yield\n}\n")
+        return (
+            "transform.named_sequence @__transform_main(%root: !transform.any_op "
+            "{transform.readonly}) {\n  " + body + "\n  transform.yield\n}\n"
+        )
 
 
 def _list(values: list[int]) -> str:
@@ -146,8 +174,14 @@ def attach(payload: str, script: str) -> str:
     if header != "module":
         raise ValueError(f"unexpected module header {header!r}")
     closing = payload.rindex("}")
-    return (payload[:start] + "module attributes {transform.with_named_sequence} {"
-            + payload[brace + 1 : closing] + script + "}\n" + payload[closing + 1 :])
+    return (
+        payload[:start]
+        + "module attributes {transform.with_named_sequence} {"
+        + payload[brace + 1 : closing]
+        + script
+        + "}\n"
+        + payload[closing + 1 :]
+    )
 
 
 # -- families -----------------------------------------------------------------------------------
@@ -210,10 +244,12 @@ def _contraction(info: PayloadInfo, config: Config) -> str:
         zeros = ", ".join(["0.0 : f32"] * 3)
         dims = "[1, 2, 3]" if batch else "[0, 1, 2]"
         multiples = ([1] if batch else []) + [rows_multiple, nr, 1]
-        s.emit(f"{padded}, {s.fresh('pad')}, {s.fresh('copy')} = transform.structured.pad "
-               f"{handles[contraction.index]} pad_to_multiple_of {_list(multiples)} "
-               f"{{padding_dimensions = {dims}, padding_values = [{zeros}]}} : "
-               "(!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)")
+        s.emit(
+            f"{padded}, {s.fresh('pad')}, {s.fresh('copy')} = transform.structured.pad "
+            f"{handles[contraction.index]} pad_to_multiple_of {_list(multiples)} "
+            f"{{padding_dimensions = {dims}, padding_values = [{zeros}]}} : "
+            "(!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)"
+        )
         handles[contraction.index] = padded
         m, n = _ceil_to(m, rows_multiple), _ceil_to(n, nr)
         contraction = replace(contraction, init_producers=[])  # the fill now feeds a pad
@@ -278,7 +314,9 @@ def _rows(info: PayloadInfo, config: Config) -> str:
     rows = config["rows"]
     vector = config["vector"]
     root_inits = set(root.init_producers)
-    movable = [op for op in reversed(info.ops) if op.index != root.index and op.index not in root_inits]
+    movable = [
+        op for op in reversed(info.ops) if op.index != root.index and op.index not in root_inits
+    ]
     root_handle = handles[root.index]
     if threads > 1 and root.ranges and root.ranges[0] > 1:
         sizes = [_chunk(root.ranges[0], threads)] + [0] * (rank - 1)
@@ -322,10 +360,14 @@ def _conv(info: PayloadInfo, config: Config) -> str:
             handles[index], loop = s.fuse_into(handles[index], loop)
     for index in conv.init_producers:
         s.tile_for(handles[index], [1, 1, 1, config["columns"]])
-    tiled, _ = s.tile_for(conv_handle, [1, config["channels"], 1, config["columns"], config["inputs"], 1, 0])
+    tiled, _ = s.tile_for(
+        conv_handle, [1, config["channels"], 1, config["columns"], config["inputs"], 1, 0]
+    )
     decomposed = s.fresh("conv1d")
-    s.emit(f"{decomposed} = transform.structured.decompose {tiled} "
-           ": (!transform.any_op) -> !transform.any_op")
+    s.emit(
+        f"{decomposed} = transform.structured.decompose {tiled} "
+        ": (!transform.any_op) -> !transform.any_op"
+    )
     s.vectorize_function("outerproduct")
     return s.text()
 

@@ -19,8 +19,21 @@ _MLIR_FORBIDDEN = [
 _DECLARATION = re.compile(r"func\.func\s+(?:private\s+)?@([\w$.]+)\s*\([^{}]*\)[^{}]*$", re.M)
 
 PYTHON_ALLOWED_IMPORTS = {"triton", "triton.language", "math", "torch"}
-_PYTHON_FORBIDDEN_NAMES = {"open", "exec", "eval", "compile", "__import__", "globals", "locals",
-                           "getattr", "setattr", "delattr", "breakpoint", "input", "vars"}
+_PYTHON_FORBIDDEN_NAMES = {
+    "open",
+    "exec",
+    "eval",
+    "compile",
+    "__import__",
+    "globals",
+    "locals",
+    "getattr",
+    "setattr",
+    "delattr",
+    "breakpoint",
+    "input",
+    "vars",
+}
 
 
 def screen_mlir(text: str) -> str | None:
