@@ -22,14 +22,11 @@ from typing import Any, Callable
 from kope.memory.schema import SOURCE_AGENT
 from kope.memory.store import ExperienceStore
 from kope.optimize import Budget
-from kope.precompile import precompile
+from kope.precompile import geomean, precompile
+from kope.report import speedup_text as _x
+from kope.report import table_lines
 from kope.suite import ELEMENTWISE, OPSET, SEQUENCE, Example
 from kope.targets.base import Target
-
-
-def geomean(values: list[float]) -> float | None:
-    values = [v for v in values if v and v > 0 and math.isfinite(v)]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
 def run_suite(
@@ -103,7 +100,7 @@ def format_suite(report: dict[str, Any]) -> str:
             )
         )
     s = report["summary"]
-    lines = _table(rows)
+    lines = table_lines(rows)
     lines += [
         f"pass rate {s['pass_rate']:.0%} of {s['operators']} operators; geomean speedup "
         f"{_x(s['geomean_speedup_vs_eager'])} vs eager, {_x(s['geomean_speedup_vs_reference'])} vs reference",
@@ -227,7 +224,7 @@ def format_ablation(result: dict[str, Any]) -> str:
                 f"{a['mean']:.2f} ± {a['stdev']:.2f}",
             )
         )
-    lines = _table(rows)
+    lines = table_lines(rows)
     prior = (
         "flat prior" if result.get("agent_config", {}).get("prior_weight") == 0 else "static prior"
     )
@@ -237,17 +234,6 @@ def format_ablation(result: dict[str, Any]) -> str:
         "(mean ± stdev over seeds; 'budget+1' counts an operator never reaching 90%)"
     )
     return "\n".join(lines)
-
-
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return lines
-
-
-def _x(value: float | None) -> str:
-    return f"{value:.2f}x" if value else "-"
 
 
 def _f(value: float | None) -> str:

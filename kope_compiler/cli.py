@@ -16,9 +16,8 @@ DEFAULT_MODEL = "transformer_block"
 
 
 def _compile_command(args: argparse.Namespace) -> int:
-    import torch
-
     import kope
+    import torch
     from kope.models import load_model
 
     model, inputs = load_model(args.model)
@@ -234,14 +233,15 @@ def _precompile_command(args: argparse.Namespace) -> int:
 
 def format_report(report: dict[str, Any]) -> str:
     """The report as a table: per operator winner, speedups and attempts; then the summary."""
+    from kope.report import speedup_text as _x
+    from kope.report import table_lines
+
     rows = [("operator", "winner", "vs eager", "vs reference", "attempts", "verdicts")]
     for op in report["operators"]:
         verdicts = " ".join(f"{k}:{v}" for k, v in op["verdicts"].items())
         rows.append((op["label"][:58], op["winner"], _x(op["speedup_vs_eager"]),
                      _x(op["speedup_vs_reference"]), str(op["attempts"]), verdicts))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = table_lines(rows)
     s = report["summary"]
     lines.append(
         f"{s['operators']} operators; pass rate {s['pass_rate']:.0%}; geomean speedup "
@@ -249,10 +249,6 @@ def format_report(report: dict[str, Any]) -> str:
         f"vs reference; agent wins {s['agent_wins']}; tokens {s['tokens']}; {s['wall_s']:.0f} s"
     )
     return "\n".join(lines)
-
-
-def _x(value: float | None) -> str:
-    return f"{value:.2f}x" if value else "-"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

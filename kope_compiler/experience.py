@@ -13,7 +13,7 @@ import math
 from kope.agents.base import Experience
 from kope.memory import retrieve
 from kope.memory.schema import AttemptRecord, TaskRecord
-from kope.memory.similarity import distance, features
+from kope.memory.similarity import Features, distance, features
 from kope.memory.store import ExperienceStore
 
 ATTEMPT_KINDS = ("best", "attempt", "failure")
@@ -46,5 +46,5 @@ def retrieve_experience(store: ExperienceStore, key: str, budget_tokens: int) ->
     return items, context.text
 
 
-def _features(task: TaskRecord):  # type: ignore[no-untyped-def]
-    return features(task.op, task.inputs, task.outputs, task.target, getattr(task, "hardware", ""))
+def _features(task: TaskRecord) -> Features:
+    return features(task.op, task.inputs, task.outputs, task.target, task.hardware)

@@ -22,9 +22,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 import torch.fx as fx
-from torch._dynamo.backends.common import aot_autograd
 from functorch.compile import make_boxed_func
-
 from kope.agents import make_agent
 from kope.errors import ModelLoadError
 from kope.memory.schema import SOURCE_AGENT
@@ -33,6 +31,7 @@ from kope.optimize import Budget, TaskSummary, optimize_task, summarize
 from kope.partition import partition
 from kope.targets.base import Target
 from kope.task import Task
+from torch._dynamo.backends.common import aot_autograd
 
 log = logging.getLogger("kope.precompile")
 
@@ -158,15 +157,16 @@ def precompile(
     return report_json(ordered, time.monotonic() - start, agent_name, target, budget)
 
 
+def geomean(values: list[float | None]) -> float | None:
+    """Geometric mean of the positive, finite values (None if there are none)."""
+    kept = [v for v in values if v and v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in kept) / len(kept)) if kept else None
+
+
 def report_json(
     summaries: list[TaskSummary], wall_s: float, agent: str, target: Target, budget: Budget
 ) -> dict[str, Any]:
     """The report: per operator, and a summary with pass rate and geomean speedups."""
-
-    def geomean(values: list[float]) -> float | None:
-        values = [v for v in values if v and v > 0 and math.isfinite(v)]
-        return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
-
     operators = [s.as_json() for s in summaries]
     return {
         "operators": operators,

@@ -93,14 +93,24 @@ class Report:
         for e in self.eager:
             if e.compute:
                 rows.append((_clip(e.op, 60), "eager", "-", "-", "-", "-", _clip(e.reason, 50)))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-        lines.insert(1, "  ".join("-" * w for w in widths))
+        lines = table_lines(rows)
         lines.append(
             f"{len(self.tasks)} tasks, {sum(1 for t in self.tasks if t.jit)} on JIT kernels; "
             f"JIT share of compute operators that ran: {self.jit_share():.0%}"
         )
         return "\n".join(lines)
+
+
+def table_lines(rows: list[tuple[str, ...]]) -> list[str]:
+    """Rows of cells as aligned text columns, the first row a header underlined with dashes."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
+def speedup_text(value: float | None) -> str:
+    return f"{value:.2f}x" if value else "-"
 
 
 def _us(value: float | None) -> str:
