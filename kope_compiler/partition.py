@@ -306,6 +306,17 @@ def decompose_in_place(
                 setattr(gm, name, getattr(sub, n.target))
                 copy = gm.graph.get_attr(name)
                 copy.meta = dict(n.meta)
+            elif _builds_tuple(n):
+                # A decomposition wrapped its results in a namedtuple (`out_wrapper`'s
+                # return_types_*), which make_fx records as a call of the class. Generated
+                # graph code names such a class by a module path it does not live at, so
+                # the call is dropped: its items are the nodes it was built from.
+                items = (*n.args, *(n.kwargs[f] for f in getattr(n.target, "_fields", ())[len(n.args):]))
+                env[n] = tuple(env[a] if isinstance(a, fx.Node) else a for a in items)
+                continue
+            elif n.target is operator.getitem and isinstance(env.get(n.args[0]), tuple):
+                env[n] = env[n.args[0]][n.args[1]]
+                continue
             else:
                 copy = gm.graph.node_copy(n, lambda v: env[v])
             env[n] = copy
@@ -313,6 +324,12 @@ def decompose_in_place(
     _replace_uses(node, result)
     gm.graph.erase_node(node)
     return added
+
+
+def _builds_tuple(node: fx.Node) -> bool:
+    """A call of a tuple class (a namedtuple or structseq constructor) on graph values."""
+    target = node.target
+    return node.op == "call_function" and isinstance(target, type) and issubclass(target, tuple)
 
 
 def _replace_uses(node: fx.Node, result: Any) -> None:

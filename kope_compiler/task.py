@@ -206,7 +206,17 @@ def make_task(nodes: fx.Node | list[fx.Node], target_key: str) -> Task:
     LoweringError when torch-mlir cannot lower it."""
     group = nodes if isinstance(nodes, list) else [nodes]
     inputs, call, in_specs, out_specs = group_signature(group)
-    payload = canonicalize_module_text(import_group(group))
+    try:
+        payload = canonicalize_module_text(import_group(group))
+    except ir.MLIRError as err:
+        # The lowering left ops outside linalg-on-tensors that no target builds (sort and topk
+        # become torch-mlir's own `tm_tensor` dialect): the node runs eagerly.
+        detail = str(err).splitlines()
+        raise LoweringError(
+            f"its lowering is not plain linalg-on-tensors: {detail[1].strip()[:200]}"
+            if len(detail) > 1
+            else _first_line(err)
+        ) from None
     spec = TaskSpec(label_for(call, in_specs), in_specs, out_specs, call)
     return Task(group, inputs, spec, payload, task_key(payload, target_key), workload_digest(payload))
 
