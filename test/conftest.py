@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
-# Set before kope is imported anywhere, so no test touches the user's ~/.cache/kope.
+# Set before kope is imported anywhere, so no test touches the user's ~/.cache/kope; removed
+# when the session ends (pytest_unconfigure).
 _SESSION_HOME = Path(tempfile.mkdtemp(prefix="kope-test-home-"))
 os.environ["KOPE_HOME"] = str(_SESSION_HOME)
 
@@ -18,6 +20,10 @@ import torch  # noqa: E402
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow", action="store_true", help="also run tests marked slow")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(_SESSION_HOME, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,4 +1,5 @@
 # The lit configuration of KOPE's pass tests: `lit test/lit -v` (pip's lit and filecheck).
+import atexit
 import os
 import shutil
 import sys
@@ -11,7 +12,13 @@ config.test_format = lit.formats.ShTest(execute_external=False)
 config.suffixes = [".mlir", ".py"]
 config.excludes = ["lit.cfg.py", "lit.site.cfg.py", "lit.local.cfg", "Inputs", "Output"]
 config.test_source_root = os.path.dirname(os.path.abspath(__file__))
-config.test_exec_root = os.path.join(tempfile.gettempdir(), "kope-lit")
+# Each run writes its %t files and its KOPE_HOME into a folder of its own, removed when lit
+# exits (KOPE_LIT_KEEP=1 keeps it for debugging): two checkouts, or two runs, never share one.
+config.test_exec_root = tempfile.mkdtemp(prefix="kope-lit-")
+if not os.environ.get("KOPE_LIT_KEEP"):
+    atexit.register(shutil.rmtree, config.test_exec_root, ignore_errors=True)
+else:
+    lit_config.note(f"keeping lit's output in {config.test_exec_root}")
 
 filecheck = shutil.which("FileCheck") or shutil.which("filecheck")
 if filecheck is None:
