@@ -22,10 +22,14 @@ class MemoryCommandError(Exception):
     """A `kope memory` argument that cannot be acted on (the message says why)."""
 
 
+SUBCOMMANDS = ("stats", "tasks", "show", "context", "export", "prune", "compact")
+"""Every `kope memory` subcommand, in the order `--help` lists them."""
+
+
 def add_commands(subparsers: Any) -> None:
     """Register `memory` and its subcommands on an argparse subparsers object."""
     memory = subparsers.add_parser(
-        "memory", help="inspect the experience store (stats, show, context, export, prune)",
+        "memory", help=f"inspect the experience store ({', '.join(SUBCOMMANDS)})",
         description="Inspect KOPE's experience store: what was tried for each operator, what "
         "worked, and what the agent would be shown.",
     )
@@ -41,6 +45,12 @@ def add_commands(subparsers: Any) -> None:
 
     stats = command("stats", "counts of tasks, attempts, verified attempts and insights", _stats)
     stats.add_argument("--json", action="store_true", help="print JSON")
+    tasks = command("tasks", "the tasks of the store, oldest first: label, key prefix, attempts "
+                    "and best speedup over eager (keys for `show` and `context`)", _tasks)
+    tasks.add_argument("--limit", type=int, default=50, help="tasks per page (default 50)")
+    tasks.add_argument("--offset", type=int, default=0,
+                       help="tasks to skip before the page (default 0)")
+    tasks.add_argument("--json", action="store_true", help="print JSON")
     show = command("show", "a task's trajectory: attempts as a tree of refinements", _show)
     show.add_argument("key", help="task key, or a unique prefix of one")
     context = command("context", "exactly the context ACMI would inject for a task, with scores",
@@ -51,7 +61,8 @@ def add_commands(subparsers: Any) -> None:
                          help="token counter: the offline estimate, or o200k from bpe-openai")
     context.add_argument("--json", action="store_true", help="print the context as JSON")
     export = command("export", "write the whole graph as JSON, GraphML or DOT", _export)
-    export.add_argument("--format", choices=["json", "graphml", "dot"], default="json")
+    export.add_argument("--format", choices=["json", "graphml", "dot"], default="json",
+                        help="json (lossless, default), graphml or dot")
     export.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
     prune = command("prune", "delete kernel texts of old failed attempts; keep the graph's "
                     "history", _prune)
@@ -79,6 +90,31 @@ def _stats(args: argparse.Namespace, store: ExperienceStore) -> int:
     width = max(len(k) for k in summary)
     for key, value in summary.items():
         print(f"{key:<{width}}  {value}")
+    if summary["tasks"]:
+        print(f"`kope memory tasks --store {store.root}` lists the tasks and their keys")
+    return 0
+
+
+def _tasks(args: argparse.Namespace, store: ExperienceStore) -> int:
+    if args.limit < 1 or args.offset < 0:
+        raise MemoryCommandError(f"--limit {args.limit} must be >= 1 and --offset "
+                                 f"{args.offset} >= 0")
+    rows, total = store.task_summaries(args.offset, args.limit)
+    if args.json:
+        print(json.dumps({"total": total, "offset": args.offset, "limit": args.limit,
+                          "tasks": rows}, indent=2))
+        return 0
+    if not rows:
+        print(f"no tasks at offset {args.offset} ({total} in {store.root})")
+        return 0
+    width = max(len(r["label"]) for r in rows)
+    for r in rows:
+        best = f"{r['best_speedup_vs_eager']:.2f}x" if r["best_speedup_vs_eager"] else "-"
+        print(f"{r['key'][:16]}  {r['label']:<{width}}  {r['attempts']:>5} attempts  "
+              f"best {best}")
+    last = args.offset + len(rows)
+    more = f"; --offset {last} for the next page" if last < total else ""
+    print(f"tasks {args.offset + 1}-{last} of {total}{more}")
     return 0
 
 
@@ -90,7 +126,7 @@ def resolve_key(store: ExperienceStore, prefix: str) -> str:
                      if store.id_of(r).startswith(prefix))
     if not matches:
         raise MemoryCommandError(f"no task key starts with {prefix!r} in {store.root}; "
-                                 "`kope memory stats` says what the store holds")
+                                 "`kope memory tasks` lists the keys it holds")
     if len(matches) > 1:
         shown = ", ".join(m[:16] for m in matches[:5])
         raise MemoryCommandError(f"{prefix!r} names {len(matches)} tasks ({shown}...); "

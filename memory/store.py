@@ -233,6 +233,23 @@ class ExperienceStore:
             "snapshot_covers_bytes": self.snapshot_offset,
         }
 
+    def task_summaries(
+        self, offset: int = 0, limit: int | None = None
+    ) -> tuple[list[dict[str, Any]], int]:
+        """A page of tasks (oldest first) as {key, label, op, attempts, best_speedup_vs_eager},
+        and how many tasks there are. Only the page's attempts are decoded."""
+        tasks = self.tasks()
+        page = tasks[offset : None if limit is None else offset + limit]
+        rows = []
+        for task in page:
+            best = self.best(task.key)
+            rows.append({
+                "key": task.key, "label": task.label, "op": task.op,
+                "attempts": len(self.attempts(task.key)),
+                "best_speedup_vs_eager": best.speedup_vs_eager if best else None,
+            })
+        return rows, len(tasks)
+
     def rows(self) -> int:
         """How many nodes there are (rows are 0 .. rows() - 1)."""
         return self._nbase + len(self._over_ids)

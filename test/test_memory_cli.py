@@ -113,3 +113,42 @@ def test_kope_command_line_has_memory(tmp_path: Path) -> None:
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["store"] == str(tmp_path)
+
+
+def test_tasks_lists_labels_keys_attempts_and_best_speedup(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_store(tmp_path)
+    code, out, _ = run(capsys, "tasks", "--store", str(tmp_path))
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == [KEY[:16], "aten.mm(512x512xf32)", "3", "attempts", "best", "2.60x"]
+    assert lines[1].split()[-1] == "-"  # no verified attempt
+    assert lines[-1] == "tasks 1-2 of 2"
+    # What `tasks` prints is what `show` takes.
+    code, out, _ = run(capsys, "show", lines[0].split()[0], "--store", str(tmp_path))
+    assert code == 0 and out.startswith("aten.mm(512x512xf32)")
+
+
+def test_tasks_pages_and_speaks_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    make_store(tmp_path)
+    code, out, _ = run(capsys, "tasks", "--limit", "1", "--store", str(tmp_path))
+    assert code == 0 and out.splitlines()[-1] == "tasks 1-1 of 2; --offset 1 for the next page"
+    code, out, _ = run(capsys, "tasks", "--limit", "1", "--offset", "1", "--json",
+                       "--store", str(tmp_path))
+    page = json.loads(out)
+    assert code == 0 and page["total"] == 2 and page["offset"] == 1
+    assert [t["label"] for t in page["tasks"]] == ["aten.mm(256x256xf32)"]
+    assert page["tasks"][0]["attempts"] == 0 and page["tasks"][0]["best_speedup_vs_eager"] is None
+    code, _, err = run(capsys, "tasks", "--limit", "0", "--store", str(tmp_path))
+    assert code == 2 and "--limit 0" in err
+
+
+def test_stats_and_unknown_keys_point_to_the_task_list(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_store(tmp_path)
+    _, out, _ = run(capsys, "stats", "--store", str(tmp_path))
+    assert "kope memory tasks" in out
+    code, _, err = run(capsys, "show", "ffff", "--store", str(tmp_path))
+    assert code == 2 and "kope memory tasks" in err
