@@ -4,6 +4,7 @@
 registered through the `torch_dynamo_backends` entry point). Import it to inspect what ran:
 
     import kope
+    kope.check_options({"kernels": "auto"})   # fail fast: the backend sees options late
     print(kope.report().format_table())
 """
 
@@ -13,8 +14,9 @@ __version__ = "0.1.0"
 
 from kope.errors import KopeError, OptionError
 from kope.logs import configure_from_env as _configure_logging
+from kope.options import check_options
 from kope.report import report, reset_report
 
 _configure_logging()
 
-__all__ = ["KopeError", "OptionError", "__version__", "report", "reset_report"]
+__all__ = ["KopeError", "OptionError", "__version__", "check_options", "report", "reset_report"]

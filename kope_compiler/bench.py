@@ -23,6 +23,7 @@ from kope.memory.schema import SOURCE_AGENT
 from kope.memory.store import ExperienceStore
 from kope.optimize import Budget
 from kope.precompile import geomean, precompile
+from kope.report import PASS_RATE
 from kope.report import speedup_text as _x
 from kope.report import table_lines
 from kope.suite import ELEMENTWISE, OPSET, SEQUENCE, Example
@@ -102,8 +103,9 @@ def format_suite(report: dict[str, Any]) -> str:
     s = report["summary"]
     lines = table_lines(rows)
     lines += [
-        f"pass rate {s['pass_rate']:.0%} of {s['operators']} operators; geomean speedup "
-        f"{_x(s['geomean_speedup_vs_eager'])} vs eager, {_x(s['geomean_speedup_vs_reference'])} vs reference",
+        f"pass rate {s['pass_rate']:.0%} of {s['operators']} operators ({PASS_RATE}); "
+        f"geomean speedup {_x(s['geomean_speedup_vs_eager'])} vs eager, "
+        f"{_x(s['geomean_speedup_vs_reference'])} vs reference",
         f"goal: geomean >= 5x over the reference on non-elementwise operators: "
         f"{_x(s['geomean_speedup_vs_reference_non_elementwise'])}",
         f"goal: the agent's kernel beats eager by >= 1.1x on >= {math.ceil(s['operators'] / 3)} "
@@ -233,6 +235,7 @@ def format_ablation(result: dict[str, Any]) -> str:
         f"{len(next(iter(result['runs']['memory'].values())))} operators in sequence "
         "(mean ± stdev over seeds; 'budget+1' counts an operator never reaching 90%)"
     )
+    lines.append(f"pass rate: {PASS_RATE}")
     return "\n".join(lines)
 
 

@@ -10,9 +10,16 @@ import time
 from typing import Any, Callable, Sequence
 
 from kope.errors import KopeError
-from kope.options import KERNEL_POLICIES
+from kope.options import KERNEL_POLICIES, Options, check_options
+from kope.report import PASS_RATE
 
 DEFAULT_MODEL = "transformer_block"
+ABLATION_BUDGET = 4  # small on purpose: the ablation measures how fast memory gets there
+
+
+def _default(name: str) -> Any:
+    """The default of option `name`: every CLI default is read from `Options`."""
+    return Options.default(name)
 
 
 def _compile_command(args: argparse.Namespace) -> int:
@@ -20,10 +27,15 @@ def _compile_command(args: argparse.Namespace) -> int:
     import torch
     from kope.models import load_model
 
-    model, inputs = load_model(args.model)
-    options: dict[str, Any] = {"kernels": args.kernels, "target": args.target, "workers": args.workers}
+    options: dict[str, Any] = {
+        "kernels": args.kernels,
+        "target": args.target,
+        "workers": args.workers,
+    }
     if args.store:
         options["store"] = args.store
+    check_options(options)  # before tracing: torch would hand them over only at the first call
+    model, inputs = load_model(args.model)
     kope.reset_report()
     with torch.no_grad():
         compiled = torch.compile(model, backend="kope", options=options)
@@ -105,14 +117,17 @@ def build_parser() -> argparse.ArgumentParser:
         f"(returning (model, inputs)), or an example: mlp, cnn, transformer_block, "
         f"encoder_layer, odd_shapes (default: {DEFAULT_MODEL})",
     )
-    compile_p.add_argument("--kernels", choices=KERNEL_POLICIES, default="auto",
-                           help="auto: fastest verified kernel; reference: the reference lowering "
-                           "wherever it verifies; eager: ATen only (default: auto)")
-    compile_p.add_argument("--target", default="cpu", help="hardware target (default: cpu)")
-    compile_p.add_argument("--store", help="experience store directory (default: $KOPE_HOME "
-                           "or ~/.cache/kope)")
-    compile_p.add_argument("--workers", type=int, default=1,
-                           help="isolated worker processes for verification (default: 1)")
+    compile_p.add_argument("--kernels", choices=KERNEL_POLICIES, default=_default("kernels"),
+                           help="auto: fastest verified kernel; reference: the reference "
+                           "lowering wherever it verifies; eager: ATen only "
+                           f"(default: {_default('kernels')})")
+    compile_p.add_argument("--target", default=_default("target"),
+                           help=f"hardware target (default: {_default('target')})")
+    compile_p.add_argument("--store", default=_default("store"),
+                           help="experience store directory (default: $KOPE_HOME or ~/.cache/kope)")
+    compile_p.add_argument("--workers", type=int, default=_default("workers"),
+                           help="isolated worker processes for verification "
+                           f"(default: {_default('workers')})")
     compile_p.add_argument("--repeat", type=int, default=100,
                            help="calls timed for the end-to-end comparison (default: 100)")
     compile_p.set_defaults(run=_compile_command)
@@ -131,25 +146,33 @@ def _add_precompile(sub: Any) -> None:
         description="Trace MODEL as the backend does, let the agent optimize each distinct "
         "operator (every candidate built, verified against the reference lowering and timed in "
         "an isolated worker), record everything in the experience store, and write a report. "
-        "Re-running resumes: operators whose budget is spent are not redone.",
+        "Re-running resumes: operators whose budget is spent are not redone. The summary's "
+        f"pass rate is {PASS_RATE}. A pipeline that fails is listed with the kope-opt command "
+        "that reproduces it.",
     )
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL,
                    help="file.py (defining Model, get_inputs, get_init_inputs), module:factory "
                    "(returning (model, inputs)), or an example model name "
                    f"(default: {DEFAULT_MODEL})")
-    p.add_argument("--target", default="cpu", help="hardware target (default: cpu)")
-    p.add_argument("--agent", default="heuristic",
-                   help="heuristic (offline, default) or llm (an OpenAI-compatible endpoint)")
-    p.add_argument("--budget", type=int, default=16, help="attempts per operator (default: 16)")
+    p.add_argument("--target", default=_default("target"),
+                   help=f"hardware target (default: {_default('target')})")
+    p.add_argument("--agent", default=_default("agent"),
+                   help="heuristic (offline) or llm (an OpenAI-compatible endpoint) "
+                   f"(default: {_default('agent')})")
+    p.add_argument("--budget", type=int, default=_default("budget"),
+                   help=f"attempts per operator (default: {_default('budget')})")
     p.add_argument("--wall-s", type=float, help="wall-clock limit per operator, seconds")
     p.add_argument("--tokens", type=int, help="LLM token limit per operator")
     p.add_argument("--report", help="write the JSON report here")
-    p.add_argument("--store", help="experience store directory (overrides $KOPE_HOME)")
-    p.add_argument("--workers", type=int, default=1,
-                   help="operators optimized at once, each with its own worker (default: 1)")
+    p.add_argument("--store", default=_default("store"),
+                   help="experience store directory (default: $KOPE_HOME or ~/.cache/kope)")
+    p.add_argument("--workers", type=int, default=_default("workers"),
+                   help="operators optimized at once, each with its own worker "
+                   f"(default: {_default('workers')})")
     p.add_argument("--seed", type=int, default=0, help="seed of the agent (default: 0)")
-    p.add_argument("--timeout-s", type=float, default=120.0,
-                   help="limit for building, verifying and timing one candidate (default: 120)")
+    p.add_argument("--timeout-s", type=float, default=_default("timeout_s"),
+                   help="limit in seconds for building, verifying and timing one candidate "
+                   f"(default: {_default('timeout_s'):g})")
     p.add_argument("--llm-base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
     p.add_argument("--llm-model", help="model name (default: $KOPE_LLM_MODEL)")
     p.set_defaults(run=_precompile_command)
@@ -161,18 +184,24 @@ def _add_bench(sub: Any) -> None:
         help="the operator suite and the memory ablation (paper-style tables)",
         description="suite: kope precompile on every operator of kope.suite.OPSET; ablation: "
         "the heuristic agent with the experience graph vs with an empty one on "
-        "kope.suite.SEQUENCE over several seeds.",
+        f"kope.suite.SEQUENCE over several seeds. Pass rate is {PASS_RATE}.",
     )
-    p.add_argument("what", choices=["suite", "ablation"])
-    p.add_argument("--budget", type=int, help="attempts per operator (suite 16, ablation 4)")
+    p.add_argument("what", choices=["suite", "ablation"],
+                   help="suite: every operator of the suite; ablation: memory on vs off")
+    p.add_argument("--budget", type=int,
+                   help=f"attempts per operator (default: suite {_default('budget')}, "
+                   f"ablation {ABLATION_BUDGET})")
     p.add_argument("--seeds", default="0,1,2", help="ablation seeds (default: 0,1,2)")
     p.add_argument("--ops", help="suite operators, comma-separated (default: all)")
     p.add_argument("--flat-prior", action="store_true",
                    help="ablation: give the agent a flat prior, to see what memory adds alone")
     p.add_argument("--store", help="suite store (default: a fresh temporary directory)")
     p.add_argument("--report", help="write the JSON results here")
-    p.add_argument("--target", default="cpu")
-    p.add_argument("--timeout-s", type=float, default=120.0)
+    p.add_argument("--target", default=_default("target"),
+                   help=f"hardware target (default: {_default('target')})")
+    p.add_argument("--timeout-s", type=float, default=_default("timeout_s"),
+                   help="limit in seconds for building, verifying and timing one candidate "
+                   f"(default: {_default('timeout_s'):g})")
     p.set_defaults(run=_bench_command)
 
 
@@ -186,13 +215,13 @@ def _bench_command(args: argparse.Namespace) -> int:
     if args.what == "suite":
         store = Path(args.store) if args.store else bench.scratch_dir("kope-suite-")
         names = args.ops.split(",") if args.ops else None
-        result = bench.run_suite(target, store, args.budget or 16, names)
+        result = bench.run_suite(target, store, args.budget or _default("budget"), names)
         print(bench.format_suite(result))
     else:
         seeds = [int(s) for s in args.seeds.split(",")]
         config = {"prior_weight": 0.0} if args.flat_prior else None
-        result = bench.run_ablation(target, args.budget or 4, seeds, bench.scratch_dir("kope-ablation-"),
-                                    agent_config=config)
+        result = bench.run_ablation(target, args.budget or ABLATION_BUDGET, seeds,
+                                    bench.scratch_dir("kope-ablation-"), agent_config=config)
         print(bench.format_ablation(result))
     if args.report:
         bench.write_json(result, Path(args.report))
@@ -203,18 +232,14 @@ def _precompile_command(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from kope.compiler import store_at, target_for
-    from kope.errors import OptionError
     from kope.memory.paths import kope_home
     from kope.models import load_model
     from kope.optimize import Budget
     from kope.precompile import precompile, write_report
 
-    if args.budget < 1:
-        raise OptionError(f"--budget {args.budget} must be at least 1")
-    from kope.agents import agent_names
-
-    if args.agent not in agent_names():
-        raise OptionError(f"unknown agent {args.agent!r}; choose one of: {', '.join(agent_names())}")
+    # The same checks and messages as the backend's options, before the model is traced.
+    check_options({"target": args.target, "agent": args.agent, "budget": args.budget,
+                   "workers": args.workers, "timeout_s": args.timeout_s})
     model, inputs = load_model(args.model)
     store = store_at(Path(args.store) if args.store else kope_home())
     target = target_for(args.target, max(1, args.workers), args.timeout_s)
@@ -233,21 +258,26 @@ def _precompile_command(args: argparse.Namespace) -> int:
 
 def format_report(report: dict[str, Any]) -> str:
     """The report as a table: per operator winner, speedups and attempts; then the summary."""
+    from kope.report import shorten, table_lines
     from kope.report import speedup_text as _x
-    from kope.report import table_lines
 
     rows = [("operator", "winner", "vs eager", "vs reference", "attempts", "verdicts")]
     for op in report["operators"]:
         verdicts = " ".join(f"{k}:{v}" for k, v in op["verdicts"].items())
-        rows.append((op["label"][:58], op["winner"], _x(op["speedup_vs_eager"]),
+        rows.append((shorten(op["label"], 58), op["winner"], _x(op["speedup_vs_eager"]),
                      _x(op["speedup_vs_reference"]), str(op["attempts"]), verdicts))
     lines = table_lines(rows)
     s = report["summary"]
     lines.append(
-        f"{s['operators']} operators; pass rate {s['pass_rate']:.0%}; geomean speedup "
-        f"{_x(s['geomean_speedup_vs_eager'])} vs eager, {_x(s['geomean_speedup_vs_reference'])} "
-        f"vs reference; agent wins {s['agent_wins']}; tokens {s['tokens']}; {s['wall_s']:.0f} s"
+        f"{s['operators']} operators; pass rate {s['pass_rate']:.0%} ({PASS_RATE}); geomean "
+        f"speedup {_x(s['geomean_speedup_vs_eager'])} vs eager, "
+        f"{_x(s['geomean_speedup_vs_reference'])} vs reference; agent wins {s['agent_wins']}; "
+        f"tokens {s['tokens']}; {s['wall_s']:.0f} s"
     )
+    failed = [(op["label"], cmd) for op in report["operators"] for cmd in op.get("repro", [])]
+    if failed:
+        lines.append(f"{len(failed)} pipeline failures; each reproduces with kope-opt:")
+        lines += [f"  {shorten(label, 58)}: {cmd}" for label, cmd in failed]
     return "\n".join(lines)
 
 

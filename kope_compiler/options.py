@@ -63,6 +63,11 @@ class Options:
         opts._validate()
         return opts
 
+    @classmethod
+    def default(cls, name: str) -> Any:
+        """The default of option `name`: the one source the CLI, precompile and bench read."""
+        return getattr(cls(), name)
+
     def _validate(self) -> None:
         from kope.targets import target_names
 
@@ -95,3 +100,13 @@ class Options:
             )
         if not isinstance(self.budget, int) or isinstance(self.budget, bool) or self.budget < 1:
             raise OptionError(f"option budget={self.budget!r} must be an integer >= 1")
+
+
+def check_options(given: Mapping[str, Any] | None) -> Options:
+    """Validate `torch.compile(..., options=given)` now, before any tracing.
+
+    torch hands the options to the backend only at the first call, after dynamo has traced the
+    model, so a misspelt option surfaces only then; a script calls this first to fail fast.
+    Raises the same `OptionError` the backend would.
+    """
+    return Options.parse(given)

@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -25,13 +24,17 @@ import torch.fx as fx
 from functorch.compile import make_boxed_func
 from kope.agents import make_agent
 from kope.errors import ModelLoadError
-from kope.memory.schema import SOURCE_AGENT
+from kope.memory.schema import SOURCE_AGENT, AttemptRecord
 from kope.memory.store import ExperienceStore
 from kope.optimize import Budget, TaskSummary, optimize_task, summarize
+from kope.options import Options
 from kope.partition import partition
+from kope.passes.pipeline import REPRO_MARKER
+from kope.report import shorten
 from kope.targets.base import Target
 from kope.task import Task
 from torch._dynamo.backends.common import aot_autograd
+from tqdm import tqdm
 
 log = logging.getLogger("kope.precompile")
 
@@ -59,40 +62,51 @@ def trace_tasks(model: torch.nn.Module, inputs: Sequence[Any], target_key: str) 
     return list(found.values())
 
 
-@dataclass
 class Progress:
-    """A one-line progress bar on stderr (quiet when stderr is not a terminal)."""
+    """Progress of a precompile: a tqdm bar on a terminal, plain lines anywhere else.
 
-    total_tasks: int
-    budget: int
-    stream: Any = sys.stderr
-    done: int = 0
-    lines: dict[str, str] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    On a terminal the bar redraws in place and each finished operator is written above it. On
+    a pipe or log file nothing is redrawn (no escape sequences): one line per finished
+    operator, so a log reads as a list of results. Safe to call from several threads.
+    """
+
+    def __init__(self, total_tasks: int, stream: Any = None, enabled: bool = True):
+        self.total_tasks = total_tasks
+        self.stream: Any = stream if stream is not None else sys.stderr
+        self.enabled = enabled
+        self.done = 0
+        self.lock = threading.Lock()
+        isatty = getattr(self.stream, "isatty", None)
+        self.tty = bool(enabled and callable(isatty) and isatty())
+        self.bar: tqdm[Any] | None = None
+        if self.tty:
+            self.bar = tqdm(
+                total=total_tasks, file=self.stream, unit="op", dynamic_ncols=True, leave=False
+            )
 
     def update(self, label: str, text: str) -> None:
+        """The operator `label` is at step `text` (shown on a terminal only)."""
         with self.lock:
-            self.lines[label] = text
-            self._draw()
+            if self.bar is not None:
+                self.bar.set_postfix_str(f"{shorten(label, 40)} {text}", refresh=True)
 
     def finish(self, label: str, text: str) -> None:
+        """The operator `label` is done with outcome `text`: one line, on any stream."""
         with self.lock:
             self.done += 1
-            self.lines.pop(label, None)
-            width = 30
-            filled = int(width * self.done / max(self.total_tasks, 1))
-            bar = "#" * filled + "-" * (width - filled)
-            self.stream.write(
-                f"\r\033[K[{bar}] {self.done}/{self.total_tasks} {label[:60]}: {text}\n"
-            )
-            self.stream.flush()
+            if not self.enabled:
+                return
+            line = f"[{self.done}/{self.total_tasks}] {shorten(label, 60)}: {text}"
+            if self.bar is not None:
+                self.bar.write(line, file=self.stream)
+                self.bar.update(1)
+            else:
+                self.stream.write(line + "\n")
+                self.stream.flush()
 
-    def _draw(self) -> None:
-        if not getattr(self.stream, "isatty", lambda: False)():
-            return
-        current = "; ".join(f"{k[:40]} {v}" for k, v in list(self.lines.items())[:2])
-        self.stream.write(f"\r\033[K[{self.done}/{self.total_tasks}] {current}"[:160])
-        self.stream.flush()
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def already_done(store: ExperienceStore, key: str, agent: str, budget: Budget) -> bool:
@@ -106,18 +120,25 @@ def precompile(
     *,
     target: Target,
     store: ExperienceStore,
-    agent_name: str = "heuristic",
+    agent_name: str = Options.default("agent"),
     agent_config: dict[str, Any] | None = None,
-    budget: Budget = Budget(),
-    workers: int = 1,
+    budget: Budget | None = None,
+    workers: int = Options.default("workers"),
     seed: int = 0,
     progress: bool = True,
+    stream: Any = None,
 ) -> dict[str, Any]:
-    """Optimize every distinct operator of `model`; returns the report (see `report_json`)."""
+    """Optimize every distinct operator of `model`; returns the report (see `report_json`).
+
+    `budget` defaults to `Options().budget` attempts per operator. Progress goes to `stream`
+    (default stderr) unless `progress` is false.
+    """
     start = time.monotonic()
+    budget = budget or Budget(attempts=Options.default("budget"))
     tasks = trace_tasks(model, inputs, target.key())
-    bar = Progress(len(tasks), budget.attempts, stream=sys.stderr if progress else _Null())
+    bar = Progress(len(tasks), stream=stream, enabled=progress)
     summaries: dict[str, TaskSummary] = {}
+    repro: dict[str, list[str]] = {}
 
     def run(task: Task) -> None:
         store.refresh()
@@ -125,6 +146,7 @@ def precompile(
             summaries[task.key] = summarize(task, store, stopped="done in an earlier run")
             bar.finish(task.label, "already optimized")
             return
+        before = {a.id for a in store.attempts(task.key)}
         agent = make_agent(agent_name, seed=seed, **(agent_config or {}))
         try:
 
@@ -142,6 +164,8 @@ def precompile(
         finally:
             agent.close()
         summaries[task.key] = summary
+        new = [a for a in store.attempts(task.key) if a.id not in before]
+        repro[task.key] = repro_commands(new)
         best = f"{summary.speedup_vs_eager:.2f}x eager" if summary.speedup_vs_eager else "no timing"
         bar.finish(
             task.label, f"{summary.winner} {best} ({summary.attempts} attempts, {summary.stopped})"
@@ -153,8 +177,27 @@ def precompile(
     else:
         for task in tasks:
             run(task)
+    bar.close()
     ordered = [summaries[t.key] for t in tasks]
-    return report_json(ordered, time.monotonic() - start, agent_name, target, budget)
+    report = report_json(ordered, time.monotonic() - start, agent_name, target, budget)
+    for row in report["operators"]:
+        row["repro"] = repro.get(row["key"], [])
+    return report
+
+
+def repro_commands(attempts: list[AttemptRecord]) -> list[str]:
+    """The distinct `kope-opt` commands that reproduce the pipeline failures of `attempts`.
+
+    A pipeline that fails in a worker writes its repro file there, and the command travels
+    back only inside the attempt's error text: this is where it is taken out for the user.
+    """
+    found: list[str] = []
+    for attempt in attempts:
+        for line in (attempt.error or "").splitlines():
+            _, marker, command = line.partition(REPRO_MARKER)
+            if marker and command.strip() and command.strip() not in found:
+                found.append(command.strip())
+    return found
 
 
 def geomean(values: list[float | None]) -> float | None:
@@ -166,7 +209,11 @@ def geomean(values: list[float | None]) -> float | None:
 def report_json(
     summaries: list[TaskSummary], wall_s: float, agent: str, target: Target, budget: Budget
 ) -> dict[str, Any]:
-    """The report: per operator, and a summary with pass rate and geomean speedups."""
+    """The report: per operator, and a summary with pass rate and geomean speedups.
+
+    `pass_rate` is the share of operators for which the agent produced at least one verified
+    kernel (`TaskSummary.verified`), whichever kernel won.
+    """
     operators = [s.as_json() for s in summaries]
     return {
         "operators": operators,
@@ -192,11 +239,3 @@ def report_json(
 def write_report(report: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
-
-
-class _Null:
-    def write(self, _: str) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass

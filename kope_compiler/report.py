@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+PASS_RATE = "the share of operators with at least one verified agent kernel"
+"""What `pass rate` (`summary.pass_rate` of the reports) means wherever KOPE prints it."""
+
 
 @dataclass
 class TaskReport:
@@ -28,9 +31,15 @@ class TaskReport:
         return self.kernel != "eager"
 
     @property
+    def ran_us(self) -> float | None:
+        """The µs of what runs: eager's for an eager Task (its `kernel_us` is the reference's,
+        the candidate eager beat), the kernel's otherwise."""
+        return self.eager_us if self.kernel == "eager" else self.kernel_us
+
+    @property
     def speedup(self) -> float | None:
-        if self.eager_us and self.kernel_us:
-            return self.eager_us / self.kernel_us
+        if self.eager_us and self.ran_us:
+            return self.eager_us / self.ran_us
         return None
 
 
@@ -83,19 +92,33 @@ class Report:
         return served / compute
 
     def format_table(self) -> str:
-        """A per-Task table: kernel, latency vs eager, and the reason for each choice."""
-        rows = [("task", "kernel", "kernel µs", "eager µs", "speedup", "calls", "why")]
+        """One row per distinct operator: kernel, latency vs eager, sites, calls, and why.
+
+        Tasks with the same key (the same operator at several places of a graph, or in several
+        graphs) share one row; `sites` says how many places, `calls` how often its JIT kernel
+        ran in all of them. An eager row's µs are eager's, since eager is what ran; its calls
+        are not counted (eager nodes are left as they are, unwrapped), hence `-`.
+        """
+        rows = [("task", "kernel", "kernel µs", "eager µs", "speedup", "sites", "calls", "why")]
+        groups: dict[tuple[str, str], list[TaskReport]] = {}
         for t in self.tasks:
+            groups.setdefault((t.key, t.kernel), []).append(t)
+        for same in groups.values():
+            t = same[0]
+            calls = str(sum(s.calls for s in same)) if t.jit else "-"
             rows.append((
-                _clip(t.label, 60), t.kernel, _us(t.kernel_us), _us(t.eager_us),
-                f"{t.speedup:.2f}x" if t.speedup else "-", str(t.calls), _clip(t.reason, 50),
+                shorten(t.label, 60), t.kernel, _us(t.ran_us), _us(t.eager_us),
+                speedup_text(t.speedup), str(len(same)), calls, shorten(t.reason, 50),
             ))
         for e in self.eager:
             if e.compute:
-                rows.append((_clip(e.op, 60), "eager", "-", "-", "-", "-", _clip(e.reason, 50)))
+                rows.append(
+                    (shorten(e.op, 60), "eager", "-", "-", "-", "1", "-", shorten(e.reason, 50))
+                )
         lines = table_lines(rows)
         lines.append(
-            f"{len(self.tasks)} tasks, {sum(1 for t in self.tasks if t.jit)} on JIT kernels; "
+            f"{len(self.tasks)} tasks ({len(groups)} distinct), "
+            f"{sum(1 for t in self.tasks if t.jit)} on JIT kernels; "
             f"JIT share of compute operators that ran: {self.jit_share():.0%}"
         )
         return "\n".join(lines)
@@ -117,8 +140,20 @@ def _us(value: float | None) -> str:
     return f"{value:.1f}" if value is not None else "-"
 
 
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
+_BREAKS = (", ", " ", "(")  # a cut goes before a separator, or just after an opening paren
+
+
+def shorten(text: str, width: int) -> str:
+    """`text` in at most `width` characters, cut at a word or argument boundary with `…`.
+
+    Operator labels are `op(arg, arg, ...)`; a label cut mid-argument (`f32[16x6`) reads as a
+    different shape, so the cut goes after the last whole argument or word that fits.
+    """
+    if len(text) <= width:
+        return text
+    room = text[: width - 1]
+    cut = max(room.rfind(b) + (b == "(") for b in _BREAKS)
+    return (room[:cut] if cut > 0 else room).rstrip(" ,→") + "…"
 
 
 _REPORT = Report()

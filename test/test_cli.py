@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from kope.report import GraphReport, Report, TaskReport
+
 MODEL_FILE = """
 import torch
 
@@ -75,3 +77,47 @@ def test_model_file_missing_the_convention(tmp_path: Path) -> None:
 def test_unknown_model_lists_the_examples(tmp_path: Path) -> None:
     proc = kope("compile", "resnet9000", store=tmp_path)
     assert proc.returncode == 2 and "mlp" in proc.stderr and "module:factory" in proc.stderr
+
+
+def test_help_lists_every_memory_subcommand() -> None:
+    from kope.memory.cli import SUBCOMMANDS
+
+    out = subprocess.run(["kope", "--help"], capture_output=True, text=True).stdout
+    memory = subprocess.run(["kope", "memory", "--help"], capture_output=True, text=True).stdout
+    for name in SUBCOMMANDS:
+        assert name in out.split("memory", 1)[1], name
+        assert name in memory, name
+    assert {"compact", "tasks"} <= set(SUBCOMMANDS)
+
+
+def test_bad_option_fails_before_the_model_is_loaded(tmp_path: Path) -> None:
+    sentinel = tmp_path / "loaded"
+    path = tmp_path / "model.py"
+    path.write_text(f"open({str(sentinel)!r}, 'w').close()\n" + MODEL_FILE)
+    proc = kope("compile", str(path), "--workers", "0", store=tmp_path / "store")
+    assert proc.returncode == 2 and "workers=0" in proc.stderr
+    assert not sentinel.exists()
+
+
+def _task(key: str, kernel: str, calls: int, **kw: float) -> TaskReport:
+    return TaskReport(label=f"aten.op({key})", key=key, op="aten.op", kernel=kernel,
+                      reason="why", calls=calls, **kw)
+
+
+def test_table_has_one_row_per_operator_and_shows_what_ran() -> None:
+    graph = GraphReport(tasks=[
+        _task("a", "agent", 3, eager_us=20.0, kernel_us=10.0),
+        _task("a", "agent", 4, eager_us=20.0, kernel_us=10.0),
+        _task("b", "eager", 0, eager_us=8.0, kernel_us=400.0),  # kernel_us: the reference's
+    ])
+    lines = Report(graphs=[graph, GraphReport(tasks=[_task("a", "agent", 1, eager_us=20.0,
+                                                           kernel_us=10.0)])]).format_table()
+    rows = lines.splitlines()
+    header = rows[0].split()
+    assert header[header.index("sites") + 1] == "calls"
+    body = {r.split()[0]: r.split() for r in rows[2:-1]}
+    assert set(body) == {"aten.op(a)", "aten.op(b)"}
+    assert body["aten.op(a)"][1:7] == ["agent", "10.0", "20.0", "2.00x", "3", "8"]
+    assert body["aten.op(b)"][1:7] == ["eager", "8.0", "8.0", "1.00x", "1", "-"]
+    assert "400.0" not in lines
+    assert rows[-1].startswith("4 tasks (2 distinct)")

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 from pathlib import Path
 
+import pytest
 import torch
 
 import kope
+from kope.cli import format_report
+from kope.memory.schema import AttemptRecord
 from kope.memory.store import ExperienceStore
+from kope.precompile import Progress, repro_commands
+from kope.report import shorten
 
 MODEL = """
 import torch
@@ -60,6 +66,8 @@ def test_precompile_reports_and_resumes(tmp_path: Path) -> None:
     second = _precompile(*args)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "already optimized" in second.stderr
+    for proc in (first, second):  # stderr is a pipe here: plain lines, no terminal control
+        assert "\x1b" not in proc.stderr and "\r" not in proc.stderr
     assert ExperienceStore(store).stats()["attempts"] == attempts  # nothing redone
 
 
@@ -90,3 +98,75 @@ def test_torch_compile_optimizes_unseen_operators_inline(tmp_path: Path) -> None
     attempts = [a for t in ExperienceStore(store).tasks() for a in ExperienceStore(store).attempts(t.key)]
     assert any(a.source == "agent" for a in attempts)
     assert kope.report().tasks and kope.report().tasks[0].kernel in ("eager", "reference", "agent")
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+LABEL = "aten.addmm(f32[128], f32[16x64], f32[64x128], beta=1, alpha=1, more=[1, 2, 3, 4])"
+
+
+def test_progress_on_a_pipe_is_plain_lines() -> None:
+    stream = io.StringIO()
+    bar = Progress(2, stream=stream)
+    bar.update(LABEL, "attempt 1/2: 1.10x")
+    bar.finish(LABEL, "agent 1.10x eager")
+    bar.finish("aten.relu(f32[4])", "already optimized")
+    bar.close()
+    text = stream.getvalue()
+    assert "\x1b" not in text and "\r" not in text  # no terminal control in a log
+    lines = text.splitlines()
+    assert lines[1] == "[2/2] aten.relu(f32[4]): already optimized"
+    shown = lines[0].split("] ", 1)[1].split(": agent", 1)[0]
+    assert shown.endswith("…") and LABEL.startswith(shown[:-1])
+    assert shown[:-1].endswith(("]", "(", "1")), shown  # cut after a whole argument
+
+
+def test_progress_on_a_terminal_uses_a_bar_and_still_reports_each_operator() -> None:
+    stream = _Terminal()
+    bar = Progress(1, stream=stream)
+    bar.update(LABEL, "attempt 1/2")
+    bar.finish(LABEL, "eager 1.00x eager")
+    bar.close()
+    assert "eager 1.00x eager" in stream.getvalue()
+
+
+def test_disabled_progress_writes_nothing() -> None:
+    stream = io.StringIO()
+    bar = Progress(1, stream=stream, enabled=False)
+    bar.finish(LABEL, "done")
+    bar.close()
+    assert stream.getvalue() == ""
+
+
+@pytest.mark.parametrize("width", [12, 20, 30, 45, 60])
+def test_labels_are_cut_at_an_argument_boundary(width: int) -> None:
+    short = shorten(LABEL, width)
+    assert len(short) <= width and short.endswith("…")
+    kept = short[:-1]
+    assert LABEL.startswith(kept)
+    assert LABEL[len(kept)] in ",( " or kept.endswith("("), short
+
+
+def test_failed_pipelines_reach_the_report_with_their_command() -> None:
+    command = "kope-opt --pass-pipeline='builtin.module(kope-lower-cpu)' /s/repro/lower-x.mlir"
+    error = f"lower aten.mm failed:\nkernel.mlir:3:5: error: boom\nreproduce with: {command}"
+    attempts = [
+        AttemptRecord(task="k", source="agent", verdict="compile_error", error=error),
+        AttemptRecord(task="k", source="agent", verdict="compile_error", error=error),
+        AttemptRecord(task="k", source="agent", verdict="mismatch", error="max abs err 1"),
+    ]
+    assert repro_commands(attempts) == [command]
+    report = {
+        "operators": [{"label": "aten.mm(f32[4x4], f32[4x4])", "winner": "eager",
+                       "speedup_vs_eager": 1.0, "speedup_vs_reference": None, "attempts": 3,
+                       "verdicts": {"compile_error": 2}, "repro": [command]}],
+        "summary": {"operators": 1, "pass_rate": 0.0, "geomean_speedup_vs_eager": 1.0,
+                    "geomean_speedup_vs_reference": None, "agent_wins": 0, "tokens": 0,
+                    "wall_s": 1.0},
+    }
+    text = format_report(report)
+    assert command in text
+    assert "pass rate 0% (the share of operators with at least one verified agent kernel)" in text
