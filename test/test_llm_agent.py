@@ -137,3 +137,56 @@ def test_rejected_key_is_a_clear_error(task, target) -> None:
 )
 def test_kernel_extraction(answer: str, kernel: str | None) -> None:
     assert extract_kernel(answer)[0] == kernel
+
+
+def test_unreachable_endpoint_says_what_failed_and_what_is_unset(task, target, monkeypatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    agent = make_agent("llm", base_url=f"http://127.0.0.1:{port}/v1", model="m", max_retries=0)
+    with pytest.raises(KopeError) as err:
+        agent.propose(ProposalRequest(task_view(task, target)))
+    message = str(err.value)
+    assert ".." not in message  # the client's "Connection error." is not glued to a period
+    assert "Connection refused" in message  # what failed, from the socket error beneath
+    assert "API key unset" in message and "model m" in message
+
+
+@pytest.mark.parametrize(
+    "given, unset, missing",
+    [
+        ({}, ["OPENAI_BASE_URL", "OPENAI_API_KEY", "KOPE_LLM_MODEL"], ["KOPE_LLM_MODEL",
+                                                                      "OPENAI_BASE_URL"]),
+        ({"model": "m"}, ["OPENAI_BASE_URL", "OPENAI_API_KEY"], ["OPENAI_BASE_URL",
+                                                                 "OPENAI_API_KEY"]),
+    ],
+)
+def test_missing_configuration_is_named_before_any_request(
+    given: dict, unset: list[str], missing: list[str], monkeypatch
+) -> None:
+    for name in unset:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(KopeError) as err:
+        make_agent("llm", **given)
+    message = str(err.value)
+    for name in missing:
+        assert name in message
+    assert "API key unset" in message
+
+
+def test_a_set_key_is_said_to_be_set_and_never_shown(monkeypatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    monkeypatch.delenv("KOPE_LLM_MODEL", raising=False)
+    with pytest.raises(KopeError) as err:
+        make_agent("llm", base_url="http://127.0.0.1:9/v1")
+    assert "API key set" in str(err.value) and SECRET not in str(err.value)
+
+
+def test_unknown_model_is_a_clear_error(task, target) -> None:
+    with ScriptedOpenAIServer([Reply(status=404)]) as server:
+        agent = _agent(server, max_retries=0)
+        with pytest.raises(KopeError, match="KOPE_LLM_MODEL") as err:
+            agent.propose(ProposalRequest(task_view(task, target)))
+        agent.close()
+    assert "'scripted'" in str(err.value) and SECRET not in str(err.value)

@@ -23,6 +23,8 @@ from kope.errors import KopeError
 
 log = logging.getLogger("kope.agents.llm")
 
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.S)
 _DECISION = re.compile(r"^\s*(?:decision|why)\s*:\s*(.+)$", re.I | re.M)
 
@@ -84,13 +86,26 @@ class LLMAgent(Agent):
     ):
         import openai
 
-        self.base_url = base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
+        url = base_url or os.environ.get("OPENAI_BASE_URL")
+        self.base_url = url or DEFAULT_BASE_URL
         self.model = model or os.environ.get("KOPE_LLM_MODEL") or ""
-        if not self.model:
-            raise KopeError(
-                "the llm agent needs a model name: set KOPE_LLM_MODEL (or pass --llm-model)"
-            )
-        key = api_key or os.environ.get("OPENAI_API_KEY") or "unset"
+        key = api_key or os.environ.get("OPENAI_API_KEY")
+        # Said in words in every configuration error; the key itself never is.
+        self._config = (
+            f"configured: endpoint {self.base_url}"
+            f"{'' if url else ' (the default: OPENAI_BASE_URL is unset)'}; "
+            f"model {self.model or 'unset'}; API key {'set' if key else 'unset'}"
+        )
+        missing = [
+            *([] if self.model else ["a model name: set KOPE_LLM_MODEL (or pass --llm-model)"]),
+            # OpenAI's own API refuses every request without a key; a local server may not.
+            *([] if url or key else ["an endpoint or a key: set OPENAI_BASE_URL (or pass "
+                                     "--llm-base-url) to your server, or OPENAI_API_KEY for "
+                                     f"{DEFAULT_BASE_URL}"]),
+        ]
+        if missing:
+            raise KopeError(f"the llm agent needs {', and '.join(missing)} [{self._config}]")
+        key = key or "unset"  # the client insists on one; a keyless local server ignores it
         self.temperature = temperature
         self.seed = seed
         self._openai = openai
@@ -111,12 +126,21 @@ class LLMAgent(Agent):
             if isinstance(err, self._openai.APITimeoutError):
                 return Rejected(f"the endpoint did not answer in time ({err})", model=self.model)
             raise KopeError(
-                f"cannot reach the LLM endpoint at {self.base_url}: {err}. Check OPENAI_BASE_URL "
-                "(or --llm-base-url) and that the server is running."
+                f"cannot reach the LLM endpoint at {self.base_url}: {_cause(err)}; check "
+                f"OPENAI_BASE_URL (or --llm-base-url) and that the server is running "
+                f"[{self._config}]"
             ) from None
-        except self._openai.AuthenticationError:
+        except self._openai.AuthenticationError as err:
             raise KopeError(
-                f"the LLM endpoint at {self.base_url} rejected the API key: set OPENAI_API_KEY"
+                f"the LLM endpoint at {self.base_url} rejected the API key (HTTP "
+                f"{err.status_code}): set OPENAI_API_KEY to a key it accepts [{self._config}]"
+            ) from None
+        except self._openai.NotFoundError:
+            # A wrong model name or base URL fails the same way on every attempt: say so once.
+            raise KopeError(
+                f"the LLM endpoint at {self.base_url} answered HTTP 404 for model "
+                f"{self.model!r}: check KOPE_LLM_MODEL (or --llm-model) and that the base URL "
+                f"ends where /chat/completions is served, e.g. .../v1 [{self._config}]"
             ) from None
         except self._openai.APIStatusError as err:
             return Rejected(
@@ -185,6 +209,16 @@ class LLMAgent(Agent):
 
     def close(self) -> None:
         self._client.close()
+
+
+def _cause(err: Exception) -> str:
+    """What failed under an openai connection error, in one sentence without a final period.
+
+    The client's own text is only "Connection error."; the socket error beneath it says what
+    happened (refused, unknown host, TLS)."""
+    cause = err.__cause__ or err.__context__
+    text = f"{type(cause).__name__}: {cause}" if cause is not None and str(cause) else str(err)
+    return text.strip().rstrip(".")
 
 
 def _feedback_line(f: Feedback) -> str:
