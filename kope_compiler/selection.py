@@ -57,9 +57,15 @@ def seed_for(key: str) -> int:
 
 
 def measure_reference(task: Task, target: Target, store: ExperienceStore) -> AttemptRecord:
-    """Verify and time the reference lowering against eager; record both as attempts."""
+    """Verify and time the reference lowering against eager; record both as attempts.
+
+    A reference too slow to time (a large operator's naive loops) is recorded verified with no
+    latency: it stays the oracle of the agent's candidates, and it never wins selection."""
     evaluation = target.evaluate(task.spec, Kernel(task.payload), seed=seed_for(task.key))
-    return record_evaluation(store, task.key, evaluation, SOURCE_REFERENCE, task.payload)
+    decision = "; ".join(evaluation.notes)
+    return record_evaluation(
+        store, task.key, evaluation, SOURCE_REFERENCE, task.payload, decision=decision
+    )
 
 
 def record_evaluation(
@@ -154,6 +160,13 @@ def choose(task: Task, target: Target, store: ExperienceStore, policy: str) -> C
         ref_choice.reason = "kernels=reference"
         return ref_choice
     best = store.best(task.key)
+    if reference.latency_us is None and (best is None or best.source != SOURCE_AGENT):
+        return Choice(
+            "eager",
+            "the reference lowering is verified but too slow to time; no faster kernel known",
+            eager_us=reference.eager_us,
+            verdict=reference.verdict,
+        )
     if best is None or best.source == SOURCE_EAGER:
         return Choice(
             "eager",
@@ -162,7 +175,7 @@ def choose(task: Task, target: Target, store: ExperienceStore, policy: str) -> C
             kernel_us=reference.latency_us,
             verdict=reference.verdict,
         )
-    if best.source == SOURCE_AGENT and best.artifact:
+    if best.source == SOURCE_AGENT and best.artifact and best.latency_us is not None:
         text = store.get_artifact(best.artifact)
         if text is not None:
             return Choice(

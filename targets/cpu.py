@@ -9,6 +9,7 @@ their schedule runs parallel loops, which use OpenMP with that same thread count
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -31,7 +32,13 @@ from kope.targets.base import (
 )
 from kope.targets.host import cpu_fingerprint, cpu_target_key
 from kope.targets.jit import ENTRY, JitKernel, openmp_library, set_openmp_threads
-from kope.targets.measure import MeasureConfig, measure_interleaved
+from kope.targets.measure import (
+    MeasureConfig,
+    Work,
+    estimate_work,
+    evaluation_limit_s,
+    measure_interleaved,
+)
 from kope.targets.worker import WorkerPool
 
 log = logging.getLogger("kope.targets.cpu")
@@ -160,6 +167,11 @@ def build_kernel(task: TaskSpec, kernel: Kernel) -> JitKernel:
 
 @dataclass(frozen=True)
 class EvalJob:
+    """One candidate to build, verify against `oracle` (eager when None) and maybe time.
+
+    `reduction` is the length of the operator's longest reduction, which widens the verifier's
+    tolerance (`verify.tolerance`)."""
+
     task: TaskSpec
     kernel: Kernel
     oracle: Kernel | None
@@ -167,6 +179,7 @@ class EvalJob:
     seed: int
     eager_threads: int
     config: MeasureConfig = MeasureConfig()
+    reduction: int = 1
 
 
 _BUILT: dict[tuple[str, str], JitKernel] = {}
@@ -191,17 +204,29 @@ def evaluate_job(job: EvalJob, phase: Callable[[str], None]) -> Evaluation:
     except BuildError as err:
         return Evaluation(COMPILE_ERROR, error=str(err), wall_s=time.perf_counter() - start)
     phase("verify")
-    result = _verify(job, kernel, oracle_kernel)
+    calls: dict[str, float] = {}
+    result = _verify(job, kernel, oracle_kernel, calls)
     if result.verified and job.measure:
         phase("measure")
         inputs = verify.make_inputs(job.task.inputs, verify.Trial("random", job.seed))
-        fns = {"kernel": lambda: kernel(*inputs), "eager": job.task.eager.bind(inputs)}
-        threads = {"kernel": _threads(kernel, job), "eager": job.eager_threads}
+        fns = {"eager": job.task.eager.bind(inputs)}
+        threads = {"eager": job.eager_threads}
+        candidates = {"kernel": kernel}
         if oracle_kernel is not None:
-            fns["reference"] = lambda: oracle_kernel(*inputs)
-            threads["reference"] = _threads(oracle_kernel, job)
+            candidates["reference"] = oracle_kernel
+        for name, candidate in candidates.items():
+            # A candidate this slow cannot win, and timing it would take several of its calls:
+            # it stays verified, untimed (no speedup), and the loop goes on without it.
+            if calls[name] > job.config.max_call_s:
+                result.notes.append(
+                    f"{name} too slow to time: one call took {calls[name]:.3g} s "
+                    f"(limit {job.config.max_call_s:g} s)"
+                )
+                continue
+            fns[name] = (lambda c: lambda: c(*inputs))(candidate)
+            threads[name] = _threads(candidate, job)
         timings = measure_interleaved(fns, job.config, threads)
-        result.kernel, result.eager = timings["kernel"], timings["eager"]
+        result.kernel, result.eager = timings.get("kernel"), timings["eager"]
         result.reference = timings.get("reference")
     result.wall_s = time.perf_counter() - start
     return result
@@ -211,8 +236,17 @@ def _threads(kernel: JitKernel, job: EvalJob) -> int:
     return job.eager_threads if kernel.parallel else KERNEL_THREADS
 
 
-def _verify(job: EvalJob, kernel: JitKernel, oracle_kernel: JitKernel | None) -> Evaluation:
+def _verify(
+    job: EvalJob,
+    kernel: JitKernel,
+    oracle_kernel: JitKernel | None,
+    calls: dict[str, float] | None = None,
+) -> Evaluation:
+    """Run the kernel and its oracle once per trial and compare; `calls` gets the fastest call
+    of the kernel ("kernel") and of an oracle kernel ("reference") seen, for timing decisions."""
     task = job.task
+    calls = {} if calls is None else calls
+    largest_input = max((math.prod(s.shape) for s in task.inputs), default=0)
     oracle_name = "reference lowering" if oracle_kernel else "eager ATen (float64 where it runs)"
     max_abs = max_rel = 0.0
     notes: list[str] = []
@@ -220,7 +254,10 @@ def _verify(job: EvalJob, kernel: JitKernel, oracle_kernel: JitKernel | None) ->
     for trial in verify.trials_for(job.seed):
         inputs = verify.make_inputs(task.inputs, trial)
         try:
+            began = time.perf_counter()
             expected = _oracle_outputs(task, oracle_kernel, inputs)
+            if oracle_kernel is not None:
+                _fastest(calls, "reference", time.perf_counter() - began)
         except Exception as err:  # the oracle itself rejects these inputs
             if trial.kind == "random":
                 return Evaluation(
@@ -234,7 +271,9 @@ def _verify(job: EvalJob, kernel: JitKernel, oracle_kernel: JitKernel | None) ->
             continue
         pristine = [t.clone() for t in inputs]
         outputs = verify.GuardedOutputs(task.outputs)
+        began = time.perf_counter()
         kernel.run(inputs, outputs.views)
+        _fastest(calls, "kernel", time.perf_counter() - began)
         trials += 1
         damage = outputs.check() or verify.inputs_unchanged(pristine, inputs)
         if damage:
@@ -245,7 +284,9 @@ def _verify(job: EvalJob, kernel: JitKernel, oracle_kernel: JitKernel | None) ->
                 trials=trials,
             )
         for index, (got, want) in enumerate(zip(outputs.views, expected)):
-            cmp = verify.compare(got, want, index)
+            # An output smaller than the largest input summarizes it: a statistics output.
+            statistic = got.numel() < largest_input
+            cmp = verify.compare(got, want, index, reduction=job.reduction, statistic=statistic)
             max_abs, max_rel = max(max_abs, cmp.max_abs_err), max(max_rel, cmp.max_rel_err)
             if not cmp.ok:
                 return Evaluation(
@@ -266,9 +307,15 @@ def _verify(job: EvalJob, kernel: JitKernel, oracle_kernel: JitKernel | None) ->
     )
 
 
+def _fastest(calls: dict[str, float], name: str, seconds: float) -> None:
+    calls[name] = min(seconds, calls.get(name, seconds))
+
+
 def _oracle_outputs(
     task: TaskSpec, oracle_kernel: JitKernel | None, inputs: Sequence[torch.Tensor]
 ) -> tuple[torch.Tensor, ...]:
+    """The expected outputs: the oracle kernel's, else eager ATen's in float64 where the op has
+    a float64 kernel (the verifier rounds them to the output dtype before comparing)."""
     if oracle_kernel is not None:
         return oracle_kernel(*inputs)
     if any(t.is_floating_point() for t in inputs):
@@ -313,6 +360,9 @@ class CpuTarget(Target):
             self._pool = WorkerPool(self.workers, preload="kope.targets.cpu")
         return self._pool
 
+    # How candidates are timed; a test or a caller may set a stricter one on an instance.
+    measure_config: MeasureConfig = MeasureConfig()
+
     def evaluate(
         self,
         task: TaskSpec,
@@ -321,11 +371,33 @@ class CpuTarget(Target):
         oracle: Kernel | None = None,
         measure: bool = True,
         seed: int = 0,
-        config: MeasureConfig = MeasureConfig(),
+        config: MeasureConfig | None = None,
     ) -> Evaluation:
-        job = EvalJob(task, kernel, oracle, measure, seed, torch.get_num_threads(), config)
+        """Build, verify and time `kernel` in a worker, within a time limit scaled to its work.
+
+        `timeout_s` covers building, start-up and an ordinary operator's runs. An operator
+        whose estimated runs (the kernel and its oracle once per trial, then timing:
+        `evaluation_limit_s`) need more than half of it gets those plus half of `timeout_s`
+        for the rest, so a large operator's reference lowering is verified, not timed out."""
+        config = config or self.measure_config
+        # The reference payload describes the operator's loops; an agent kernel may not parse
+        # as one (a memref @kope_kernel), so the oracle's text is read when there is one.
+        work: Work = estimate_work(task, (oracle or kernel).source)
+        trials = len(verify.trials_for(seed))
+        runs_s = evaluation_limit_s(work, trials, measure, config)
+        limit_s = max(self.timeout_s, self.timeout_s / 2 + runs_s)
+        job = EvalJob(
+            task,
+            kernel,
+            oracle,
+            measure,
+            seed,
+            torch.get_num_threads(),
+            config,
+            reduction=work.reduction,
+        )
         start = time.perf_counter()
-        outcome = self.pool.call("kope.targets.cpu:evaluate_job", job, self.timeout_s)
+        outcome = self.pool.call("kope.targets.cpu:evaluate_job", job, limit_s)
         if outcome.ok:
             result: Evaluation = outcome.value
             return result

@@ -2,18 +2,37 @@
 
 Candidates and baselines are timed in the same process, on the same inputs, in rotating order
 within each round, so that machine noise falls on all of them alike.
+
+How long an evaluation may take follows from the operator's work (`estimate_work`): its
+verification runs the kernel and its oracle once per trial, so a 2048x8192x4096 matmul's
+reference lowering (naive loops, minutes per call) gets minutes per trial, while a small
+operator keeps the fixed limit. A candidate whose one call takes longer than
+`MeasureConfig.max_call_s` is verified but not timed: timing needs several calls (calibration
+and repeats), and a kernel that slow cannot be the one that wins.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import statistics
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+from torch_mlir import ir
 
-from kope.targets.base import Timing
+from kope.passes.analysis import analyze
+from kope.targets.base import TaskSpec, Timing
+
+log = logging.getLogger("kope.targets.measure")
+
+# The slowest rates at which a kernel of KOPE's CPU target is expected to run: the reference
+# lowering (naive loops, one thread, O3) ran 0.5-0.9 G loop iterations/s here (mm 256^3, a sum
+# of 16M floats); a tenth of that leaves room for a machine shared with other work.
+ITERATIONS_PER_S = 1e8
+BYTES_PER_S = 5e8
 
 
 @dataclass(frozen=True)
@@ -23,6 +42,66 @@ class MeasureConfig:
     warmup_s: float = 5e-3
     budget_s: float = 2.0  # a slow kernel gets fewer repeats, never fewer than `min_repeats`
     min_repeats: int = 3
+    # A candidate slower than this per call is verified but not timed (eager always is): it
+    # would need 2 + min_repeats calls, and eager-speed kernels of the largest operators
+    # (a 2048x8192x4096 matmul: ~1.5 s here) must still be timed.
+    max_call_s: float = 5.0
+
+    @property
+    def calls_per_timing(self) -> int:
+        """The fewest calls timing one slow callable makes: two to calibrate, then repeats."""
+        return 2 + self.min_repeats
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one call of an operator does: loop iterations of its linalg ops, bytes of its
+    arguments, and the length of its longest reduction (for the verifier's tolerance)."""
+
+    iterations: int
+    bytes: int
+    reduction: int
+
+    @property
+    def call_s(self) -> float:
+        """A generous estimate of one call's duration at the slowest expected rates."""
+        return self.iterations / ITERATIONS_PER_S + self.bytes / BYTES_PER_S
+
+
+def estimate_work(task: TaskSpec, payload: str | None) -> Work:
+    """The work of `task`, from its linalg payload when it parses, else from its shapes."""
+    nbytes = sum(
+        math.prod(s.shape) * torch.empty((), dtype=s.torch_dtype).element_size()
+        for s in (*task.inputs, *task.outputs)
+    )
+    if payload is not None:
+        try:
+            info = analyze(payload)
+        except (ir.MLIRError, ValueError, IndexError) as err:
+            log.debug("no work estimate from the payload of %s: %s", task.label, err)
+        else:
+            iterations = sum(math.prod(max(1, r) for r in op.ranges) for op in info.ops)
+            reduction = max(
+                (math.prod(max(1, op.ranges[d]) for d in op.reduction_dims) for op in info.ops),
+                default=1,
+            )
+            return Work(max(1, iterations), nbytes, max(1, reduction))
+    # Without loops to read: every output element reads the inputs once, and a reduction's
+    # length is at most elements in per element out.
+    largest_in = max((math.prod(s.shape) for s in task.inputs), default=1)
+    smallest_out = max(1, min((math.prod(s.shape) for s in task.outputs), default=1))
+    outputs = sum(math.prod(s.shape) for s in task.outputs)
+    return Work(max(1, largest_in + outputs), nbytes, max(1, largest_in // smallest_out))
+
+
+def evaluation_limit_s(work: Work, trials: int, measure: bool, config: MeasureConfig) -> float:
+    """Seconds the runs of one evaluation need at the slowest expected rates: the kernel and
+    its oracle once per trial, then (if measured) eager, the kernel and the reference at least
+    `calls_per_timing` calls each. Building and the fixed timing budget are not included."""
+    verify_s = trials * 2 * work.call_s
+    if not measure:
+        return verify_s
+    return verify_s + config.calls_per_timing * 3 * work.call_s
 
 
 def measure_interleaved(

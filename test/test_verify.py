@@ -1,4 +1,5 @@
-"""The verifier's rules: tolerances by dtype, NaN never passes, poison and canaries work."""
+"""The verifier's rules: tolerances by dtype and reduction length, comparison in the output's
+dtype, NaN never passes for a number, poison and canaries work."""
 
 from __future__ import annotations
 
@@ -6,9 +7,13 @@ import math
 
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
+from kope.partition import partition
 from kope.targets import verify
-from kope.targets.base import TensorSpec
+from kope.targets.base import Kernel, TensorSpec
+from kope.targets.cpu import CpuTarget, EvalJob, _verify, build_kernel
+from kope.targets.measure import estimate_work
 
 
 def test_close_values_pass_and_far_ones_fail() -> None:
@@ -95,3 +100,82 @@ def test_trials_are_seeded_and_cover_edge_values() -> None:
 def test_integer_inputs_are_small_and_non_negative() -> None:
     ints = verify.make_inputs([TensorSpec((1000,), "int64")], verify.Trial("random", 3))[0]
     assert ints.min() >= 0 and ints.max() < 4
+
+
+# -- comparing in the output's dtype (issue 8, defect 10) -------------------------------------
+
+
+def test_float64_overflow_is_the_dtypes_infinity() -> None:
+    """1e4 / 4.7e-38 is -2.1e41 in float64 and -inf in float32: -inf is the right answer."""
+    want = torch.tensor([-2.126765e41, 3.0, 2e39], dtype=torch.float64)
+    got = torch.tensor([-math.inf, 3.0, math.inf], dtype=torch.float32)
+    result = verify.compare(got, want)
+    assert result.ok, result.message
+    assert result.max_abs_err < 1e-5  # the overflowed value does not inflate the scale
+
+
+def test_overflow_still_needs_the_right_sign_and_size() -> None:
+    want = torch.tensor([-2.126765e41, 3.0], dtype=torch.float64)
+    assert not verify.compare(torch.tensor([math.inf, 3.0]), want).ok
+    assert not verify.compare(torch.tensor([-1e30, 3.0]), want).ok
+    assert not verify.compare(torch.tensor([math.nan, 3.0]), want).ok
+    # The rounded oracle's scale no longer hides an error in the finite elements.
+    assert not verify.compare(torch.tensor([-math.inf, 3.5]), want).ok
+
+
+def test_statistic_over_a_nan_row_may_be_any_non_finite_value() -> None:
+    """native_layer_norm's rstd of a row holding NaN: float32 said inf, float64 NaN."""
+    want = torch.tensor([[math.nan], [0.5], [-math.inf]], dtype=torch.float64)
+    got = torch.tensor([[math.inf], [0.5], [math.nan]], dtype=torch.float32)
+    assert verify.compare(got, want, statistic=True).ok
+    assert not verify.compare(got, want).ok  # an elementwise output keeps IEEE's answer
+
+
+def test_statistic_never_invents_a_number() -> None:
+    want = torch.tensor([math.nan, 0.5], dtype=torch.float64)
+    assert not verify.compare(torch.tensor([0.0, 0.5]), want, statistic=True).ok
+    nan_for_number = torch.tensor([math.nan, math.nan])
+    assert not verify.compare(nan_for_number, want, statistic=True).ok
+    assert not verify.compare(torch.tensor([math.inf, math.inf]), want, statistic=True).ok
+
+
+def test_tolerance_grows_with_the_reduction_length() -> None:
+    """A float32 sum of 2^28 terms (16384x16384) is off by ~sqrt(n)·eps of its magnitude."""
+    n = 16384 * 16384
+    want = torch.tensor([16384.0], dtype=torch.float64)
+    got = (want * (1 + 2e-3)).float()  # 4 · eps · sqrt(n)
+    assert not verify.compare(got, want).ok
+    assert verify.compare(got, want, reduction=n).ok
+    rtol, atol = verify.tolerance(torch.float32, n)
+    assert 1e-2 < atol < rtol < 2e-2
+    assert verify.tolerance(torch.float32, 1) == verify.TOLERANCES[torch.float32]
+    assert verify.tolerance(torch.int64, n) == verify.EXACT
+
+
+def test_a_long_reduction_still_catches_a_wrong_value() -> None:
+    want = torch.randn(64, dtype=torch.float64) * 64  # row sums of 64x4096
+    bad = want.float()
+    bad[5] += 0.01 * float(want.abs().max())  # one row off by 1% of the scale
+    result = verify.compare(bad, want, reduction=4096)
+    assert not result.ok and "[5]" in result.message
+    nan = want.float()
+    nan[3] = math.nan
+    assert not verify.compare(nan, want, reduction=4096, statistic=True).ok
+
+
+def test_the_real_reference_sum_of_2m_floats_verifies() -> None:
+    """The reference lowering's float32 sum of 1024x2048 against the float64 oracle: on this
+    seed it is 2.4e-4 off relative to the result, past the elementwise float32 tolerance."""
+    graph = make_fx(lambda x: x.sum(), tracing_mode="fake")(torch.randn(1024, 2048))
+    (task,) = partition(graph, CpuTarget().key()).tasks
+    work = estimate_work(task.spec, task.payload)
+    assert work.reduction == 1024 * 2048
+    kernel = build_kernel(task.spec, Kernel(task.payload))
+    trial = verify.Trial("random", 11)
+    inputs = verify.make_inputs(task.spec.inputs, trial)
+    got = kernel(*inputs)[0]
+    want = task.spec.eager(verify.upcast(inputs))[0]
+    assert not verify.compare(got, want).ok  # the rule before the reduction length counted
+    job = EvalJob(task.spec, Kernel(task.payload), None, False, 11, 1, reduction=work.reduction)
+    result = _verify(job, kernel, None)
+    assert result.verified, result.error

@@ -1,0 +1,96 @@
+"""The reference lowering of an operator too large to time (issue 8, defect 11).
+
+A reference lowering is an oracle first: it runs once per verification trial, within a time
+limit scaled to the operator's work, and when one call is too slow to time it is recorded as
+verified but untimed. The agent goes on (its candidates verified against the reference, timed
+against eager), and selection keeps eager unless a timed kernel beats it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from kope.agents import make_agent
+from kope.memory.schema import SOURCE_AGENT, SOURCE_EAGER, SOURCE_REFERENCE, AttemptRecord
+from kope.memory.store import ExperienceStore
+from kope.optimize import Budget, optimize_task
+from kope.partition import partition
+from kope.selection import choose, known_reference
+from kope.targets.cpu import CpuTarget
+from kope.targets.measure import MeasureConfig, Work, estimate_work, evaluation_limit_s
+from kope.task import Task
+
+
+def _task(fn, *args: torch.Tensor) -> Task:
+    (task,) = partition(make_fx(fn, tracing_mode="fake")(*args), CpuTarget().key()).tasks
+    return task
+
+
+@pytest.fixture(scope="module")
+def untimed_target():
+    """A real CPU target whose timing refuses every candidate slower than 0 s per call."""
+    cpu = CpuTarget(workers=1, timeout_s=120)
+    cpu.measure_config = MeasureConfig(max_call_s=0.0)
+    yield cpu
+    cpu.close()
+
+
+def test_work_is_read_from_the_loops_of_the_reference() -> None:
+    mm = _task(torch.mm, torch.randn(64, 96), torch.randn(96, 32))
+    work = estimate_work(mm.spec, mm.payload)
+    assert work.reduction == 96
+    assert work.iterations >= 64 * 96 * 32  # the matmul's loops (plus its fill)
+    rows = _task(lambda x: x.sum(-1), torch.randn(8, 300))
+    assert estimate_work(rows.spec, rows.payload).reduction == 300
+    assert estimate_work(rows.spec, None).reduction == 300  # from the shapes alone
+
+
+def test_time_limit_scales_with_the_work() -> None:
+    config = MeasureConfig()
+    small = Work(iterations=10**4, bytes=10**5, reduction=1)
+    big = Work(iterations=2048 * 8192 * 4096, bytes=4 * (2048 * 8192 + 8192 * 4096), reduction=8192)
+    assert evaluation_limit_s(small, 4, True, config) < 1.0
+    # The 2048x8192x4096 matmul's naive loops need far more than the fixed 60 s to verify.
+    assert evaluation_limit_s(big, 4, False, config) > 8 * big.iterations / 1e9 > 60
+
+
+def test_untimed_reference_lets_the_agent_run_and_eager_stays_chosen(
+    untimed_target: CpuTarget, tmp_path: Path
+) -> None:
+    task = _task(lambda x: torch.tanh(x * 2 + 1) * x, torch.randn(24, 80))
+    store = ExperienceStore(tmp_path / "store")
+    reference = known_reference(task, untimed_target, store)
+    assert reference.verdict == "verified", reference.error
+    assert reference.latency_us is None and reference.speedup_vs_eager is None
+    assert "too slow to time" in reference.decision
+    assert reference.eager_us is not None  # eager is the baseline, always timed
+    summary = optimize_task(task, untimed_target, store, make_agent("heuristic"), Budget(2))
+    agent = [a for a in store.attempts(task.key) if a.source == SOURCE_AGENT]
+    assert summary.attempts == len(agent) >= 1
+    assert any(a.verdict == "verified" for a in agent)  # verified against the reference
+    assert all(a.latency_us is None and a.eager_us is not None for a in agent)
+    assert summary.winner == "eager" and summary.speedup_vs_reference is None
+    choice = choose(task, untimed_target, store, "auto")
+    assert choice.kernel == "eager" and "too slow to time" in choice.reason
+
+    # A timed agent kernel that beats eager is chosen over the untimed reference.
+    verified = next(a for a in agent if a.verdict == "verified")
+    eager = next(a for a in store.attempts(task.key) if a.source == SOURCE_EAGER)
+    faster = AttemptRecord(
+        task=task.key,
+        source=SOURCE_AGENT,
+        verdict="verified",
+        latency_us=eager.latency_us / 2,
+        eager_us=eager.latency_us,
+        speedup_vs_eager=2.0,
+        decision="a timed kernel twice as fast as eager",
+    )
+    store.add_attempt(faster, store.get_artifact(verified.artifact))
+    choice = choose(task, untimed_target, store, "auto")
+    assert choice.kernel == "agent" and choice.source is not None
+    assert store.best(task.key).id == faster.id
+    assert [a.source for a in store.attempts(task.key)].count(SOURCE_REFERENCE) == 1
