@@ -59,6 +59,7 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], opts: Options) -
     except Exception as err:  # the simple export refuses mutation and aliasing, among others
         log.debug("simple export refused (%s: %s); using aot_autograd", type(err).__name__, err)
         return _aot(gm, example_inputs, opts)
+    assert isinstance(aten_gm, fx.GraphModule)  # typed as a callable; a graph in fact
     compiled, report = compile_graph(aten_gm, opts)
     if not any(task.jit for task in report.tasks):
         return gm.forward

@@ -23,6 +23,7 @@ from kope.report import EagerReport, GraphReport, TaskReport, add_graph
 from kope.selection import choose
 from kope.targets import get_target
 from kope.targets.base import Target
+from kope.task import Task
 
 log = logging.getLogger("kope.compiler")
 
@@ -112,7 +113,7 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
     return gm, graph
 
 
-def _optimize_unseen(tasks: list, target: Target, store: ExperienceStore, options: Options) -> None:
+def _optimize_unseen(tasks: list[Task], target: Target, store: ExperienceStore, options: Options) -> None:
     """Run the agent on each distinct operator that has no agent attempts in the store yet."""
     from kope.agents import make_agent
     from kope.memory.schema import SOURCE_AGENT

@@ -28,7 +28,7 @@ def _self_attention(
     qkv = F.linear(x, qkv_weight, qkv_bias)
     q, k, v = (
         t.reshape(batch, length, num_heads, head_dim).transpose(1, 2)
-        for t in qkv.split(embed, dim=-1)
+        for t in torch.split(qkv, embed, dim=-1)
     )
     scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(head_dim)
     attended = torch.matmul(torch.softmax(scores, dim=-1), v)

@@ -69,8 +69,10 @@ def _has_symbols(value: Any) -> bool:
 
 
 def eager_reason(node: fx.Node) -> tuple[str, bool] | None:
-    """Why `node` must run eagerly, and whether it is compute; None if it can be a Task."""
+    """Why `node` (a call of an ATen operator) must run eagerly, and whether it is compute;
+    None if it can be a Task."""
     target = node.target
+    assert isinstance(target, torch._ops.OpOverload), target
     name = op_name(target)
     schema = target._schema
     if schema.is_mutable:
@@ -169,7 +171,7 @@ def drop_unused_outputs(gm: fx.GraphModule) -> int:
 def _fusible(node: fx.Node) -> bool:
     return (
         node.op == "call_function"
-        and _is_aten_op(node.target)
+        and isinstance(node.target, torch._ops.OpOverload)
         and torch.Tag.pointwise in node.target.tags
         and isinstance(node.meta.get("val"), torch.Tensor)
         and eager_reason(node) is None
@@ -335,8 +337,9 @@ def _builds_tuple(node: fx.Node) -> bool:
 def _replace_uses(node: fx.Node, result: Any) -> None:
     if isinstance(result, (tuple, list)):
         for user in list(node.users):
-            if user.target is operator.getitem:
-                user.replace_all_uses_with(result[user.args[1]])
+            index = user.args[1] if user.target is operator.getitem else None
+            if isinstance(index, int):
+                user.replace_all_uses_with(result[index])
                 user.graph.erase_node(user)
             else:
                 raise RuntimeError(f"unexpected use of multi-output {node} by {user}")

@@ -162,6 +162,7 @@ def group_graph(nodes: list[fx.Node]) -> fx.GraphModule:
         return value
 
     for node in nodes:
+        assert callable(node.target), node
         args = tree_map(lift, tuple(node.args))
         kwargs = tree_map(lift, dict(node.kwargs))
         copy = graph.call_function(node.target, args, kwargs)

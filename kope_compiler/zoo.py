@@ -107,6 +107,7 @@ def cnn() -> Example:
     model = CNN().eval()
     with torch.no_grad():  # non-trivial running statistics
         for bn in (model.bn1, model.bn2):
+            assert bn.running_mean is not None and bn.running_var is not None
             bn.running_mean.uniform_(-0.5, 0.5)
             bn.running_var.uniform_(0.5, 2.0)
     return model, (torch.randn(2, 3, 16, 16),)

@@ -49,7 +49,7 @@ def write(path: Path, header: dict[str, Any], arrays: dict[str, np.ndarray]) -> 
             crc = zlib.crc32(prefix)
             f.write(prefix)
             for array in arrays.values():
-                raw = memoryview(array).cast("B") if array.nbytes else b""
+                raw = memoryview(array.data).cast("B") if array.nbytes else b""
                 pad = b"\0" * (_padded(array.nbytes) - array.nbytes)
                 crc = zlib.crc32(pad, zlib.crc32(raw, crc))
                 f.write(raw)

@@ -41,6 +41,7 @@ class ScriptedOpenAIServer:
     def base_url(self) -> str:
         assert self._server is not None, "start() the server first"
         host, port = self._server.server_address[:2]
+        host = host.decode() if isinstance(host, bytes) else host
         return f"http://{host}:{port}/v1"
 
     def start(self) -> "ScriptedOpenAIServer":
