@@ -5,6 +5,12 @@
 inputs enter through `bufferization.to_tensor restrict`, results leave through
 `bufferization.materialize_in_destination ... restrict writable` into caller-allocated outputs.
 No tensor result crosses the boundary, so nothing is returned through aliasing descriptors.
+
+A module that already has `@kope_kernel` (a memref kernel, as people and language models write
+it) is put into the same convention: the entry must take static identity-layout memrefs and
+return nothing; it is made public (else `symbol-dce` deletes it) and given
+`llvm.emit_c_interface` (else no `_mlir_ciface_kope_kernel` exists and the invoker finds no
+entry point). Writers of such kernels need not know either attribute.
 """
 
 from __future__ import annotations
@@ -42,16 +48,49 @@ def _memref_of(t: ir.Type) -> str:
     return str(ir.MemRefType.get(rt.shape, rt.element_type))
 
 
+def adopt_entry(entry: ir.Operation) -> None:
+    """Give a hand-written `@kope_kernel` the calling convention the invoker relies on."""
+    if not entry.regions[0].blocks:
+        raise PassError(f"@{ENTRY} is only declared; it needs a body", entry.location)
+    ftype = function_type(entry)
+    if list(ftype.results):
+        results = ", ".join(str(t) for t in ftype.results)
+        raise PassError(
+            f"@{ENTRY} must return nothing, got ({results}): write each output into its "
+            "destination memref, passed after the inputs",
+            entry.location,
+        )
+    for index, t in enumerate(ftype.inputs):
+        # The invoker passes contiguous descriptors built once from static shapes; any other
+        # layout, a dynamic size or a memory space would be read through the wrong strides.
+        plain = (
+            isinstance(t, ir.MemRefType)
+            and t.has_static_shape
+            and str(t) == str(ir.MemRefType.get(t.shape, t.element_type))
+        )
+        if not plain:
+            raise PassError(
+                f"@{ENTRY} argument {index} is {t}; arguments must be memrefs with static "
+                "shapes and the default (contiguous) layout",
+                entry.location,
+            )
+    entry.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get(entry.context)
+    if "sym_visibility" in entry.attributes:
+        del entry.attributes["sym_visibility"]
+
+
 @dataclass
 class DestinationAbi(ModulePass):
-    """Wrap `@main` into `@kope_kernel(inputs..., outputs...)` with destination outputs."""
+    """Wrap `@main` into `@kope_kernel(inputs..., outputs...)`, or adopt a `@kope_kernel`."""
 
     name = "kope-destination-abi"
     summary = "Wrap @main (tensors) into @kope_kernel (memref inputs, memref destinations)"
 
     def run(self, module: ir.Operation) -> None:
-        if find_func(module, ENTRY) is not None:
-            return  # already in the calling convention
+        entry = find_func(module, ENTRY)
+        if entry is not None:
+            adopt_entry(entry)
+            return
         payload = find_func(module, PAYLOAD)
         if payload is None:
             raise PassError(f"module has neither @{ENTRY} nor a @{PAYLOAD} payload function")

@@ -15,9 +15,13 @@ import torch
 from torch_mlir import ir
 from torch_mlir.execution_engine import ExecutionEngine
 
+# One name for the entry point, where the calling convention is made; re-exported for callers.
+from kope.passes.abi import ENTRY as ENTRY
 from kope.targets.base import TensorSpec
 
-ENTRY = "kope_kernel"
+# `llvm.emit_c_interface` (set by `kope-destination-abi`) names the wrapper that takes one
+# pointer per memref descriptor; the packed form of that wrapper is what a call enters.
+C_INTERFACE = "_mlir_ciface_" + ENTRY
 OPT_LEVEL = 3
 
 _DESCRIPTOR_TYPES: dict[int, type[ctypes.Structure]] = {}
@@ -86,9 +90,12 @@ class JitKernel:
             libraries.append(library)
             set_openmp_threads(torch.get_num_threads())
         self._engine = ExecutionEngine(llvm_module, opt_level=OPT_LEVEL, shared_libs=libraries)
-        address = self._engine.raw_lookup("_mlir_ciface_" + ENTRY)
+        address = self._engine.raw_lookup(C_INTERFACE)
         if not address:
-            raise RuntimeError(f"JIT-compiled module has no @{ENTRY} entry point")
+            raise RuntimeError(
+                f"JIT-compiled module has no @{ENTRY} entry point ({C_INTERFACE}): lower it "
+                f"with kope-lower-cpu, whose kope-destination-abi gives @{ENTRY} its C interface"
+            )
         # PYFUNCTYPE keeps the GIL held during the call: two threads never race on descriptors.
         self._fn = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)(address)
         self._in_desc = [contiguous_descriptor(s) for s in self.inputs]

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch_mlir import ir
 
 from kope.partition import partition
 from kope.targets.base import Kernel
 from kope.targets.cpu import BuildError, build_kernel
+from kope.targets.jit import JitKernel
+
+KERNELS = Path(__file__).parent / "kernels"
 
 
 def _task(fn, *args):
@@ -52,8 +58,11 @@ def test_non_contiguous_input_is_made_contiguous() -> None:
 def test_no_memref_copy_runtime_call_remains() -> None:
     from kope.targets.cpu import lower_kernel
 
-    task = _task(lambda x, w: torch.nn.functional.conv2d(x, w, padding=1),
-                 torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3))
+    task = _task(
+        lambda x, w: torch.nn.functional.conv2d(x, w, padding=1),
+        torch.randn(1, 2, 5, 5),
+        torch.randn(3, 2, 3, 3),
+    )
     text = str(lower_kernel(task.spec, Kernel(task.payload)))
     assert "memrefCopy" not in text
 
@@ -75,3 +84,17 @@ def test_packed_strided_input_follows_in_place_writes() -> None:
     torch.testing.assert_close(kernel(x.t())[0], x.t() * 3)
     y = torch.randn(6, 4)
     torch.testing.assert_close(kernel(y.t())[0], y.t() * 3)
+
+
+def test_memref_kernel_needs_no_attributes_to_be_called() -> None:
+    """`@kope_kernel` on memrefs as the LLM prompt describes it: no `llvm.emit_c_interface`."""
+    x = torch.randn(8, 16)
+    task = _task(lambda t: t.sum(1), x)
+    kernel = build_kernel(task.spec, Kernel((KERNELS / "rowsum_memref_good.mlir").read_text()))
+    torch.testing.assert_close(kernel(x)[0], x.sum(1))
+
+
+def test_module_without_the_c_interface_says_what_is_missing() -> None:
+    module = ir.Module.parse("llvm.func @kope_kernel() {\n  llvm.return\n}", ir.Context())
+    with pytest.raises(RuntimeError, match="_mlir_ciface_kope_kernel.*kope-destination-abi"):
+        JitKernel(module, (), ())

@@ -18,9 +18,34 @@ module {
 
 // -----
 
-// Already in the calling convention: nothing to do, no error.
 module {
-  func.func @kope_kernel(%in: memref<4xf32>, %out: memref<4xf32>) {
+  // expected-error @+1 {{@kope_kernel must return nothing, got (memref<4xf32>): write each output into its destination memref}}
+  func.func @kope_kernel(%in: memref<4xf32>, %out: memref<4xf32>) -> memref<4xf32> {
+    return %out : memref<4xf32>
+  }
+}
+
+// -----
+
+module {
+  // expected-error @+1 {{@kope_kernel argument 1 is memref<4xf32, strided<[2]>>; arguments must be memrefs with static shapes and the default (contiguous) layout}}
+  func.func @kope_kernel(%in: memref<4xf32>, %out: memref<4xf32, strided<[2]>>) {
     return
   }
+}
+
+// -----
+
+module {
+  // expected-error @+1 {{@kope_kernel argument 0 is tensor<4xf32>}}
+  func.func @kope_kernel(%in: tensor<4xf32>, %out: memref<4xf32>) {
+    return
+  }
+}
+
+// -----
+
+module {
+  // expected-error @+1 {{@kope_kernel is only declared; it needs a body}}
+  func.func private @kope_kernel(%in: memref<4xf32>, %out: memref<4xf32>)
 }
