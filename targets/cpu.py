@@ -63,8 +63,9 @@ class BuildError(Exception):
 
 
 # What a kernel may be written in. Anything else (llvm, gpu, omp, ...) could reach outside the
-# kernel (inline assembly, calls into libc), so it is refused before any pass runs.
-KERNEL_DIALECTS = {
+# kernel (inline assembly, calls into libc), so it is refused before any pass runs. The LLM
+# agent's prompt lists these, in this order, and its screen asks `screen_kernel`.
+KERNEL_DIALECTS = (
     "builtin",
     "func",
     "arith",
@@ -81,25 +82,42 @@ KERNEL_DIALECTS = {
     "index",
     "complex",
     "cf",
-}
+)
+# Operations of allowed dialects that are refused all the same: no kernel needs to call
+# through a function value, and a screen is easier to trust with one fewer way to call.
+_REFUSED_OPS = {"func.call_indirect": "an indirect call"}
 
 
 def screen_kernel(module: ir.Module) -> str | None:
-    """Why a parsed kernel may not be built here, or None."""
+    """What in a parsed kernel may not be built here (a phrase after "it contains"), or None.
+
+    The build and the LLM agent's screen both ask this, so what an agent may write and what
+    the target accepts are one rule.
+    """
     problems: list[str] = []
+    declared: list[str] = []
 
     def check(op: ir.Operation) -> ir.WalkResult:
         dialect = op.name.split(".", 1)[0]
         if dialect not in KERNEL_DIALECTS:
-            problems.append(f"operation {op.name} (dialect '{dialect}' is not allowed in kernels)")
+            problems.append(
+                f"operation {op.name} (dialect '{dialect}' is not allowed in kernels; allowed: "
+                f"{', '.join(KERNEL_DIALECTS)})"
+            )
+            return ir.WalkResult.INTERRUPT
+        if op.name in _REFUSED_OPS:
+            problems.append(f"{_REFUSED_OPS[op.name]} ({op.name})")
             return ir.WalkResult.INTERRUPT
         if op.name == "func.func" and not op.regions[0].blocks:
-            name = ir.StringAttr(op.attributes["sym_name"]).value
-            problems.append(f"declaration of external function @{name}")
-            return ir.WalkResult.INTERRUPT
+            declared.append("@" + ir.StringAttr(op.attributes["sym_name"]).value)
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(check)
+    if declared:
+        problems.append(
+            f"declarations of external functions ({', '.join(declared)}); a kernel may call "
+            "only functions it defines"
+        )
     return problems[0] if problems else None
 
 

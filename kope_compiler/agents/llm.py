@@ -17,9 +17,11 @@ import os
 import re
 from typing import Any
 
-from kope.agents.base import Agent, Feedback, Proposal, ProposalRequest, Rejected
+from kope.agents.base import Agent, Feedback, Proposal, ProposalRequest, Rejected, TaskView
 from kope.agents.screen import screen_mlir, screen_python
 from kope.errors import KopeError
+from kope.passes.abi import ENTRY
+from kope.targets.cpu import KERNEL_DIALECTS, BuildError, memref_type
 
 log = logging.getLogger("kope.agents.llm")
 
@@ -28,6 +30,8 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.S)
 _DECISION = re.compile(r"^\s*(?:decision|why)\s*:\s*(.+)$", re.I | re.M)
 
+# The memref signature and the dialects are rendered from what the build checks
+# (`kope.targets.cpu`, `kope-destination-abi`), so the prompt cannot offer what it refuses.
 SYSTEM_PROMPT = """You optimize one operator of a PyTorch model for a {target} target ({capabilities}).
 You are given its reference lowering: MLIR linalg-on-tensors, one `func.func @main`.
 Answer with ONE ```mlir code block holding a complete MLIR module in one of these forms:
@@ -38,12 +42,29 @@ Answer with ONE ```mlir code block holding a complete MLIR module in one of thes
    lowers to LLVM. Useful ops: transform.structured.tile_using_for / tile_using_forall (forall
    loops run on OpenMP threads), fuse_into_containing_op, vectorize_children_and_apply_patterns,
    apply_patterns with vector.lower_contraction, transform.loop.hoist_loop_invariant_subsets.
-2. `func.func @kope_kernel` on memrefs: the inputs, then one memref per output, which it
-   must fill completely; it returns nothing.
-Only these dialects are allowed: builtin, func, arith, math, linalg, tensor, memref, scf, vector,
-bufferization, affine, transform, ub, index, complex, cf. No external functions, no llvm ops.
+2. A kernel on memrefs, with exactly this signature:
+   `{signature}`
+   Its arguments are the inputs, then one memref per output, which it must fill completely;
+   it returns nothing and needs no attributes (KOPE gives it its C calling convention).
+   Write loops or linalg ops on the memrefs, or tensor code between
+   `bufferization.to_tensor %in restrict` and
+   `bufferization.materialize_in_destination %result in restrict writable %out`.
+Only these dialects are allowed: {dialects}.
+No declarations of external functions, no indirect calls; the module may hold helper
+functions that it defines.
 Every kernel is verified against the reference on random and edge inputs (NaN, Inf, -0).
 Start your answer with one line `Decision: <what you changed and why>`."""
+
+
+def kernel_signature(task: TaskView) -> str:
+    """The signature the memref form must have for `task`: inputs, then output destinations."""
+    try:
+        params = [f"%in{i}: {memref_type(s)}" for i, s in enumerate(task.inputs)]
+        params += [f"%out{j}: {memref_type(s)}" for j, s in enumerate(task.outputs)]
+    except BuildError:
+        # A dtype with no memref element: only the payload form can describe this operator.
+        return f"func.func @{ENTRY}(...) (not available for these dtypes)"
+    return f"func.func @{ENTRY}({', '.join(params)})"
 
 
 def extract_kernel(content: str) -> tuple[str | None, str]:
@@ -182,7 +203,12 @@ class LLMAgent(Agent):
         capabilities = ", ".join(
             f"{k}={v}" for k, v in sorted(task.capabilities.items()) if k != "kernel_form"
         )
-        system = SYSTEM_PROMPT.format(target=task.target, capabilities=capabilities)
+        system = SYSTEM_PROMPT.format(
+            target=task.target,
+            capabilities=capabilities,
+            signature=kernel_signature(task),
+            dialects=", ".join(KERNEL_DIALECTS),
+        )
         parts = [
             f"Operator: {task.label}",
             "Inputs: "

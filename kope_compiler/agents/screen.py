@@ -4,19 +4,20 @@ A kernel is data for KOPE: MLIR it parses and verifies (or, on GPU targets, a Tr
 Still, MLIR can declare and call external functions, embed assembly, and Python can import
 anything; a candidate that could reach the shell, the file system or the network is refused
 and recorded as a failed attempt without ever being built.
+
+MLIR is screened by the rule the CPU target builds by (`kope.targets.cpu.screen_kernel`, on
+the parsed module), not by a second, textual copy of it: a copy that matched `llvm.` refused
+every kernel carrying the harmless `llvm.emit_c_interface` attribute, and one that missed an
+op the build refuses let the agent spend a build on it.
 """
 
 from __future__ import annotations
 
 import ast
-import re
 
-_MLIR_FORBIDDEN = [
-    (re.compile(r"\bllvm\.\w+"), "LLVM dialect operations (inline assembly, raw calls)"),
-    (re.compile(r"\bfunc\.call_indirect\b"), "indirect calls"),
-    (re.compile(r"\bgpu\.\w+"), "GPU operations"),
-]
-_DECLARATION = re.compile(r"func\.func\s+(?:private\s+)?@([\w$.]+)\s*\([^{}]*\)[^{}]*$", re.M)
+from torch_mlir import ir
+
+from kope.targets.cpu import screen_kernel
 
 PYTHON_ALLOWED_IMPORTS = {"triton", "triton.language", "math", "torch"}
 _PYTHON_FORBIDDEN_NAMES = {
@@ -38,13 +39,16 @@ _PYTHON_FORBIDDEN_NAMES = {
 
 def screen_mlir(text: str) -> str | None:
     """Why this MLIR must not be built, or None if it may (the target checks again on parse)."""
-    for pattern, what in _MLIR_FORBIDDEN:
-        if pattern.search(text):
-            return f"the kernel uses {what}, which KOPE kernels may not"
-    declared = sorted(set(_DECLARATION.findall(text)))
-    if declared:
-        return f"the kernel declares external functions ({', '.join(declared)})"
-    return None
+    context = ir.Context()
+    context.enable_multithreading(False)
+    try:
+        module = ir.Module.parse(text, context)
+    except ir.MLIRError:
+        # Nothing is built from text that does not parse; the build's error names the line
+        # and column, which is the feedback the model needs.
+        return None
+    refused = screen_kernel(module)
+    return f"the kernel contains {refused}" if refused else None
 
 
 def screen_python(text: str) -> str | None:
