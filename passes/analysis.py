@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from torch_mlir import ir
 from torch_mlir.passmanager import PassManager
 
+from kope.passes.integer_powers import ExpandPowers
+
 OP_ATTR = "kope.op"
 CLEANUP = (
     "linalg-fold-unit-extent-dims",
@@ -102,7 +104,9 @@ def prepare_payload(text: str, *, approximate_math: bool = False) -> str:
     module = ir.Module.parse(text, context)
     from kope.passes.pipeline import build_pass_manager
 
-    elements: list = list(CLEANUP)
+    # Integer powers become multiplications before any schedule vectorizes them: a vector
+    # `math.fpowi` has no valid lowering, and a multiply chain vectorizes with the rest.
+    elements: list = [ExpandPowers(), *CLEANUP]
     if approximate_math:
         from kope.passes.approximate_math import ApproximateMath
 

@@ -4,7 +4,10 @@ This is the reference lowering's pipeline; speedups are quoted against what it p
 `opt_level=3`. The order encodes lessons from DESIGN.md: outputs are destinations (no tensor
 results cross the boundary, and empty-tensor elimination computes them in place), `memref.copy` never reaches the `memrefCopy` runtime call,
 `lower-affine` runs again after `expand-strided-metadata`, and vector transfers unroll fully
-(the partial form allocates on the stack inside loops and overflows it).
+(the partial form allocates on the stack inside loops and overflows it). Two legalizations
+make vectorized forms lower correctly: integer powers become multiplications
+(`kope-expand-powers`: a vector `math.fpowi` lowers to invalid `llvm.intr.powi`), and vectors
+of i1 are stored one byte per element (`kope-bool-vector-memory`: LLVM packs them in bits).
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from dataclasses import dataclass
 
 from kope.passes.abi import DestinationAbi
 from kope.passes.base import PipelineElement, PipelinePass
+from kope.passes.bool_memory import BoolVectorMemory
 from kope.passes.hoist_allocs import HoistAllocs
+from kope.passes.integer_powers import ExpandPowers
 from kope.passes.memref_copy import MemrefCopyToLinalg
 from kope.passes.schedule import ApplySchedule
 
@@ -61,6 +66,7 @@ class LowerCpu(PipelinePass):
     def expand(self) -> list[PipelineElement]:
         return [
             ApplySchedule(),  # a kernel's own schedule, on its tensor payload
+            ExpandPowers(),  # before math-to-llvm: powi takes no vector exponent
             DestinationAbi(),
             "inline",
             "symbol-dce",
@@ -71,4 +77,5 @@ class LowerCpu(PipelinePass):
             HoistAllocs(),  # one allocation per call, not per iteration, for fused temporaries
             MemrefCopyToLinalg(),
             *TO_LLVM,
+            BoolVectorMemory(),  # on the LLVM dialect, where i1 vectors meet memory
         ]
