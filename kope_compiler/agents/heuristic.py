@@ -31,7 +31,15 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from kope.agents.base import Agent, Experience, Feedback, Proposal, ProposalRequest
-from kope.agents.schedules import CONVOLUTIONS, Config, attach, config_key, describe, render
+from kope.agents.schedules import (
+    CONVOLUTIONS,
+    DEPTHWISE,
+    Config,
+    attach,
+    config_key,
+    describe,
+    render,
+)
 from kope.passes.analysis import PayloadInfo, analyze, prepare_payload
 
 APPROXIMABLE = {"math.exp", "math.erf", "math.tanh"}
@@ -98,13 +106,29 @@ def candidate_space(info: PayloadInfo, capabilities: dict[str, Any]) -> list[tup
         channels, columns = conv.ranges[1], conv.ranges[3]
         for t, f, ow, c in itertools.product(threads, [16, 8], [2 * lanes, lanes], [1, 4]):
             # Column tiles are whole vectors (a conv row of another width has been seen to
-            # vectorize wrongly), and thread chunks hold whole channel tiles.
-            if f > channels or ow > columns or c > conv.ranges[4] or channels % (t * f):
+            # vectorize wrongly), thread chunks hold whole channel tiles, and input-channel
+            # tiles divide the input channels (a partial one makes the 1-D conv dynamic).
+            if f > channels or ow > columns or conv.ranges[4] % c or channels % (t * f):
                 continue
             score = (2.0 if (t > 1) == big else 0.0) + (1.0 if f == 16 else 0.0)
             score += 0.5 if columns % ow == 0 else 0.0
             found.append(
                 ({"family": "conv", "threads": t, "channels": f, "columns": ow, "inputs": c}, score)
+            )
+    elif info.kind == "convolution" and info.find(DEPTHWISE):
+        conv = info.find(DEPTHWISE)
+        assert conv is not None
+        columns, channels = conv.ranges[2], conv.ranges[3]
+        # Whole vectors along the output row, or the whole row when it is shorter.
+        widths = sorted({w for w in (2 * lanes, lanes) if w <= columns} | {min(columns, lanes)})
+        for t, f, ow in itertools.product(threads, [8, 4, 1], widths):
+            if f > channels or channels % (t * f):
+                continue
+            score = (2.0 if (t > 1) == big else 0.0) + (1.0 if f == 8 else 0.5 if f == 4 else 0)
+            score += 0.5 if columns % ow == 0 else 0.0
+            score += 0.25 if ow == max(widths) else 0.0
+            found.append(
+                ({"family": "depthwise", "threads": t, "channels": f, "columns": ow}, score)
             )
     elif info.kind in ("reduction", "elementwise"):
         approximate = [True, False] if info.math & APPROXIMABLE else [False]

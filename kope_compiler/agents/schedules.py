@@ -16,6 +16,10 @@ Families:
 - `conv` (2-D convolutions, NCHW/FCHW): threads over output channels, tiles of output
   channels x output columns (x input channels), the 3x3 window decomposed into 1-D
   convolutions, which vectorize into outer products along the output row.
+- `depthwise` (depthwise 2-D convolutions, NCHW/CHW, groups = channels): threads over
+  channels, tiles of channels x output columns, the window decomposed into 1-D depthwise
+  convolutions and those into one multiply-add per window column (the vectorizer has no
+  NCW depthwise form), which vectorize along the output row.
 """
 
 from __future__ import annotations
@@ -45,6 +49,11 @@ def describe(config: Config) -> str:
         parts.append("registers " + "x".join(map(str, config["register"])))
     elif family == "rows":
         parts.append(f"{config['rows']} rows/step, vectors of {config['vector']}")
+    elif family == "depthwise":
+        parts.append(
+            f"tiles {config['channels']} channels x {config['columns']} columns, "
+            "1-D decomposition, one multiply-add per window column"
+        )
     elif family == "conv":
         parts.append(
             f"tiles {config['channels']} out-channels x {config['columns']} columns "
@@ -111,6 +120,15 @@ class Script:
             f"transform.structured.vectorize {handle} vector_sizes {_list(sizes)} "
             ": !transform.any_op"
         )
+
+    def parent_function(self, handle: str) -> str:
+        """The payload function around `handle` (the kernel module may hold other functions)."""
+        func = self.fresh("func")
+        self.emit(
+            f'{func} = transform.get_parent_op {handle} {{op_name = "func.func"}} '
+            ": (!transform.any_op) -> !transform.any_op"
+        )
+        return func
 
     def vectorize_function(self, contraction_lowering: str | None = None) -> None:
         func, vec = self.fresh("func"), self.fresh("vec")
@@ -195,6 +213,8 @@ def render(info: PayloadInfo, config: Config) -> str:
         return _rows(info, config)
     if family == "conv":
         return _conv(info, config)
+    if family == "depthwise":
+        return _depthwise(info, config)
     raise ValueError(f"unknown schedule family {family!r}")
 
 
@@ -368,8 +388,85 @@ def _conv(info: PayloadInfo, config: Config) -> str:
         f"{decomposed} = transform.structured.decompose {tiled} "
         ": (!transform.any_op) -> !transform.any_op"
     )
+    if conv.ranges[3] % config["columns"] == 0 and conv.ranges[4] % config["inputs"] == 0:
+        _vectorize_tile(s, decomposed)  # full tiles: the 1-D convolution is static
     s.vectorize_function("outerproduct")
     return s.text()
+
+
+DEPTHWISE = {"linalg.depthwise_conv_2d_nchw_chw"}
+
+
+def _depthwise(info: PayloadInfo, config: Config) -> str:
+    """Channels split over threads; (channel x column) tiles; a multiply-add per window column.
+
+    The loops of the NCHW depthwise op are (n, oh, ow, c, kh, kw). After tiling oh and kh to
+    1 it decomposes into a 1-D depthwise conv, which the vectorizer only takes in NWC form;
+    tiling its window column to 1 and folding that unit loop leaves an elementwise
+    multiply-add over (channels x columns) whose window offset sits in the input slice. The
+    unit loop is folded with reshapes: folded with rank-reducing slices, a full tile's write
+    lost its permutation map as in `_vectorize_tile`, even vectorized on its own.
+    """
+    s = Script()
+    conv = next(op for op in info.ops if op.name in DEPTHWISE)
+    handles = {op.index: s.match_op(op.index) for op in info.ops}
+    conv_handle = handles[conv.index]
+    threads = config.get("threads", 1)
+    if threads > 1:
+        sizes = [0, 0, 0, _chunk(conv.ranges[3], threads), 0, 0]
+        conv_handle, loop = s.tile_forall(conv_handle, sizes)
+        for index in conv.init_producers:
+            handles[index], loop = s.fuse_into(handles[index], loop)
+    for index in conv.init_producers:
+        s.tile_for(handles[index], [1, 1, 1, config["columns"]])
+    tiled, _ = s.tile_for(conv_handle, [1, 1, config["columns"], config["channels"], 1, 0])
+    decomposed = s.fresh("conv1d")
+    s.emit(
+        f"{decomposed} = transform.structured.decompose {tiled} "
+        ": (!transform.any_op) -> !transform.any_op"
+    )
+    column, _ = s.tile_for(decomposed, [0, 0, 0, 1])
+    generic = s.fresh("generic")
+    s.emit(
+        f"{generic} = transform.structured.generalize {column} "
+        ": (!transform.any_op) -> !transform.any_op"
+    )
+    func = s.parent_function(generic)
+    s.emit(
+        f"transform.apply_patterns to {func} {{\n"
+        "    transform.apply_patterns.linalg.fold_unit_extent_dims_via_reshapes\n"
+        "    transform.apply_patterns.canonicalization\n"
+        "  } : !transform.any_op"
+    )
+    if conv.ranges[2] % config["columns"] == 0:
+        # Full tiles are static: vectorize the multiply-add first and fold its slices into
+        # the transfers, for the reason given in `_vectorize_tile`.
+        tile = s.fresh("madd")
+        s.emit(
+            f'{tile} = transform.structured.match ops{{["linalg.generic"]}} in {func} '
+            ": (!transform.any_op) -> !transform.any_op"
+        )
+        _vectorize_tile(s, tile)
+    s.vectorize_function()
+    return s.text()
+
+
+def _vectorize_tile(s: Script, handle: str) -> None:
+    """Vectorize one static tile op and fold its rank-reducing slices into its transfers.
+
+    Left to vectorize_children_and_apply_patterns, the fold of a rank-reducing insert_slice
+    into the tile's transfer_write drops the write's permutation map, and the write stores one
+    channel of the tile (every 1x1 conv, and any conv whose column tile divides the row, came
+    out wrong). Partial tiles are dynamic: they are left to the function-wide vectorizer.
+    """
+    func = s.parent_function(handle)
+    s.emit(f"transform.structured.vectorize {handle} : !transform.any_op")
+    s.emit(
+        f"transform.apply_patterns to {func} {{\n"
+        "    transform.apply_patterns.tensor.fold_tensor_subset_ops_into_vector_transfers\n"
+        "    transform.apply_patterns.canonicalization\n"
+        "  } : !transform.any_op"
+    )
 
 
 def _tile_outer(s: Script, handle: str, sizes: list[int]) -> tuple[str, list[str]]:
