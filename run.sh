@@ -4,7 +4,9 @@
 #                      transformer block with the offline heuristic agent on the CPU target
 #                      (every kernel verified and timed, all recorded in the experience store),
 #                      then `kope compile` of the same model, which runs the chosen kernels
-#   bash run.sh test   run pytest and the lit suite of the MLIR passes
+#   bash run.sh test   lint (ruff check, ruff format --check), type-check (mypy --strict),
+#                      then run pytest and the lit suite of the MLIR passes
+#   bash run.sh lint   the lint and type checks alone
 #   bash run.sh bench  run benchmarks/dispatch_overhead.py
 # PYTHON=/path/to/python chooses the interpreter (default: python3).
 set -euo pipefail
@@ -14,6 +16,28 @@ PYTHON=${PYTHON:-python3}
 install() {
   "$PYTHON" -m pip install --quiet --disable-pip-version-check torch==2.13.0
   "$PYTHON" -m pip install --quiet --disable-pip-version-check -e '.[test]'
+}
+
+# mypy cannot follow setuptools' package-dir mapping of an editable install, so it checks
+# the installed layout (kope <- kope_compiler/, kope.passes <- passes/, ...) assembled from
+# links in a scratch folder.
+typecheck() {
+  local farm rc=0
+  farm=$(mktemp -d "${TMPDIR:-/tmp}/kope-mypy.XXXXXX")
+  mkdir "$farm/kope"
+  ln -s "$PWD"/kope_compiler/*.py "$PWD"/kope_compiler/agents "$PWD"/kope_compiler/testing \
+    "$farm/kope/"
+  for room in passes memory targets; do ln -s "$PWD/$room" "$farm/kope/$room"; done
+  (cd "$farm" && "$PYTHON" -m mypy --config-file "$OLDPWD/pyproject.toml" \
+    --cache-dir "$farm/.cache" -p kope) || rc=$?
+  rm -rf "$farm"
+  return $rc
+}
+
+lint() {
+  "$PYTHON" -m ruff check .
+  "$PYTHON" -m ruff format --check .
+  typecheck
 }
 
 bin=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
@@ -27,15 +51,20 @@ case "${1:-}" in
     ;;
   test)
     install
+    lint
     "$PYTHON" -m pytest -q
     lit -sv test/lit
+    ;;
+  lint)
+    install
+    lint
     ;;
   bench)
     install
     "$PYTHON" benchmarks/dispatch_overhead.py
     ;;
   *)
-    echo "usage: bash run.sh demo|test|bench" >&2
+    echo "usage: bash run.sh demo|test|lint|bench" >&2
     exit 2
     ;;
 esac

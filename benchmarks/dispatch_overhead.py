@@ -17,13 +17,15 @@ Medians of interleaved calls; the store is a fresh temporary directory unless --
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -32,7 +34,11 @@ CHAIN = 50
 
 def chain(x: torch.Tensor) -> torch.Tensor:
     ops: list[Callable[[torch.Tensor], torch.Tensor]] = [
-        lambda t: t + 0.5, lambda t: t * 0.75, torch.neg, torch.relu, lambda t: t - 0.25,
+        lambda t: t + 0.5,
+        lambda t: t * 0.75,
+        torch.neg,
+        torch.relu,
+        lambda t: t - 0.25,
     ]
     for i in range(CHAIN):
         x = ops[i % len(ops)](x)
@@ -47,7 +53,7 @@ def interleaved(fns: dict[str, Callable[[], Any]], repeat: int) -> dict[str, flo
             fn()
     names = list(fns)
     for r in range(repeat):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             start = time.perf_counter()
             fns[name]()
             samples[name].append((time.perf_counter() - start) * 1e6)
@@ -60,32 +66,56 @@ def dispatch_overhead(repeat: int, store: str) -> None:
     x = torch.randn(64, 64)
     kope.reset_report()
     with torch.no_grad():
-        kope_fn = torch.compile(chain, backend="kope",
-                                options={"kernels": "reference", "store": store, "fuse": False})
+        kope_fn = torch.compile(
+            chain, backend="kope", options={"kernels": "reference", "store": store, "fuse": False}
+        )
         torch.testing.assert_close(kope_fn(x), chain(x))
         torch._dynamo.reset()
-        fused_fn = torch.compile(chain, backend="kope", options={"kernels": "reference", "store": store})
+        fused_fn = torch.compile(
+            chain, backend="kope", options={"kernels": "reference", "store": store}
+        )
         torch.testing.assert_close(fused_fn(x), chain(x), rtol=1e-4, atol=1e-4)
         aot_fn = torch.compile(chain, backend="aot_eager")
         aot_fn(x)
-        t = interleaved({"eager": lambda: chain(x), "kope": lambda: kope_fn(x),
-                         "aot_eager": lambda: aot_fn(x), "fused": lambda: fused_fn(x)}, repeat)
+        t = interleaved(
+            {
+                "eager": lambda: chain(x),
+                "kope": lambda: kope_fn(x),
+                "aot_eager": lambda: aot_fn(x),
+                "fused": lambda: fused_fn(x),
+            },
+            repeat,
+        )
     graph = kope.report().graphs[0]  # the unfused compile
     jit = sum(1 for task in graph.tasks if task.jit)
     kernel_sum = sum(task.kernel_us or 0 for task in graph.tasks)
     eager_sum = sum(task.eager_us or 0 for task in graph.tasks)
-    print(f"## Dispatch overhead: {CHAIN} elementwise ops on 64x64 f32, kernels=reference, "
-          f"fuse=False ({jit}/{len(graph.tasks)} ops on JIT kernels)")
-    print(f"threads: eager {torch.get_num_threads()}, kernels 1; median of {repeat} interleaved calls")
+    print(
+        f"## Dispatch overhead: {CHAIN} elementwise ops on 64x64 f32, kernels=reference, "
+        f"fuse=False ({jit}/{len(graph.tasks)} ops on JIT kernels)"
+    )
+    print(
+        f"threads: eager {torch.get_num_threads()}, kernels 1; median of {repeat} interleaved calls"
+    )
     print(f"  eager        {t['eager']:9.1f} µs")
-    print(f"  aot_eager    {t['aot_eager']:9.1f} µs   ({(t['aot_eager'] - t['eager']) / CHAIN:+.2f} µs/op)")
+    print(
+        f"  aot_eager    {t['aot_eager']:9.1f} µs   "
+        f"({(t['aot_eager'] - t['eager']) / CHAIN:+.2f} µs/op)"
+    )
     print(f"  kope         {t['kope']:9.1f} µs   ({(t['kope'] - t['eager']) / CHAIN:+.2f} µs/op)")
-    print(f"overhead per op = (t_kope - t_eager) / {CHAIN} = {(t['kope'] - t['eager']) / CHAIN:.2f} µs "
-          "(goal <= 10 µs)")
-    print(f"  of which kernel compute vs eager compute, as timed in the worker: "
-          f"{(kernel_sum - eager_sum) / max(len(graph.tasks), 1):+.2f} µs/op")
-    print(f"  with fusion (default): the chain is one kernel: {t['fused']:.1f} µs "
-          f"({t['eager'] / t['fused']:.2f}x eager)\n")
+    print(
+        f"overhead per op = (t_kope - t_eager) / {CHAIN} = "
+        f"{(t['kope'] - t['eager']) / CHAIN:.2f} µs "
+        "(goal <= 10 µs)"
+    )
+    print(
+        f"  of which kernel compute vs eager compute, as timed in the worker: "
+        f"{(kernel_sum - eager_sum) / max(len(graph.tasks), 1):+.2f} µs/op"
+    )
+    print(
+        f"  with fusion (default): the chain is one kernel: {t['fused']:.1f} µs "
+        f"({t['eager'] / t['fused']:.2f}x eager)\n"
+    )
 
 
 def precompile_zoo(store: str, budget: int) -> None:
@@ -97,11 +127,19 @@ def precompile_zoo(store: str, budget: int) -> None:
     target = target_for("cpu", 1, 120.0)
     for name, factory in ZOO.items():
         model, inputs = factory()
-        report = precompile(model, inputs, target=target, store=store_at(Path(store)),
-                            budget=Budget(attempts=budget), progress=False)
+        report = precompile(
+            model,
+            inputs,
+            target=target,
+            store=store_at(Path(store)),
+            budget=Budget(attempts=budget),
+            progress=False,
+        )
         s = report["summary"]
-        print(f"precompiled {name}: {s['operators']} operators, {s['agent_wins']} agent wins, "
-              f"{s['wall_s']:.0f} s")
+        print(
+            f"precompiled {name}: {s['operators']} operators, {s['agent_wins']} agent wins, "
+            f"{s['wall_s']:.0f} s"
+        )
     print()
 
 
@@ -109,35 +147,47 @@ def zoo_latency(repeat: int, store: str, inductor: bool) -> None:
     from kope.zoo import ZOO
 
     print("## End-to-end latency, kernels=auto vs eager vs inductor (median µs per call)")
-    header = f"{'model':<18} {'eager':>9} {'kope':>9} {'inductor':>9} {'kope/eager':>10} {'inductor/eager':>14}"
+    header = (
+        f"{'model':<18} {'eager':>9} {'kope':>9} {'inductor':>9} "
+        f"{'kope/eager':>10} {'inductor/eager':>14}"
+    )
     print(header)
     for name, factory in ZOO.items():
         model, inputs = factory()
         with torch.no_grad():
-            fns: dict[str, Callable[[], Any]] = {"eager": lambda: model(*inputs)}
+            fns: dict[str, Callable[[], Any]] = {"eager": functools.partial(model, *inputs)}
             kope_model = torch.compile(model, backend="kope", options={"store": store})
             kope_model(*inputs)
-            fns["kope"] = lambda: kope_model(*inputs)
+            fns["kope"] = functools.partial(kope_model, *inputs)
             if inductor:
                 ind = torch.compile(model, backend="inductor")
                 ind(*inputs)
-                fns["inductor"] = lambda: ind(*inputs)
+                fns["inductor"] = functools.partial(ind, *inputs)
             t = interleaved(fns, repeat)
         ind_t = t.get("inductor")
         ind_col = f"{ind_t:9.1f}" if ind_t else f"{'-':>9}"
         ind_ratio = f"{t['eager'] / ind_t:13.2f}x" if ind_t else f"{'-':>14}"
-        print(f"{name:<18} {t['eager']:9.1f} {t['kope']:9.1f} {ind_col} "
-              f"{t['eager'] / t['kope']:9.2f}x {ind_ratio}")
+        print(
+            f"{name:<18} {t['eager']:9.1f} {t['kope']:9.1f} {ind_col} "
+            f"{t['eager'] / t['kope']:9.2f}x {ind_ratio}"
+        )
     print("(ratios are eager time / backend time: above 1 is faster than eager)")
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeat", type=int, default=200)
     parser.add_argument("--store", help="experience store (default: a fresh temporary directory)")
     parser.add_argument("--no-inductor", action="store_true", help="skip the inductor column")
-    parser.add_argument("--precompile", type=int, default=0, metavar="N",
-                        help="precompile each zoo model with budget N before timing it")
+    parser.add_argument(
+        "--precompile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="precompile each zoo model with budget N before timing it",
+    )
     args = parser.parse_args()
     store = args.store or tempfile.mkdtemp(prefix="kope-bench-")
     print(f"torch {torch.__version__}, {os.cpu_count()} cores, store {store}\n")

@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 from kope.memory.schema import (
-    SUPPORTS,
     CONTRADICTS,
+    SUPPORTS,
     AttemptRecord,
     EdgeRecord,
     InsightRecord,
@@ -40,23 +40,49 @@ from kope.memory.schema import (
 from kope.memory.similarity import op_family
 from kope.memory.store import ExperienceStore
 
-OPS = ["aten.mm.default", "aten.bmm.default", "aten.addmm.default", "aten.convolution.default",
-       "aten._softmax.default", "aten.native_layer_norm.default", "aten.sum.dim_IntList",
-       "aten.amax.default", "aten.add.Tensor", "aten.mul.Tensor", "aten.gelu.default",
-       "aten.tanh.default"]
+OPS = [
+    "aten.mm.default",
+    "aten.bmm.default",
+    "aten.addmm.default",
+    "aten.convolution.default",
+    "aten._softmax.default",
+    "aten.native_layer_norm.default",
+    "aten.sum.dim_IntList",
+    "aten.amax.default",
+    "aten.add.Tensor",
+    "aten.mul.Tensor",
+    "aten.gelu.default",
+    "aten.tanh.default",
+]
 DTYPES = ["float32", "float32", "float32", "float16", "bfloat16"]
 HARDWARE = ["cpu|Intel Xeon avx512f 2c", "cpu|AMD EPYC avx2 16c"]
-DECISIONS = [f"{t} + {v}" for t in ("tile 8x32x4", "tile 4x16x8", "tile 16x16x1", "block-pack 8x32x8",
-                                     "tile 64 + parallel", "interchange k-outer", "pad to 8",
-                                     "fuse producer")
-             for v in ("vectorize", "vectorize + fma", "unroll 4", "no vectorize", "hoist")]
-VERDICTS = ["verified"] * 11 + ["compile_error"] * 3 + ["runtime_error"] * 2 + ["timeout"] + ["mismatch"] * 3
+DECISIONS = [
+    f"{t} + {v}"
+    for t in (
+        "tile 8x32x4",
+        "tile 4x16x8",
+        "tile 16x16x1",
+        "block-pack 8x32x8",
+        "tile 64 + parallel",
+        "interchange k-outer",
+        "pad to 8",
+        "fuse producer",
+    )
+    for v in ("vectorize", "vectorize + fma", "unroll 4", "no vectorize", "hoist")
+]
+VERDICTS = (
+    ["verified"] * 11
+    + ["compile_error"] * 3
+    + ["runtime_error"] * 2
+    + ["timeout"]
+    + ["mismatch"] * 3
+)
 LINES = [
-    "    %{i} = linalg.generic {{indexing_maps = [#map, #map1], iterator_types = [\"parallel\", \"reduction\"]}} ins(%arg0 : tensor<{m}x{n}xf32>) outs(%{j} : tensor<{m}xf32>) {{",
+    '    %{i} = linalg.generic {{indexing_maps = [#map, #map1], iterator_types = ["parallel", "reduction"]}} ins(%arg0 : tensor<{m}x{n}xf32>) outs(%{j} : tensor<{m}xf32>) {{',
     "    %tiled_{i}, %loops_{i}:3 = transform.structured.tile_using_for %mm tile_sizes [{a}, {b}, {c}] : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op, !transform.any_op)",
     "      %{i} = arith.mulf %in, %in_{j} : f32",
     "      %{i} = vector.contract {{indexing_maps = [#map2, #map3, #map4], kind = #vector.kind<add>}} %{j}, %{k}, %acc : vector<8x{a}xf32>, vector<{a}x32xf32> into vector<8x32xf32>",
-    "    transform.apply_patterns to %func {{ transform.apply_patterns.vector.lower_contraction lowering_strategy = \"outerproduct\" }} : !transform.any_op",
+    '    transform.apply_patterns to %func {{ transform.apply_patterns.vector.lower_contraction lowering_strategy = "outerproduct" }} : !transform.any_op',
     "    %{i} = tensor.empty() : tensor<{m}x{n}xf32>",
 ]
 
@@ -65,9 +91,16 @@ def kernel_corpus(rng: random.Random) -> str:
     """64 KB of MLIR-like lines to cut kernel texts from."""
     out, size = [], 0
     while size < 65536:
-        line = rng.choice(LINES).format(i=rng.randint(0, 99), j=rng.randint(0, 99), k=rng.randint(0, 99),
-                                        m=rng.choice([64, 128, 512]), n=rng.choice([64, 256, 1024]),
-                                        a=rng.choice([4, 8, 16]), b=rng.choice([16, 32]), c=rng.choice([1, 4, 8]))
+        line = rng.choice(LINES).format(
+            i=rng.randint(0, 99),
+            j=rng.randint(0, 99),
+            k=rng.randint(0, 99),
+            m=rng.choice([64, 128, 512]),
+            n=rng.choice([64, 256, 1024]),
+            a=rng.choice([4, 8, 16]),
+            b=rng.choice([16, 32]),
+            c=rng.choice([1, 4, 8]),
+        )
         out.append(line)
         size += len(line) + 1
     return "\n".join(out)
@@ -96,13 +129,25 @@ def build(root: Path, attempts: int, tasks: int, seed: int, batch: int) -> dict[
     for t in range(tasks):
         op = rng.choice(OPS)
         rank = rng.choice([2, 2, 3, 4])
-        shape = [rng.choice([1, 3, 8, 16, 64, 96, 128, 256, 384, 512, 1024, 4096]) for _ in range(rank)]
+        shape = [
+            rng.choice([1, 3, 8, 16, 64, 96, 128, 256, 384, 512, 1024, 4096]) for _ in range(rank)
+        ]
         dtype = rng.choice(DTYPES)
         key = hashlib.sha256(f"{seed}-task-{t}".encode()).hexdigest()
         created = now - 180 * 86400 + t * (170 * 86400 / tasks)
-        pending.append(TaskRecord(key, op, f"{op}({'x'.join(map(str, shape))}x{dtype})", key[:32],
-                                  [[shape, dtype], [shape, dtype]], [[shape, dtype]], "cpu",
-                                  f"{rng.choice(HARDWARE)}|torch-2.13.0|kope-0.1.0", created=created))
+        pending.append(
+            TaskRecord(
+                key,
+                op,
+                f"{op}({'x'.join(map(str, shape))}x{dtype})",
+                key[:32],
+                [[shape, dtype], [shape, dtype]],
+                [[shape, dtype]],
+                "cpu",
+                f"{rng.choice(HARDWARE)}|torch-2.13.0|kope-0.1.0",
+                created=created,
+            )
+        )
         peers = by_op.setdefault(op, [])
         if peers:
             pending.append(EdgeRecord(key, rng.choice(peers[-50:]), "similar"))
@@ -118,23 +163,35 @@ def build(root: Path, attempts: int, tasks: int, seed: int, batch: int) -> dict[
             decision = rng.choice(DECISIONS) if source == "agent" else ""
             size = rng.randint(2048, 8192)
             offset = rng.randint(0, len(corpus) - size)
-            artifacts[aid] = f"// {aid} {decision}\n{corpus[offset:offset + size]}\n"
+            artifacts[aid] = f"// {aid} {decision}\n{corpus[offset : offset + size]}\n"
             kernels_bytes += size
             transferred = None
             if source == "agent" and all_attempts and rng.random() < 0.05:
                 transferred = rng.choice(all_attempts[-2000:])[0]
-            pending.append(AttemptRecord(
-                task=key, source=source, verdict=verdict, id=aid, decision=decision,
-                agent="heuristic" if source == "agent" else "", tokens_in=rng.randint(500, 6000),
-                tokens_out=rng.randint(100, 1500), wall_s=rng.uniform(0.5, 20),
-                error=None if ok else f"kernel.mlir:{rng.randint(1, 200)}:5: error: {verdict}",
-                latency_us=latency if ok else None, spread_us=latency * 0.02 if ok else None,
-                repeats=15 if ok else 0, threads=1, eager_us=latency * rng.uniform(0.3, 3),
-                speedup_vs_eager=rng.uniform(0.2, 4) if ok else None,
-                speedup_vs_reference=rng.uniform(1, 60) if ok else None,
-                parent=parent if source == "agent" else None, transferred_from=transferred,
-                created=created + i * 30.0,
-            ))
+            pending.append(
+                AttemptRecord(
+                    task=key,
+                    source=source,
+                    verdict=verdict,
+                    id=aid,
+                    decision=decision,
+                    agent="heuristic" if source == "agent" else "",
+                    tokens_in=rng.randint(500, 6000),
+                    tokens_out=rng.randint(100, 1500),
+                    wall_s=rng.uniform(0.5, 20),
+                    error=None if ok else f"kernel.mlir:{rng.randint(1, 200)}:5: error: {verdict}",
+                    latency_us=latency if ok else None,
+                    spread_us=latency * 0.02 if ok else None,
+                    repeats=15 if ok else 0,
+                    threads=1,
+                    eager_us=latency * rng.uniform(0.3, 3),
+                    speedup_vs_eager=rng.uniform(0.2, 4) if ok else None,
+                    speedup_vs_reference=rng.uniform(1, 60) if ok else None,
+                    parent=parent if source == "agent" else None,
+                    transferred_from=transferred,
+                    created=created + i * 30.0,
+                )
+            )
             if source == "agent":
                 all_attempts.append((aid, op_family(op), dtype, verdict))
                 parent = aid if ok and rng.random() < 0.7 else parent
@@ -151,17 +208,34 @@ def build(root: Path, attempts: int, tasks: int, seed: int, batch: int) -> dict[
     for (family, dtype, decision), evidence in sorted(groups.items()):
         iid = "insight-" + hashlib.sha256(f"{family}|{dtype}|{decision}".encode()).hexdigest()[:32]
         support = sum(1 for _, v in evidence if v == "verified")
-        records.append(InsightRecord(iid, family, dtype, decision, f"{decision} on {dtype} {family}",
-                                     support, len(evidence) - support,
-                                     (support + 1) / (len(evidence) + 2)))
-        records.extend(EdgeRecord(iid, aid, SUPPORTS if v == "verified" else CONTRADICTS)
-                       for aid, v in evidence)
+        records.append(
+            InsightRecord(
+                iid,
+                family,
+                dtype,
+                decision,
+                f"{decision} on {dtype} {family}",
+                support,
+                len(evidence) - support,
+                (support + 1) / (len(evidence) + 2),
+            )
+        )
+        records.extend(
+            EdgeRecord(iid, aid, SUPPORTS if v == "verified" else CONTRADICTS)
+            for aid, v in evidence
+        )
     store.add_records(records)
     start = time.perf_counter()
     store.compact()
     compact_s = time.perf_counter() - start
-    return {"build_s": built, "compact_s": compact_s, "attempts": written, "tasks": tasks,
-            "insights": len(groups), "kernel_bytes": kernels_bytes}
+    return {
+        "build_s": built,
+        "compact_s": compact_s,
+        "attempts": written,
+        "tasks": tasks,
+        "insights": len(groups),
+        "kernel_bytes": kernels_bytes,
+    }
 
 
 PROBE = """
@@ -218,17 +292,29 @@ print(opened, time.perf_counter() - t1)
 
 def writers(root: Path, count: int, per_writer: int) -> dict[str, float]:
     start = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(root), f"w{i}", str(per_writer)],
-                              stdout=subprocess.PIPE, text=True) for i in range(count)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(root), f"w{i}", str(per_writer)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(count)
+    ]
     outs = [p.communicate()[0].split() for p in procs]
     wall = time.perf_counter() - start
     assert all(p.returncode == 0 for p in procs), "a writer failed"
     store = ExperienceStore(root)
     lost = sum(per_writer - len(store.attempts(f"writer-w{i}")) for i in range(count))
     appends = [float(o[1]) for o in outs]
-    return {"writers": count, "records": count * per_writer, "wall_s": wall,
-            "open_s_max": max(float(o[0]) for o in outs), "append_s_max": max(appends),
-            "records_per_s": count * per_writer / max(appends), "lost": lost}
+    return {
+        "writers": count,
+        "records": count * per_writer,
+        "wall_s": wall,
+        "open_s_max": max(float(o[0]) for o in outs),
+        "append_s_max": max(appends),
+        "records_per_s": count * per_writer / max(appends),
+        "lost": lost,
+    }
 
 
 def du(path: Path) -> int:
@@ -244,33 +330,54 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=4000, help="token budget per retrieval")
     parser.add_argument("--writers", type=int, default=4)
     parser.add_argument("--per-writer", type=int, default=250, help="attempts each writer records")
-    parser.add_argument("--batch", type=int, default=20000, help="records per bulk append while building")
+    parser.add_argument(
+        "--batch", type=int, default=20000, help="records per bulk append while building"
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dir", type=Path, help="store directory (default: a temporary one, removed)")
+    parser.add_argument(
+        "--dir", type=Path, help="store directory (default: a temporary one, removed)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the store afterwards")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
     root = args.dir or Path(tempfile.mkdtemp(prefix="kope-scale-"))
     figures: dict[str, object] = {"store": str(root)}
     try:
-        print(f"building {args.attempts} attempts over {args.tasks} tasks in {root} ...", flush=True)
+        print(
+            f"building {args.attempts} attempts over {args.tasks} tasks in {root} ...", flush=True
+        )
         figures["build"] = build(root, args.attempts, args.tasks, args.seed, args.batch)
         print(json.dumps(figures["build"]), flush=True)
-        figures["disk_bytes"] = {"log": (root / "experience.log").stat().st_size,
-                                 "snapshot": (root / "snapshot.kope").stat().st_size,
-                                 "artifacts": du(root / "artifacts")}
+        figures["disk_bytes"] = {
+            "log": (root / "experience.log").stat().st_size,
+            "snapshot": (root / "snapshot.kope").stat().st_size,
+            "artifacts": du(root / "artifacts"),
+        }
         print(json.dumps(figures["disk_bytes"]), flush=True)
-        probe = [sys.executable, "-c", PROBE, str(root), str(args.seed), str(args.queries + 1), str(args.budget)]
-        runs = [json.loads(subprocess.run(probe, capture_output=True, text=True, check=True).stdout)
-                for _ in range(3)]
+        probe = [
+            sys.executable,
+            "-c",
+            PROBE,
+            str(root),
+            str(args.seed),
+            str(args.queries + 1),
+            str(args.budget),
+        ]
+        runs = [
+            json.loads(subprocess.run(probe, capture_output=True, text=True, check=True).stdout)
+            for _ in range(3)
+        ]
         figures["open_s_median_of_3"] = statistics.median(r["open_s"] for r in runs)
         figures["probe"] = runs[-1]
         print(json.dumps(figures["probe"]), flush=True)
         figures["append"] = writers(root, args.writers, args.per_writer)
         print(json.dumps(figures["append"]), flush=True)
         # The writers' records are now a tail after the snapshot: open once more.
-        tail = json.loads(subprocess.run(probe[:5] + ["3", str(args.budget)], capture_output=True,
-                                         text=True, check=True).stdout)
+        tail = json.loads(
+            subprocess.run(
+                probe[:5] + ["3", str(args.budget)], capture_output=True, text=True, check=True
+            ).stdout
+        )
         figures["open_s_with_tail"] = tail["open_s"]
         print(json.dumps({k: v for k, v in figures.items() if not isinstance(v, dict)}, indent=2))
         if args.json:

@@ -67,8 +67,14 @@ OPERATORS = {
     "mm_512": (lambda a, b: a @ b, (torch.randn(512, 512), torch.randn(512, 512))),
     "mm_odd": (lambda a, b: a @ b, (torch.randn(97, 131), torch.randn(131, 61))),
     "bmm": (torch.bmm, (torch.randn(4, 64, 32), torch.randn(4, 32, 16))),
-    "linear": (lambda x, w, b: F.linear(x, w, b), (torch.randn(8, 768), torch.randn(3072, 768), torch.randn(3072))),
-    "conv3x3": (lambda x, w: F.conv2d(x, w, padding=1), (torch.randn(1, 16, 32, 32), torch.randn(32, 16, 3, 3))),
+    "linear": (
+        lambda x, w, b: F.linear(x, w, b),
+        (torch.randn(8, 768), torch.randn(3072, 768), torch.randn(3072)),
+    ),
+    "conv3x3": (
+        lambda x, w: F.conv2d(x, w, padding=1),
+        (torch.randn(1, 16, 32, 32), torch.randn(32, 16, 3, 3)),
+    ),
     "softmax": (lambda x: torch.softmax(x, -1), (torch.randn(64, 1024),)),
     "layer_norm": (lambda x: F.layer_norm(x, (768,)), (torch.randn(32, 768),)),
     "row_sum": (lambda x: x.sum(-1), (torch.randn(256, 1024),)),
@@ -90,9 +96,13 @@ def payloads() -> dict[str, tuple[str, str, list[int]]]:
 
 
 def schedules() -> dict[str, str]:
-    found = {p.name: p.read_text() for p in sorted((ROOT / "test" / "lit" / "Inputs").glob("*.mlir"))}
+    found = {
+        p.name: p.read_text() for p in sorted((ROOT / "test" / "lit" / "Inputs").glob("*.mlir"))
+    }
     for kb, nb in ((4, 8), (8, 16), (16, 4)):
-        found[f"block_pack_{kb}_{nb}"] = BLOCK_PACK_SCHEDULE.replace("%KB%", str(kb)).replace("%NB%", str(nb))
+        found[f"block_pack_{kb}_{nb}"] = BLOCK_PACK_SCHEDULE.replace("%KB%", str(kb)).replace(
+            "%NB%", str(nb)
+        )
     return found
 
 
@@ -100,36 +110,70 @@ def contexts(kernels: dict[str, tuple[str, str, list[int]]], root: Path) -> dict
     """ACMI contexts rendered from a store whose attempts carry the real payloads."""
     rng = random.Random(0)
     store = ExperienceStore(root)
-    decisions = ["tile 8x32x4 + vectorize", "block-pack 8x32x8 + fma", "tile 64 + parallel 2",
-                 "interchange k outermost", "vectorize 16 + unroll 4", "pad to 8 + vectorize"]
-    errors = ["kernel.mlir:14:5: error: 'vector.contract' op failed to verify that operand #1 "
-              "has the same element type as the result",
-              "mismatch: max abs err 3.2e-02 at [17, 4] (got 1.532, want 1.564); rtol 1e-4",
-              "runtime_error: worker died with SIGSEGV while running the kernel (verify trial 2)",
-              "timeout: build did not finish in 60 s"]
+    decisions = [
+        "tile 8x32x4 + vectorize",
+        "block-pack 8x32x8 + fma",
+        "tile 64 + parallel 2",
+        "interchange k outermost",
+        "vectorize 16 + unroll 4",
+        "pad to 8 + vectorize",
+    ]
+    errors = [
+        "kernel.mlir:14:5: error: 'vector.contract' op failed to verify that operand #1 "
+        "has the same element type as the result",
+        "mismatch: max abs err 3.2e-02 at [17, 4] (got 1.532, want 1.564); rtol 1e-4",
+        "runtime_error: worker died with SIGSEGV while running the kernel (verify trial 2)",
+        "timeout: build did not finish in 60 s",
+    ]
     names = sorted(kernels)
     for name in names:
         op, text, shape = kernels[name]
-        store.add_task(TaskRecord(name, op, f"{op}({'x'.join(map(str, shape))}xf32)", "w",
-                                  [[shape, "float32"]], [[shape, "float32"]], "cpu", "cpu|bench"))
+        store.add_task(
+            TaskRecord(
+                name,
+                op,
+                f"{op}({'x'.join(map(str, shape))}xf32)",
+                "w",
+                [[shape, "float32"]],
+                [[shape, "float32"]],
+                "cpu",
+                "cpu|bench",
+            )
+        )
         parent = None
-        for i in range(6):
+        for _ in range(6):
             ok = rng.random() < 0.6
             latency = rng.uniform(5, 500)
-            a = store.add_attempt(AttemptRecord(
-                task=name, source="agent", verdict="verified" if ok else rng.choice(["compile_error", "mismatch", "runtime_error", "timeout"]),
-                decision=rng.choice(decisions), agent="heuristic", parent=parent,
-                latency_us=latency if ok else None, speedup_vs_eager=rng.uniform(0.3, 3) if ok else None,
-                speedup_vs_reference=rng.uniform(1, 40) if ok else None,
-                error=None if ok else rng.choice(errors)), artifact=text)
+            a = store.add_attempt(
+                AttemptRecord(
+                    task=name,
+                    source="agent",
+                    verdict="verified"
+                    if ok
+                    else rng.choice(["compile_error", "mismatch", "runtime_error", "timeout"]),
+                    decision=rng.choice(decisions),
+                    agent="heuristic",
+                    parent=parent,
+                    latency_us=latency if ok else None,
+                    speedup_vs_eager=rng.uniform(0.3, 3) if ok else None,
+                    speedup_vs_reference=rng.uniform(1, 40) if ok else None,
+                    error=None if ok else rng.choice(errors),
+                ),
+                artifact=text,
+            )
             parent = a.id if ok else parent
-    return {f"context.{name}.{budget}": retrieve(store, name, budget).text
-            for name in names[::2] for budget in (500, 2000, 8000)}
+    return {
+        f"context.{name}.{budget}": retrieve(store, name, budget).text
+        for name in names[::2]
+        for budget in (500, 2000, 8000)
+    }
 
 
 def held_out() -> dict[str, str]:
     """Texts the estimator was not fitted on: the lit tests, the fault kernels, the README."""
-    files = sorted((ROOT / "test" / "lit").glob("*.mlir")) + sorted((ROOT / "test" / "kernels").glob("*.mlir"))
+    files = sorted((ROOT / "test" / "lit").glob("*.mlir")) + sorted(
+        (ROOT / "test" / "kernels").glob("*.mlir")
+    )
     return {**{p.name: p.read_text() for p in files}, "README.md": (ROOT / "README.md").read_text()}
 
 
@@ -145,24 +189,38 @@ def main(argv: list[str] | None = None) -> int:
     estimate = EstimatingCounter()
     kernels = payloads()
     with tempfile.TemporaryDirectory() as tmp:
-        docs = {**{f"mlir.{k}": v[1] for k, v in kernels.items()},
-                **{f"schedule.{k}": v for k, v in schedules().items()},
-                **contexts(kernels, Path(tmp)),
-                **{f"heldout.{k}": v for k, v in held_out().items()}}
+        docs = {
+            **{f"mlir.{k}": v[1] for k, v in kernels.items()},
+            **{f"schedule.{k}": v for k, v in schedules().items()},
+            **contexts(kernels, Path(tmp)),
+            **{f"heldout.{k}": v for k, v in held_out().items()},
+        }
     rows = []
     for name, text in docs.items():
         true, est = exact.count(text), estimate.count(text)
-        rows.append({"doc": name, "kind": name.split(".")[0], "chars": len(text), "o200k": true,
-                     "estimate": est, "error": (est - true) / true})
-    print(f"{'kind':10s} {'docs':>5s} {'o200k tokens':>13s} {'estimate':>9s} {'total err':>10s} "
-          f"{'mean |err|':>10s} {'max |err|':>10s}")
+        rows.append(
+            {
+                "doc": name,
+                "kind": name.split(".")[0],
+                "chars": len(text),
+                "o200k": true,
+                "estimate": est,
+                "error": (est - true) / true,
+            }
+        )
+    print(
+        f"{'kind':10s} {'docs':>5s} {'o200k tokens':>13s} {'estimate':>9s} {'total err':>10s} "
+        f"{'mean |err|':>10s} {'max |err|':>10s}"
+    )
     for kind in ("mlir", "schedule", "context", "heldout", "all"):
         sel = [r for r in rows if kind in ("all", r["kind"])]
         true = sum(r["o200k"] for r in sel)
         est = sum(r["estimate"] for r in sel)
         errs = [abs(r["error"]) for r in sel]
-        print(f"{kind:10s} {len(sel):5d} {true:13d} {est:9d} {(est - true) / true:+10.1%} "
-              f"{statistics.mean(errs):10.1%} {max(errs):10.1%}")
+        print(
+            f"{kind:10s} {len(sel):5d} {true:13d} {est:9d} {(est - true) / true:+10.1%} "
+            f"{statistics.mean(errs):10.1%} {max(errs):10.1%}"
+        )
     worst = max(rows, key=lambda r: abs(r["error"]))
     print(f"worst document: {worst['doc']} ({worst['o200k']} tokens, estimate {worst['estimate']})")
     if args.json:

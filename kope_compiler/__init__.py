@@ -1,4 +1,5 @@
-"""KOPE: a PyTorch compiler backend that finds, verifies and remembers the fastest kernel per operator.
+"""KOPE: a PyTorch compiler backend that finds, verifies and remembers the fastest kernel per
+operator.
 
 `torch.compile(model, backend="kope")` works without importing this package (the backend is
 registered through the `torch_dynamo_backends` entry point). Import it to inspect what ran:

@@ -8,13 +8,14 @@ to an aten inference graph; `kope.compiler` does the rest.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.fx as fx
+from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import aot_export_joint_simple
-from functorch.compile import make_boxed_func
 
 from kope.compiler import compile_graph
 from kope.errors import UnsupportedGraphError
@@ -45,7 +46,9 @@ def kope_backend(
     return _compile(gm, example_inputs, opts)
 
 
-def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], opts: Options) -> Callable[..., Any]:
+def _compile(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], opts: Options
+) -> Callable[..., Any]:
     """The dynamo graph to an aten graph with the same calling convention, compiled.
 
     `aot_export_joint_simple` gives an inference graph that takes and returns exactly what
@@ -131,12 +134,12 @@ class ShapeSpecializer:
         if fn is None:
             if len(self.compiled) >= MAX_SPECIALIZATIONS:
                 if not self._warned:
-                    log.warning("more than %d input shapes; running further shapes eagerly",
-                                MAX_SPECIALIZATIONS)
+                    log.warning(
+                        "more than %d input shapes; running further shapes eagerly",
+                        MAX_SPECIALIZATIONS,
+                    )
                     self._warned = True
                 return self.gm(*args)
             fn = _compile(self.gm, list(args), self.opts)
             self.compiled[signature] = fn
         return fn(*args)
-
-

@@ -16,16 +16,16 @@ import math
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from kope.memory.schema import SOURCE_AGENT
 from kope.memory.store import ExperienceStore
 from kope.optimize import Budget
 from kope.precompile import geomean, precompile
-from kope.report import PASS_RATE
+from kope.report import PASS_RATE, table_lines
 from kope.report import speedup_text as _x
-from kope.report import table_lines
 from kope.suite import ELEMENTWISE, OPSET, SEQUENCE, Example
 from kope.targets.base import Target
 
@@ -186,7 +186,7 @@ def summarize_ablation(
             geo.append(geomean([r["speedup_vs_eager"] for r in rows]) or 0.0)
             passes.append(sum(1 for r in rows if r["verified"]) / len(rows))
             needed = []
-            for row, other in zip(rows, others):
+            for row, other in zip(rows, others, strict=True):
                 best = min(
                     min(row["trajectory"], default=math.inf),
                     min(other["trajectory"], default=math.inf),
@@ -231,7 +231,8 @@ def format_ablation(result: dict[str, Any]) -> str:
         "flat prior" if result.get("agent_config", {}).get("prior_weight") == 0 else "static prior"
     )
     lines.append(
-        f"heuristic agent, {prior}; budget {result['budget']} attempts per operator; seeds {result['seeds']}; "
+        f"heuristic agent, {prior}; budget {result['budget']} attempts per operator; "
+        f"seeds {result['seeds']}; "
         f"{len(next(iter(result['runs']['memory'].values())))} operators in sequence "
         "(mean ± stdev over seeds; 'budget+1' counts an operator never reaching 90%)"
     )

@@ -7,7 +7,8 @@ import logging
 import statistics
 import sys
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from kope.errors import KopeError
 from kope.options import KERNEL_POLICIES, Options, check_options
@@ -23,8 +24,9 @@ def _default(name: str) -> Any:
 
 
 def _compile_command(args: argparse.Namespace) -> int:
-    import kope
     import torch
+
+    import kope
     from kope.models import load_model
 
     options: dict[str, Any] = {
@@ -51,9 +53,11 @@ def _compile_command(args: argparse.Namespace) -> int:
     report = kope.report()
     print(report.format_table())
     print()
-    print(f"model {args.model}: first call (compile) {compile_s:.1f} s; "
-          f"median of {args.repeat} calls: kope {kope_ms:.3f} ms, eager {eager_ms:.3f} ms "
-          f"({eager_ms / kope_ms:.2f}x); max |kope - eager| = {error:.3g}")
+    print(
+        f"model {args.model}: first call (compile) {compile_s:.1f} s; "
+        f"median of {args.repeat} calls: kope {kope_ms:.3f} ms, eager {eager_ms:.3f} ms "
+        f"({eager_ms / kope_ms:.2f}x); max |kope - eager| = {error:.3g}"
+    )
     if not error <= 1e-3 * max(1.0, _max_abs(want)):
         print("error: the compiled model disagrees with eager", file=sys.stderr)
         return 1
@@ -84,7 +88,7 @@ def _flat(value: Any) -> list[Any]:
 
 
 def _max_error(got: Any, want: Any) -> float:
-    pairs = list(zip(_flat(got), _flat(want)))
+    pairs = list(zip(_flat(got), _flat(want), strict=True))
     if not pairs:
         return 0.0
     return max(float((g.double() - w.double()).abs().max()) if g.numel() else 0.0 for g, w in pairs)
@@ -112,24 +116,43 @@ def build_parser() -> argparse.ArgumentParser:
         "and print, per operator, the kernel it runs and its latency against eager.",
     )
     compile_p.add_argument(
-        "model", nargs="?", default=DEFAULT_MODEL,
+        "model",
+        nargs="?",
+        default=DEFAULT_MODEL,
         help="file.py (defining Model, get_inputs, get_init_inputs), module:factory "
         f"(returning (model, inputs)), or an example: mlp, cnn, transformer_block, "
         f"encoder_layer, odd_shapes (default: {DEFAULT_MODEL})",
     )
-    compile_p.add_argument("--kernels", choices=KERNEL_POLICIES, default=_default("kernels"),
-                           help="auto: fastest verified kernel; reference: the reference "
-                           "lowering wherever it verifies; eager: ATen only "
-                           f"(default: {_default('kernels')})")
-    compile_p.add_argument("--target", default=_default("target"),
-                           help=f"hardware target (default: {_default('target')})")
-    compile_p.add_argument("--store", default=_default("store"),
-                           help="experience store directory (default: $KOPE_HOME or ~/.cache/kope)")
-    compile_p.add_argument("--workers", type=int, default=_default("workers"),
-                           help="isolated worker processes for verification "
-                           f"(default: {_default('workers')})")
-    compile_p.add_argument("--repeat", type=int, default=100,
-                           help="calls timed for the end-to-end comparison (default: 100)")
+    compile_p.add_argument(
+        "--kernels",
+        choices=KERNEL_POLICIES,
+        default=_default("kernels"),
+        help="auto: fastest verified kernel; reference: the reference "
+        "lowering wherever it verifies; eager: ATen only "
+        f"(default: {_default('kernels')})",
+    )
+    compile_p.add_argument(
+        "--target",
+        default=_default("target"),
+        help=f"hardware target (default: {_default('target')})",
+    )
+    compile_p.add_argument(
+        "--store",
+        default=_default("store"),
+        help="experience store directory (default: $KOPE_HOME or ~/.cache/kope)",
+    )
+    compile_p.add_argument(
+        "--workers",
+        type=int,
+        default=_default("workers"),
+        help=f"isolated worker processes for verification (default: {_default('workers')})",
+    )
+    compile_p.add_argument(
+        "--repeat",
+        type=int,
+        default=100,
+        help="calls timed for the end-to-end comparison (default: 100)",
+    )
     compile_p.set_defaults(run=_compile_command)
     _add_precompile(sub)
     _add_bench(sub)
@@ -150,29 +173,54 @@ def _add_precompile(sub: Any) -> None:
         f"pass rate is {PASS_RATE}. A pipeline that fails is listed with the kope-opt command "
         "that reproduces it.",
     )
-    p.add_argument("model", nargs="?", default=DEFAULT_MODEL,
-                   help="file.py (defining Model, get_inputs, get_init_inputs), module:factory "
-                   "(returning (model, inputs)), or an example model name "
-                   f"(default: {DEFAULT_MODEL})")
-    p.add_argument("--target", default=_default("target"),
-                   help=f"hardware target (default: {_default('target')})")
-    p.add_argument("--agent", default=_default("agent"),
-                   help="heuristic (offline) or llm (an OpenAI-compatible endpoint) "
-                   f"(default: {_default('agent')})")
-    p.add_argument("--budget", type=int, default=_default("budget"),
-                   help=f"attempts per operator (default: {_default('budget')})")
+    p.add_argument(
+        "model",
+        nargs="?",
+        default=DEFAULT_MODEL,
+        help="file.py (defining Model, get_inputs, get_init_inputs), module:factory "
+        "(returning (model, inputs)), or an example model name "
+        f"(default: {DEFAULT_MODEL})",
+    )
+    p.add_argument(
+        "--target",
+        default=_default("target"),
+        help=f"hardware target (default: {_default('target')})",
+    )
+    p.add_argument(
+        "--agent",
+        default=_default("agent"),
+        help="heuristic (offline) or llm (an OpenAI-compatible endpoint) "
+        f"(default: {_default('agent')})",
+    )
+    p.add_argument(
+        "--budget",
+        type=int,
+        default=_default("budget"),
+        help=f"attempts per operator (default: {_default('budget')})",
+    )
     p.add_argument("--wall-s", type=float, help="wall-clock limit per operator, seconds")
     p.add_argument("--tokens", type=int, help="LLM token limit per operator")
     p.add_argument("--report", help="write the JSON report here")
-    p.add_argument("--store", default=_default("store"),
-                   help="experience store directory (default: $KOPE_HOME or ~/.cache/kope)")
-    p.add_argument("--workers", type=int, default=_default("workers"),
-                   help="operators optimized at once, each with its own worker "
-                   f"(default: {_default('workers')})")
+    p.add_argument(
+        "--store",
+        default=_default("store"),
+        help="experience store directory (default: $KOPE_HOME or ~/.cache/kope)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=_default("workers"),
+        help="operators optimized at once, each with its own worker "
+        f"(default: {_default('workers')})",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the agent (default: 0)")
-    p.add_argument("--timeout-s", type=float, default=_default("timeout_s"),
-                   help="limit in seconds for building, verifying and timing one candidate "
-                   f"(default: {_default('timeout_s'):g})")
+    p.add_argument(
+        "--timeout-s",
+        type=float,
+        default=_default("timeout_s"),
+        help="limit in seconds for building, verifying and timing one candidate "
+        f"(default: {_default('timeout_s'):g})",
+    )
     p.add_argument("--llm-base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
     p.add_argument("--llm-model", help="model name (default: $KOPE_LLM_MODEL)")
     p.set_defaults(run=_precompile_command)
@@ -186,22 +234,38 @@ def _add_bench(sub: Any) -> None:
         "the heuristic agent with the experience graph vs with an empty one on "
         f"kope.suite.SEQUENCE over several seeds. Pass rate is {PASS_RATE}.",
     )
-    p.add_argument("what", choices=["suite", "ablation"],
-                   help="suite: every operator of the suite; ablation: memory on vs off")
-    p.add_argument("--budget", type=int,
-                   help=f"attempts per operator (default: suite {_default('budget')}, "
-                   f"ablation {ABLATION_BUDGET})")
+    p.add_argument(
+        "what",
+        choices=["suite", "ablation"],
+        help="suite: every operator of the suite; ablation: memory on vs off",
+    )
+    p.add_argument(
+        "--budget",
+        type=int,
+        help=f"attempts per operator (default: suite {_default('budget')}, "
+        f"ablation {ABLATION_BUDGET})",
+    )
     p.add_argument("--seeds", default="0,1,2", help="ablation seeds (default: 0,1,2)")
     p.add_argument("--ops", help="suite operators, comma-separated (default: all)")
-    p.add_argument("--flat-prior", action="store_true",
-                   help="ablation: give the agent a flat prior, to see what memory adds alone")
+    p.add_argument(
+        "--flat-prior",
+        action="store_true",
+        help="ablation: give the agent a flat prior, to see what memory adds alone",
+    )
     p.add_argument("--store", help="suite store (default: a fresh temporary directory)")
     p.add_argument("--report", help="write the JSON results here")
-    p.add_argument("--target", default=_default("target"),
-                   help=f"hardware target (default: {_default('target')})")
-    p.add_argument("--timeout-s", type=float, default=_default("timeout_s"),
-                   help="limit in seconds for building, verifying and timing one candidate "
-                   f"(default: {_default('timeout_s'):g})")
+    p.add_argument(
+        "--target",
+        default=_default("target"),
+        help=f"hardware target (default: {_default('target')})",
+    )
+    p.add_argument(
+        "--timeout-s",
+        type=float,
+        default=_default("timeout_s"),
+        help="limit in seconds for building, verifying and timing one candidate "
+        f"(default: {_default('timeout_s'):g})",
+    )
     p.set_defaults(run=_bench_command)
 
 
@@ -220,8 +284,13 @@ def _bench_command(args: argparse.Namespace) -> int:
     else:
         seeds = [int(s) for s in args.seeds.split(",")]
         config = {"prior_weight": 0.0} if args.flat_prior else None
-        result = bench.run_ablation(target, args.budget or ABLATION_BUDGET, seeds,
-                                    bench.scratch_dir("kope-ablation-"), agent_config=config)
+        result = bench.run_ablation(
+            target,
+            args.budget or ABLATION_BUDGET,
+            seeds,
+            bench.scratch_dir("kope-ablation-"),
+            agent_config=config,
+        )
         print(bench.format_ablation(result))
     if args.report:
         bench.write_json(result, Path(args.report))
@@ -238,8 +307,15 @@ def _precompile_command(args: argparse.Namespace) -> int:
     from kope.precompile import precompile, write_report
 
     # The same checks and messages as the backend's options, before the model is traced.
-    check_options({"target": args.target, "agent": args.agent, "budget": args.budget,
-                   "workers": args.workers, "timeout_s": args.timeout_s})
+    check_options(
+        {
+            "target": args.target,
+            "agent": args.agent,
+            "budget": args.budget,
+            "workers": args.workers,
+            "timeout_s": args.timeout_s,
+        }
+    )
     model, inputs = load_model(args.model)
     store = store_at(Path(args.store) if args.store else kope_home())
     target = target_for(args.target, max(1, args.workers), args.timeout_s)
@@ -247,9 +323,17 @@ def _precompile_command(args: argparse.Namespace) -> int:
     if args.agent == "llm":
         agent_config = {"base_url": args.llm_base_url, "model": args.llm_model}
     budget = Budget(attempts=args.budget, wall_s=args.wall_s, tokens=args.tokens)
-    report = precompile(model, inputs, target=target, store=store, agent_name=args.agent,
-                        agent_config=agent_config, budget=budget, workers=args.workers,
-                        seed=args.seed)
+    report = precompile(
+        model,
+        inputs,
+        target=target,
+        store=store,
+        agent_name=args.agent,
+        agent_config=agent_config,
+        budget=budget,
+        workers=args.workers,
+        seed=args.seed,
+    )
     if args.report:
         write_report(report, Path(args.report))
     print(format_report(report))
@@ -264,8 +348,16 @@ def format_report(report: dict[str, Any]) -> str:
     rows = [("operator", "winner", "vs eager", "vs reference", "attempts", "verdicts")]
     for op in report["operators"]:
         verdicts = " ".join(f"{k}:{v}" for k, v in op["verdicts"].items())
-        rows.append((shorten(op["label"], 58), op["winner"], _x(op["speedup_vs_eager"]),
-                     _x(op["speedup_vs_reference"]), str(op["attempts"]), verdicts))
+        rows.append(
+            (
+                shorten(op["label"], 58),
+                op["winner"],
+                _x(op["speedup_vs_eager"]),
+                _x(op["speedup_vs_reference"]),
+                str(op["attempts"]),
+                verdicts,
+            )
+        )
     lines = table_lines(rows)
     s = report["summary"]
     lines.append(

@@ -10,8 +10,9 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -113,7 +114,9 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
     return gm, graph
 
 
-def _optimize_unseen(tasks: list[Task], target: Target, store: ExperienceStore, options: Options) -> None:
+def _optimize_unseen(
+    tasks: list[Task], target: Target, store: ExperienceStore, options: Options
+) -> None:
     """Run the agent on each distinct operator that has no agent attempts in the store yet."""
     from kope.agents import make_agent
     from kope.memory.schema import SOURCE_AGENT

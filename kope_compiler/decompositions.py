@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,9 +20,12 @@ aten = torch.ops.aten
 
 
 def _self_attention(
-    x: torch.Tensor, num_heads: int,
-    qkv_weight: torch.Tensor, qkv_bias: torch.Tensor,
-    proj_weight: torch.Tensor, proj_bias: torch.Tensor,
+    x: torch.Tensor,
+    num_heads: int,
+    qkv_weight: torch.Tensor,
+    qkv_bias: torch.Tensor,
+    proj_weight: torch.Tensor,
+    proj_bias: torch.Tensor,
 ) -> torch.Tensor:
     batch, length, embed = x.shape
     head_dim = embed // num_heads
@@ -37,15 +41,26 @@ def _self_attention(
 
 
 def transformer_encoder_layer_fwd(
-    src: torch.Tensor, embed_dim: int, num_heads: int,
-    qkv_weight: torch.Tensor, qkv_bias: torch.Tensor,
-    proj_weight: torch.Tensor, proj_bias: torch.Tensor,
-    use_gelu: bool, norm_first: bool, eps: float,
-    norm_weight_1: torch.Tensor, norm_bias_1: torch.Tensor,
-    norm_weight_2: torch.Tensor, norm_bias_2: torch.Tensor,
-    ffn_weight_1: torch.Tensor, ffn_bias_1: torch.Tensor,
-    ffn_weight_2: torch.Tensor, ffn_bias_2: torch.Tensor,
-    mask: torch.Tensor | None = None, mask_type: int | None = None,
+    src: torch.Tensor,
+    embed_dim: int,
+    num_heads: int,
+    qkv_weight: torch.Tensor,
+    qkv_bias: torch.Tensor,
+    proj_weight: torch.Tensor,
+    proj_bias: torch.Tensor,
+    use_gelu: bool,
+    norm_first: bool,
+    eps: float,
+    norm_weight_1: torch.Tensor,
+    norm_bias_1: torch.Tensor,
+    norm_weight_2: torch.Tensor,
+    norm_bias_2: torch.Tensor,
+    ffn_weight_1: torch.Tensor,
+    ffn_bias_1: torch.Tensor,
+    ffn_weight_2: torch.Tensor,
+    ffn_bias_2: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    mask_type: int | None = None,
 ) -> torch.Tensor:
     """The eval fast path of `nn.TransformerEncoderLayer` in plain ATen ops (no masks)."""
     if mask is not None:

@@ -19,7 +19,9 @@ from kope.memory.store import ExperienceStore
 ATTEMPT_KINDS = ("best", "attempt", "failure")
 
 
-def retrieve_experience(store: ExperienceStore, key: str, budget_tokens: int) -> tuple[list[Experience], str]:
+def retrieve_experience(
+    store: ExperienceStore, key: str, budget_tokens: int
+) -> tuple[list[Experience], str]:
     """The attempts ACMI chose for task `key` (as `Experience`) and the rendered context."""
     task = store.task(key)
     if task is None:
@@ -34,15 +36,24 @@ def retrieve_experience(store: ExperienceStore, key: str, budget_tokens: int) ->
         other = store.task(item.task)
         if not isinstance(attempt, AttemptRecord) or other is None:
             continue
-        items.append(Experience(
-            attempt_id=attempt.id, task_key=other.key, task_label=other.label, task_op=other.op,
-            shapes=tuple(tuple(s) for s, _ in other.inputs),
-            similarity=math.exp(-distance(mine, _features(other)) / 2),
-            decision=attempt.decision, config=attempt.config, verdict=attempt.verdict,
-            speedup_vs_eager=attempt.speedup_vs_eager,
-            speedup_vs_reference=attempt.speedup_vs_reference,
-            error=(attempt.error or "").strip().splitlines()[0][:200] if attempt.error else None,
-        ))
+        items.append(
+            Experience(
+                attempt_id=attempt.id,
+                task_key=other.key,
+                task_label=other.label,
+                task_op=other.op,
+                shapes=tuple(tuple(s) for s, _ in other.inputs),
+                similarity=math.exp(-distance(mine, _features(other)) / 2),
+                decision=attempt.decision,
+                config=attempt.config,
+                verdict=attempt.verdict,
+                speedup_vs_eager=attempt.speedup_vs_eager,
+                speedup_vs_reference=attempt.speedup_vs_reference,
+                error=(attempt.error or "").strip().splitlines()[0][:200]
+                if attempt.error
+                else None,
+            )
+        )
     return items, context.text
 
 

@@ -59,7 +59,9 @@ def _from_file(path: Path) -> tuple[torch.nn.Module, tuple[Any, ...]]:
         model = module.Model(*module.get_init_inputs())
         inputs = tuple(module.get_inputs())
     except Exception as err:
-        raise ModelLoadError(f"{path}: building the model or its inputs failed: {_where(err)}") from err
+        raise ModelLoadError(
+            f"{path}: building the model or its inputs failed: {_where(err)}"
+        ) from err
     return _checked(str(path), model, inputs)
 
 
@@ -77,14 +79,19 @@ def _from_factory(spec: str) -> tuple[torch.nn.Module, tuple[Any, ...]]:
         model, inputs = result
     except Exception as err:
         raise ModelLoadError(
-            f"{spec}: the factory must return (model, example_inputs); calling it failed: {_where(err)}"
+            f"{spec}: the factory must return (model, example_inputs); "
+            f"calling it failed: {_where(err)}"
         ) from err
     return _checked(spec, model, tuple(inputs))
 
 
-def _checked(name: str, model: Any, inputs: tuple[Any, ...]) -> tuple[torch.nn.Module, tuple[Any, ...]]:
+def _checked(
+    name: str, model: Any, inputs: tuple[Any, ...]
+) -> tuple[torch.nn.Module, tuple[Any, ...]]:
     if not isinstance(model, torch.nn.Module):
-        raise ModelLoadError(f"{name}: the model is a {type(model).__name__}, not a torch.nn.Module")
+        raise ModelLoadError(
+            f"{name}: the model is a {type(model).__name__}, not a torch.nn.Module"
+        )
     return model.eval(), inputs
 
 

@@ -14,10 +14,12 @@ import logging
 import math
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from kope.agents.base import Agent, Feedback, Proposal, ProposalRequest, Rejected, TaskView
+from kope.errors import KopeError
 from kope.memory.schema import (
     REFINES,
     SOURCE_AGENT,
@@ -26,7 +28,6 @@ from kope.memory.schema import (
     TRANSFERRED_FROM,
     AttemptRecord,
 )
-from kope.errors import KopeError
 from kope.memory.store import ExperienceStore
 from kope.selection import known_reference, latest, record_evaluation, seed_for
 from kope.targets.base import COMPILE_ERROR, VERDICTS, Kernel, Target
@@ -166,7 +167,7 @@ def _attempt(
     proposal: Proposal | Rejected,
     seed: int,
 ) -> AttemptRecord:
-    meta = dict(
+    meta: dict[str, Any] = dict(
         agent=agent.name,
         model=proposal.model,
         tokens_in=proposal.tokens_in,

@@ -1,12 +1,14 @@
-"""The options of `torch.compile(..., backend="kope", options={...})`, validated by name and value."""
+"""The options of `torch.compile(..., backend="kope", options={...})`, validated by name and
+value."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from kope.errors import OptionError
 from kope.memory.paths import kope_home
@@ -47,7 +49,7 @@ class Options:
         return sorted(f.name for f in dataclasses.fields(cls))
 
     @classmethod
-    def parse(cls, given: Mapping[str, Any] | None) -> "Options":
+    def parse(cls, given: Mapping[str, Any] | None) -> Options:
         """Validate user options; an unknown name or bad value raises `OptionError` naming it."""
         given = dict(given or {})
         valid = cls.names()

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -28,8 +29,16 @@ log = logging.getLogger("kope.compiler")
 
 MAX_REFINE_DEPTH = 4
 SUPPORTED_DTYPES = {
-    torch.float64, torch.float32, torch.float16, torch.bfloat16,
-    torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+    torch.float64,
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
 }
 _ALLOCATIONS = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided")
 _VIEW_LIKE = ("_unsafe_view", "alias", "lift_fresh")  # views in all but schema
@@ -252,12 +261,18 @@ def partition(
             replacement = decompose_in_place(gm, node, table[node.target])
         if replacement is None:
             if node.target in FAST_PATHS and not fast_paths:
-                failure = (f"{name} is a fused eager fast path, faster whole than decomposed "
-                           "(kernels=reference decomposes it)")
+                failure = (
+                    f"{name} is a fused eager fast path, faster whole than decomposed "
+                    "(kernels=reference decomposes it)"
+                )
             result.eager.append(EagerNode(node, name, failure, True))
             continue
-        log.debug("%s does not lower as a whole (%s); decomposed into %d nodes",
-                  name, failure, len(replacement))
+        log.debug(
+            "%s does not lower as a whole (%s); decomposed into %d nodes",
+            name,
+            failure,
+            len(replacement),
+        )
         for new in replacement:
             depth[new] = level + 1
         worklist = replacement + worklist
@@ -292,7 +307,7 @@ def decompose_in_place(
         return None  # it did not make progress
     env: dict[fx.Node, Any] = {}
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
-    for ph, original in zip(placeholders, inputs):
+    for ph, original in zip(placeholders, inputs, strict=True):
         env[ph] = original
     added: list[fx.Node] = []
     result: Any = None
@@ -313,7 +328,10 @@ def decompose_in_place(
                 # return_types_*), which make_fx records as a call of the class. Generated
                 # graph code names such a class by a module path it does not live at, so
                 # the call is dropped: its items are the nodes it was built from.
-                items = (*n.args, *(n.kwargs[f] for f in getattr(n.target, "_fields", ())[len(n.args):]))
+                items = (
+                    *n.args,
+                    *(n.kwargs[f] for f in getattr(n.target, "_fields", ())[len(n.args) :]),
+                )
                 env[n] = tuple(env[a] if isinstance(a, fx.Node) else a for a in items)
                 continue
             elif n.target is operator.getitem and isinstance(env.get(n.args[0]), tuple):

@@ -15,13 +15,17 @@ import math
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.fx as fx
 from functorch.compile import make_boxed_func
+from torch._dynamo.backends.common import aot_autograd
+from tqdm import tqdm
+
 from kope.agents import make_agent
 from kope.errors import ModelLoadError
 from kope.memory.schema import SOURCE_AGENT, AttemptRecord
@@ -33,8 +37,6 @@ from kope.passes.pipeline import REPRO_MARKER
 from kope.report import shorten
 from kope.targets.base import Target
 from kope.task import Task
-from torch._dynamo.backends.common import aot_autograd
-from tqdm import tqdm
 
 log = logging.getLogger("kope.precompile")
 

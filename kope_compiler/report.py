@@ -6,6 +6,7 @@ counted at run time, so a test can tell a kernel that was chosen from one that a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 PASS_RATE = "the share of operators with at least one verified agent kernel"
@@ -106,10 +107,18 @@ class Report:
         for same in groups.values():
             t = same[0]
             calls = str(sum(s.calls for s in same)) if t.jit else "-"
-            rows.append((
-                shorten(t.label, 60), t.kernel, _us(t.ran_us), _us(t.eager_us),
-                speedup_text(t.speedup), str(len(same)), calls, shorten(t.reason, 50),
-            ))
+            rows.append(
+                (
+                    shorten(t.label, 60),
+                    t.kernel,
+                    _us(t.ran_us),
+                    _us(t.eager_us),
+                    speedup_text(t.speedup),
+                    str(len(same)),
+                    calls,
+                    shorten(t.reason, 50),
+                )
+            )
         for e in self.eager:
             if e.compute:
                 rows.append(
@@ -124,10 +133,13 @@ class Report:
         return "\n".join(lines)
 
 
-def table_lines(rows: list[tuple[str, ...]]) -> list[str]:
+def table_lines(rows: Sequence[tuple[str, ...]]) -> list[str]:
     """Rows of cells as aligned text columns, the first row a header underlined with dashes."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return lines
 

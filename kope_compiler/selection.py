@@ -170,7 +170,8 @@ def choose(task: Task, target: Target, store: ExperienceStore, policy: str) -> C
     if best is None or best.source == SOURCE_EAGER:
         return Choice(
             "eager",
-            f"eager is fastest ({_fmt(reference.eager_us)} µs vs reference {_fmt(reference.latency_us)} µs)",
+            f"eager is fastest ({_fmt(reference.eager_us)} µs "
+            f"vs reference {_fmt(reference.latency_us)} µs)",
             eager_us=reference.eager_us,
             kernel_us=reference.latency_us,
             verdict=reference.verdict,
@@ -187,7 +188,10 @@ def choose(task: Task, target: Target, store: ExperienceStore, policy: str) -> C
                 reference.verdict,
             )
         log.warning("the best kernel of %s has lost its artifact; using the next best", task.label)
-    ref_choice.reason = f"reference is fastest ({_fmt(reference.latency_us)} µs vs eager {_fmt(reference.eager_us)} µs)"
+    ref_choice.reason = (
+        f"reference is fastest ({_fmt(reference.latency_us)} µs "
+        f"vs eager {_fmt(reference.eager_us)} µs)"
+    )
     if (reference.speedup_vs_eager or 0) < 1.0:
         return Choice(
             "eager",

@@ -9,7 +9,7 @@ fixed sequence of related operators of the memory ablation. Inputs are seeded.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn

@@ -68,7 +68,9 @@ def op_name(target: Any) -> str:
     return f"{target.namespace}.{target._opname}.{target._overloadname}"
 
 
-def node_signature(node: fx.Node) -> tuple[list[fx.Node], OpCall, tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
+def node_signature(
+    node: fx.Node,
+) -> tuple[list[fx.Node], OpCall, tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
     """Input nodes (first-use order), the eager call, and input/output specs of a node."""
     inputs: list[fx.Node] = []
 
@@ -219,7 +221,9 @@ def make_task(nodes: fx.Node | list[fx.Node], target_key: str) -> Task:
             else _first_line(err)
         ) from None
     spec = TaskSpec(label_for(call, in_specs), in_specs, out_specs, call)
-    return Task(group, inputs, spec, payload, task_key(payload, target_key), workload_digest(payload))
+    return Task(
+        group, inputs, spec, payload, task_key(payload, target_key), workload_digest(payload)
+    )
 
 
 def _first_line(err: BaseException) -> str:

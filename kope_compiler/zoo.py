@@ -7,7 +7,7 @@ workloads of `benchmarks/`. Weights are seeded, so every run sees the same model
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn

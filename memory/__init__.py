@@ -9,7 +9,17 @@ from kope.memory.store import ExperienceStore
 from kope.memory.tokens import BpeCounter, EstimatingCounter, TokenCounter
 
 __all__ = [
-    "SCHEMA_VERSION", "AttemptRecord", "BpeCounter", "Context", "ContextItem", "EstimatingCounter",
-    "ExperienceStore", "InsightRecord", "TaskRecord", "TokenCounter", "distil_insights",
-    "kope_home", "retrieve",
+    "SCHEMA_VERSION",
+    "AttemptRecord",
+    "BpeCounter",
+    "Context",
+    "ContextItem",
+    "EstimatingCounter",
+    "ExperienceStore",
+    "InsightRecord",
+    "TaskRecord",
+    "TokenCounter",
+    "distil_insights",
+    "kope_home",
+    "retrieve",
 ]

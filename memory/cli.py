@@ -29,7 +29,8 @@ SUBCOMMANDS = ("stats", "tasks", "show", "context", "export", "prune", "compact"
 def add_commands(subparsers: Any) -> None:
     """Register `memory` and its subcommands on an argparse subparsers object."""
     memory = subparsers.add_parser(
-        "memory", help=f"inspect the experience store ({', '.join(SUBCOMMANDS)})",
+        "memory",
+        help=f"inspect the experience store ({', '.join(SUBCOMMANDS)})",
         description="Inspect KOPE's experience store: what was tried for each operator, what "
         "worked, and what the agent would be shown.",
     )
@@ -38,39 +39,64 @@ def add_commands(subparsers: Any) -> None:
 
     def command(name: str, help_text: str, run: Any) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--store", type=Path, default=None,
-                       help="store directory (default: $KOPE_HOME or ~/.cache/kope)")
+        p.add_argument(
+            "--store",
+            type=Path,
+            default=None,
+            help="store directory (default: $KOPE_HOME or ~/.cache/kope)",
+        )
         p.set_defaults(run=lambda args: _guarded(run, args))
         return p
 
     stats = command("stats", "counts of tasks, attempts, verified attempts and insights", _stats)
     stats.add_argument("--json", action="store_true", help="print JSON")
-    tasks = command("tasks", "the tasks of the store, oldest first: label, key prefix, attempts "
-                    "and best speedup over eager (keys for `show` and `context`)", _tasks)
+    tasks = command(
+        "tasks",
+        "the tasks of the store, oldest first: label, key prefix, attempts "
+        "and best speedup over eager (keys for `show` and `context`)",
+        _tasks,
+    )
     tasks.add_argument("--limit", type=int, default=50, help="tasks per page (default 50)")
-    tasks.add_argument("--offset", type=int, default=0,
-                       help="tasks to skip before the page (default 0)")
+    tasks.add_argument(
+        "--offset", type=int, default=0, help="tasks to skip before the page (default 0)"
+    )
     tasks.add_argument("--json", action="store_true", help="print JSON")
     show = command("show", "a task's trajectory: attempts as a tree of refinements", _show)
     show.add_argument("key", help="task key, or a unique prefix of one")
-    context = command("context", "exactly the context ACMI would inject for a task, with scores",
-                      _context)
+    context = command(
+        "context", "exactly the context ACMI would inject for a task, with scores", _context
+    )
     context.add_argument("key", help="task key, or a unique prefix of one")
     context.add_argument("--budget", type=int, default=4000, help="token budget (default 4000)")
-    context.add_argument("--counter", choices=["estimate", "bpe"], default="estimate",
-                         help="token counter: the offline estimate, or o200k from bpe-openai")
+    context.add_argument(
+        "--counter",
+        choices=["estimate", "bpe"],
+        default="estimate",
+        help="token counter: the offline estimate, or o200k from bpe-openai",
+    )
     context.add_argument("--json", action="store_true", help="print the context as JSON")
     export = command("export", "write the whole graph as JSON, GraphML or DOT", _export)
-    export.add_argument("--format", choices=["json", "graphml", "dot"], default="json",
-                        help="json (lossless, default), graphml or dot")
+    export.add_argument(
+        "--format",
+        choices=["json", "graphml", "dot"],
+        default="json",
+        help="json (lossless, default), graphml or dot",
+    )
     export.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
-    prune = command("prune", "delete kernel texts of old failed attempts; keep the graph's "
-                    "history", _prune)
-    prune.add_argument("--older-than", type=float, default=30.0, metavar="DAYS",
-                       help="only attempts recorded more than DAYS ago (default 30)")
+    prune = command(
+        "prune", "delete kernel texts of old failed attempts; keep the graph's history", _prune
+    )
+    prune.add_argument(
+        "--older-than",
+        type=float,
+        default=30.0,
+        metavar="DAYS",
+        help="only attempts recorded more than DAYS ago (default 30)",
+    )
     prune.add_argument("--dry-run", action="store_true", help="say what would go; delete nothing")
-    command("compact", "write a snapshot so that the store opens without replaying its log",
-            _compact)
+    command(
+        "compact", "write a snapshot so that the store opens without replaying its log", _compact
+    )
 
 
 def _guarded(run: Any, args: argparse.Namespace) -> int:
@@ -97,12 +123,17 @@ def _stats(args: argparse.Namespace, store: ExperienceStore) -> int:
 
 def _tasks(args: argparse.Namespace, store: ExperienceStore) -> int:
     if args.limit < 1 or args.offset < 0:
-        raise MemoryCommandError(f"--limit {args.limit} must be >= 1 and --offset "
-                                 f"{args.offset} >= 0")
+        raise MemoryCommandError(
+            f"--limit {args.limit} must be >= 1 and --offset {args.offset} >= 0"
+        )
     rows, total = store.task_summaries(args.offset, args.limit)
     if args.json:
-        print(json.dumps({"total": total, "offset": args.offset, "limit": args.limit,
-                          "tasks": rows}, indent=2))
+        print(
+            json.dumps(
+                {"total": total, "offset": args.offset, "limit": args.limit, "tasks": rows},
+                indent=2,
+            )
+        )
         return 0
     if not rows:
         print(f"no tasks at offset {args.offset} ({total} in {store.root})")
@@ -110,8 +141,7 @@ def _tasks(args: argparse.Namespace, store: ExperienceStore) -> int:
     width = max(len(r["label"]) for r in rows)
     for r in rows:
         best = f"{r['best_speedup_vs_eager']:.2f}x" if r["best_speedup_vs_eager"] else "-"
-        print(f"{r['key'][:16]}  {r['label']:<{width}}  {r['attempts']:>5} attempts  "
-              f"best {best}")
+        print(f"{r['key'][:16]}  {r['label']:<{width}}  {r['attempts']:>5} attempts  best {best}")
     last = args.offset + len(rows)
     more = f"; --offset {last} for the next page" if last < total else ""
     print(f"tasks {args.offset + 1}-{last} of {total}{more}")
@@ -122,15 +152,19 @@ def resolve_key(store: ExperienceStore, prefix: str) -> str:
     """The task key that `prefix` names; MemoryCommandError if none or several."""
     if store.task(prefix) is not None:
         return prefix
-    matches = sorted(store.id_of(r) for r in store.rows_of_kind(TASK)
-                     if store.id_of(r).startswith(prefix))
+    matches = sorted(
+        store.id_of(r) for r in store.rows_of_kind(TASK) if store.id_of(r).startswith(prefix)
+    )
     if not matches:
-        raise MemoryCommandError(f"no task key starts with {prefix!r} in {store.root}; "
-                                 "`kope memory tasks` lists the keys it holds")
+        raise MemoryCommandError(
+            f"no task key starts with {prefix!r} in {store.root}; "
+            "`kope memory tasks` lists the keys it holds"
+        )
     if len(matches) > 1:
         shown = ", ".join(m[:16] for m in matches[:5])
-        raise MemoryCommandError(f"{prefix!r} names {len(matches)} tasks ({shown}...); "
-                                 "give more of the key")
+        raise MemoryCommandError(
+            f"{prefix!r} names {len(matches)} tasks ({shown}...); give more of the key"
+        )
     return matches[0]
 
 
@@ -142,8 +176,10 @@ def _show(args: argparse.Namespace, store: ExperienceStore) -> int:
     best = store.best(key)
     print(f"{task.label}  [{task.op}, {task.target}]")
     print(f"key {task.key}")
-    print(f"hardware {task.hardware}; {len(attempts)} attempts; best: "
-          f"{_line(best) if best else 'none verified'}")
+    print(
+        f"hardware {task.hardware}; {len(attempts)} attempts; best: "
+        f"{_line(best) if best else 'none verified'}"
+    )
     ids = {a.id for a in attempts}
     children: dict[str | None, list[AttemptRecord]] = {}
     for a in attempts:
@@ -176,8 +212,10 @@ def _context(args: argparse.Namespace, store: ExperienceStore) -> int:
         try:
             counter = BpeCounter()
         except ImportError as err:
-            raise MemoryCommandError(f"--counter bpe needs bpe-openai ({err}); "
-                                     "pip install bpe-openai, or use --counter estimate") from err
+            raise MemoryCommandError(
+                f"--counter bpe needs bpe-openai ({err}); "
+                "pip install bpe-openai, or use --counter estimate"
+            ) from err
     else:
         counter = EstimatingCounter()
     context = retrieve(store, key, args.budget, counter=counter)
@@ -207,8 +245,10 @@ def _prune(args: argparse.Namespace, store: ExperienceStore) -> int:
 
     report = prune(store, args.older_than, args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
-    print(f"{verb} {report.artifacts_removed} artifacts ({report.bytes_removed} bytes); "
-          f"kept {report.artifacts_kept}")
+    print(
+        f"{verb} {report.artifacts_removed} artifacts ({report.bytes_removed} bytes); "
+        f"kept {report.artifacts_kept}"
+    )
     return 0
 
 

@@ -47,8 +47,12 @@ def export(store: ExperienceStore, fmt: str, out: TextIO) -> None:
 def _write_json(store: ExperienceStore, out: TextIO) -> None:
     nodes = [{"id": r.id, "type": type_name(r), "record": to_json(r)} for r in store.iter_records()]
     edges = [{"src": s, "dst": d, "kind": k} for s, d, k in store.iter_edges()]
-    json.dump({"schema_version": SCHEMA_VERSION, "nodes": nodes, "edges": edges}, out,
-              sort_keys=True, allow_nan=True)
+    json.dump(
+        {"schema_version": SCHEMA_VERSION, "nodes": nodes, "edges": edges},
+        out,
+        sort_keys=True,
+        allow_nan=True,
+    )
     out.write("\n")
 
 
@@ -62,14 +66,21 @@ def read_json(path: Path) -> tuple[list[Any], list[tuple[str, str, str]]]:
 def _write_graphml(store: ExperienceStore, out: TextIO) -> None:
     root = ET.Element("graphml", xmlns=_GRAPHML_NS)
     for key in _GRAPHML_KEYS:
-        ET.SubElement(root, "key", {"id": key, "for": "node", "attr.name": key, "attr.type": "string"})
-    ET.SubElement(root, "key", {"id": "kind", "for": "edge", "attr.name": "kind", "attr.type": "string"})
+        ET.SubElement(
+            root, "key", {"id": key, "for": "node", "attr.name": key, "attr.type": "string"}
+        )
+    ET.SubElement(
+        root, "key", {"id": "kind", "for": "edge", "attr.name": "kind", "attr.type": "string"}
+    )
     graph = ET.SubElement(root, "graph", id="kope", edgedefault="directed")
     for record in store.iter_records():
         node = ET.SubElement(graph, "node", id=record.id)
-        values = {"type": type_name(record), "label": _label(record),
-                  "verdict": getattr(record, "verdict", ""),
-                  "record": json.dumps(to_json(record), sort_keys=True, allow_nan=True)}
+        values = {
+            "type": type_name(record),
+            "label": _label(record),
+            "verdict": getattr(record, "verdict", ""),
+            "record": json.dumps(to_json(record), sort_keys=True, allow_nan=True),
+        }
         for key in _GRAPHML_KEYS:
             ET.SubElement(node, "data", key=key).text = values[key]
     for i, (src, dst, kind) in enumerate(store.iter_edges()):
@@ -94,12 +105,23 @@ def read_graphml(path: Path) -> tuple[list[Any], list[tuple[str, str, str]]]:
     edges = []
     for edge in graph.findall("g:edge", ns):
         kind = edge.find("g:data", ns)
-        edges.append((edge.get("source", ""), edge.get("target", ""), kind.text or "" if kind is not None else ""))
+        edges.append(
+            (
+                edge.get("source", ""),
+                edge.get("target", ""),
+                kind.text or "" if kind is not None else "",
+            )
+        )
     return records, edges
 
 
-_DOT_STYLE = {"verified": "palegreen", "mismatch": "salmon", "compile_error": "orange",
-              "runtime_error": "tomato", "timeout": "gray"}
+_DOT_STYLE = {
+    "verified": "palegreen",
+    "mismatch": "salmon",
+    "compile_error": "orange",
+    "runtime_error": "tomato",
+    "timeout": "gray",
+}
 
 
 def _write_dot(store: ExperienceStore, out: TextIO) -> None:
@@ -141,7 +163,9 @@ class PruneReport:
     artifacts_kept: int
 
 
-def prune(store: ExperienceStore, older_than_days: float = 30.0, dry_run: bool = False) -> PruneReport:
+def prune(
+    store: ExperienceStore, older_than_days: float = 30.0, dry_run: bool = False
+) -> PruneReport:
     """Delete the kernel texts nobody needs any more: those of failed attempts recorded more
     than `older_than_days` ago that are not also the text of a verified or a newer attempt.
     The attempts themselves stay in the graph (their history, verdicts and errors); only
@@ -152,7 +176,9 @@ def prune(store: ExperienceStore, older_than_days: float = 30.0, dry_run: bool =
     hot = store.hot(rows)
     drop: set[str] = set()
     keep: set[str] = set()
-    for row, verdict, created in zip(rows, hot["verdict"].tolist(), hot["created"].tolist()):
+    for row, verdict, created in zip(
+        rows, hot["verdict"].tolist(), hot["created"].tolist(), strict=True
+    ):
         attempt = store.record_at(row)
         if not attempt.artifact:
             continue

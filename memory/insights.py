@@ -56,7 +56,9 @@ def evidence(attempt: AttemptRecord, min_gain: float = 1.05) -> str | None:
     return CONTRADICTS if speedup <= 1.0 / min_gain else None
 
 
-def distil_insights(store: ExperienceStore, task_key: str, *, min_gain: float = 1.05) -> list[InsightRecord]:
+def distil_insights(
+    store: ExperienceStore, task_key: str, *, min_gain: float = 1.05
+) -> list[InsightRecord]:
     """Create or update the insights that the agent attempts of `task_key` bear on; returns
     them in their new state. Safe to call repeatedly and from several processes."""
     store.refresh()
@@ -71,9 +73,11 @@ def distil_insights(store: ExperienceStore, task_key: str, *, min_gain: float = 
     updated: list[InsightRecord] = []
     for decision, attempts in sorted(groups.items()):
         iid = insight_id(family, dtype, decision)
-        new_edges = [EdgeRecord(iid, a.id, kind) for a in attempts
-                     if (kind := evidence(a, min_gain)) is not None
-                     and not store.has_edge(iid, a.id, kind)]
+        new_edges = [
+            EdgeRecord(iid, a.id, kind)
+            for a in attempts
+            if (kind := evidence(a, min_gain)) is not None and not store.has_edge(iid, a.id, kind)
+        ]
         existing = store.record(iid)
         if not new_edges and isinstance(existing, InsightRecord):
             updated.append(existing)
@@ -88,22 +92,37 @@ def distil_insights(store: ExperienceStore, task_key: str, *, min_gain: float = 
     return updated
 
 
-def _recount(store: ExperienceStore, iid: str, family: str, dtype: str, decision: str,
-             existing: object, new_edges: list[EdgeRecord]) -> InsightRecord:
+def _recount(
+    store: ExperienceStore,
+    iid: str,
+    family: str,
+    dtype: str,
+    decision: str,
+    existing: object,
+    new_edges: list[EdgeRecord],
+) -> InsightRecord:
     links = {(dst, kind) for dst, kind in store.edges_from(iid)} if existing else set()
     links |= {(e.dst, e.kind) for e in new_edges}
     support = [store.record(dst) for dst, kind in sorted(links) if kind == SUPPORTS]
     contradict = sum(1 for _, kind in links if kind == CONTRADICTS)
-    best = max((a for a in support if isinstance(a, AttemptRecord)),
-               key=lambda a: (a.speedup_vs_eager or 0.0, a.id), default=None)
+    best = max(
+        (a for a in support if isinstance(a, AttemptRecord)),
+        key=lambda a: (a.speedup_vs_eager or 0.0, a.id),
+        default=None,
+    )
     created = existing.created if isinstance(existing, InsightRecord) else time.time()
     insight = InsightRecord(
-        id=iid, family=family, dtype=dtype, decision=decision,
+        id=iid,
+        family=family,
+        dtype=dtype,
+        decision=decision,
         text=_text(store, family, dtype, decision, best, len(support), contradict),
-        support=len(support), contradict=contradict,
+        support=len(support),
+        contradict=contradict,
         weight=(len(support) + 1) / (len(support) + contradict + 2),
         best_speedup=best.speedup_vs_eager if best else None,
-        best_attempt=best.id if best else None, created=created,
+        best_attempt=best.id if best else None,
+        created=created,
         updated=existing.updated if isinstance(existing, InsightRecord) else created,
     )
     if isinstance(existing, InsightRecord) and _same_state(existing, insight):
@@ -113,18 +132,31 @@ def _recount(store: ExperienceStore, iid: str, family: str, dtype: str, decision
 
 
 def _same_state(a: InsightRecord, b: InsightRecord) -> bool:
-    return (a.support, a.contradict, a.best_attempt, a.text) == (b.support, b.contradict,
-                                                                 b.best_attempt, b.text)
+    return (a.support, a.contradict, a.best_attempt, a.text) == (
+        b.support,
+        b.contradict,
+        b.best_attempt,
+        b.text,
+    )
 
 
-def _text(store: ExperienceStore, family: str, dtype: str, decision: str,
-          best: AttemptRecord | None, support: int, contradict: int) -> str:
+def _text(
+    store: ExperienceStore,
+    family: str,
+    dtype: str,
+    decision: str,
+    best: AttemptRecord | None,
+    support: int,
+    contradict: int,
+) -> str:
     tally = f"{support} supporting, {contradict} contradicting attempts"
     if best is not None and best.speedup_vs_eager is not None:
         owner = store.task(best.task)
         where = f" ({owner.label})" if owner is not None else ""
-        return (f"{decision} gave {best.speedup_vs_eager:.2f}x over eager on {dtype} "
-                f"{family}{where}; {tally}")
+        return (
+            f"{decision} gave {best.speedup_vs_eager:.2f}x over eager on {dtype} "
+            f"{family}{where}; {tally}"
+        )
     return f"{decision} failed or did not beat eager on {dtype} {family}; {tally}"
 
 

@@ -14,8 +14,9 @@ import json
 import logging
 import os
 import zlib
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 log = logging.getLogger("kope.memory")
 
@@ -112,13 +113,19 @@ class RecordLog:
                 try:
                     entries.append((offset + start, stop - start, decode(data[start:stop])))
                 except (ValueError, json.JSONDecodeError) as err:
-                    log.warning("%s: skipping a damaged record at byte %d (%s)",
-                                self.path, offset + start, err)
+                    log.warning(
+                        "%s: skipping a damaged record at byte %d (%s)",
+                        self.path,
+                        offset + start,
+                        err,
+                    )
             start = stop + 1
         if not last:
             return entries, offset + end, True
         if end < len(data):
-            log.warning("%s: skipping a torn record at its end (%d bytes)", self.path, len(data) - end)
+            log.warning(
+                "%s: skipping a torn record at its end (%d bytes)", self.path, len(data) - end
+            )
         return entries, offset + len(data), False
 
     def read_at(self, offset: int, length: int) -> dict[str, Any]:

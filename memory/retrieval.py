@@ -19,9 +19,9 @@ budget, deterministically (same store, same arguments, same text):
    `min_insights` insights, then the rest by score (failures beyond the quota weighted by
    `FAILURE_WEIGHT`) with a diversity penalty (each item already shown with the same
    decision halves a score, each from the same task multiplies it by 0.8); at most
-   `full_kernels` other kernels in full. Each item is rendered at the richest level that fits: `full`
-   (kernel text), `summary` (one detailed line), `line` (a short line); code is skipped,
-   never truncated. The whole text is counted again at the end and is within the budget.
+   `full_kernels` other kernels in full. Each item is rendered at the richest level that
+   fits: `full` (kernel text), `summary` (one detailed line), `line` (a short line); code is
+   skipped, never truncated. The whole text is counted again at the end and is within the budget.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 
 from kope.memory.schema import (
-    SOURCES,
     SOURCE_AGENT,
+    SOURCES,
     VERDICTS,
     AttemptRecord,
     InsightRecord,
@@ -84,11 +84,15 @@ class Context:
 
     def explain(self) -> str:
         """One line per item: score, level, tokens and why (for people and the CLI)."""
-        lines = [f"context for {self.task}: {self.tokens}/{self.budget_tokens} tokens "
-                 f"({self.counter}), {len(self.items)} items of {self.considered} candidates"]
+        lines = [
+            f"context for {self.task}: {self.tokens}/{self.budget_tokens} tokens "
+            f"({self.counter}), {len(self.items)} items of {self.considered} candidates"
+        ]
         for item in self.items:
-            lines.append(f"  {item.score:7.4f}  {item.kind:8s} {item.level:7s} {item.tokens:5d} tok  "
-                         f"{item.id}  {item.why}")
+            lines.append(
+                f"  {item.score:7.4f}  {item.kind:8s} {item.level:7s} {item.tokens:5d} tok  "
+                f"{item.id}  {item.why}"
+            )
         return "\n".join(lines)
 
 
@@ -134,8 +138,17 @@ def retrieve(
     best = store.best(record.key) if self_row is not None else None
     best_row = store.row_of(best.id) if best is not None else None
     if best is not None and best.source == SOURCE_AGENT and best_row is not None:
-        packer.add(_Candidate(best_row, self_row or 0, "best", 1.0, "best known kernel of this task",
-                              decision_hash(best.decision)), LEVELS)
+        packer.add(
+            _Candidate(
+                best_row,
+                self_row or 0,
+                "best",
+                1.0,
+                "best known kernel of this task",
+                decision_hash(best.decision),
+            ),
+            LEVELS,
+        )
     failures = [c for c in candidates if c.kind == "failure"]
     for c in failures[:min_failures]:
         packer.add(c, ("summary", "line"))
@@ -167,8 +180,9 @@ def retrieve(
     return context
 
 
-def _nearest(store: ExperienceStore, rows: np.ndarray, dist: np.ndarray,
-             k: int) -> tuple[list[int], list[float]]:
+def _nearest(
+    store: ExperienceStore, rows: np.ndarray, dist: np.ndarray, k: int
+) -> tuple[list[int], list[float]]:
     """The k tasks of the op's family nearest by distance, ties broken by key."""
     inside = np.flatnonzero(dist < W_FAMILY)
     if not len(inside):
@@ -199,9 +213,14 @@ def _hops(store: ExperienceStore, start: int, depth: int = 3, cap: int = 4000) -
     return seen
 
 
-def _score_attempts(store: ExperienceStore, task_rows: list[int], task_dist: list[float],
-                    hops: dict[int, int], half_life_days: float,
-                    now: float | None) -> list[_Candidate]:
+def _score_attempts(
+    store: ExperienceStore,
+    task_rows: list[int],
+    task_dist: list[float],
+    hops: dict[int, int],
+    half_life_days: float,
+    now: float | None,
+) -> list[_Candidate]:
     per_task = [store.attempt_rows(t) for t in task_rows]
     counts = np.array([len(found) for found in per_task], dtype=np.int64)
     if not counts.sum():
@@ -215,18 +234,34 @@ def _score_attempts(store: ExperienceStore, task_rows: list[int], task_dist: lis
     # Quality is normalised per task: the task's best verified latency over this one's.
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[counts > 0]
     best = np.minimum.reduceat(np.where(verified, latency, np.inf), starts)
-    quality = np.where(verified, np.repeat(best, counts[counts > 0]) / np.where(verified, latency, 1.0), 0.0)
+    quality = np.where(
+        verified, np.repeat(best, counts[counts > 0]) / np.where(verified, latency, 1.0), 0.0
+    )
     newest = float(np.max(hot["created"])) if now is None else now
-    recency = 0.25 + 0.75 * 0.5 ** (np.maximum(0.0, newest - hot["created"]) / (half_life_days * 86400.0))
+    recency = 0.25 + 0.75 * 0.5 ** (
+        np.maximum(0.0, newest - hot["created"]) / (half_life_days * 86400.0)
+    )
     hop = np.array([hops.get(r, 0) for r in rows], dtype=np.float64)
     proximity = np.where(hop > 0, 1.0 + 0.5 / np.maximum(hop, 1.0), 1.0)
     relevance = np.exp(-dist / 2.0)
     score = relevance * recency * proximity * np.where(verified, 0.25 + 0.75 * quality, 1.0)
     own = {t for t in task_rows if hops.get(t) == 0}
     out = [
-        _Candidate(rows[i], int(owner[i]), "attempt" if verified[i] else "failure", float(score[i]),
-                   (float(dist[i]), int(owner[i]) in own, float(quality[i]), float(recency[i]),
-                    float(proximity[i]), int(hot["verdict"][i])), int(hot["dhash"][i]))
+        _Candidate(
+            rows[i],
+            int(owner[i]),
+            "attempt" if verified[i] else "failure",
+            float(score[i]),
+            (
+                float(dist[i]),
+                int(owner[i]) in own,
+                float(quality[i]),
+                float(recency[i]),
+                float(proximity[i]),
+                int(hot["verdict"][i]),
+            ),
+            int(hot["dhash"][i]),
+        )
         # Eager baselines and the reference lowering carry no lesson of their own.
         for i in np.flatnonzero(hot["source"] == _AGENT).tolist()
     ]
@@ -241,8 +276,10 @@ def _why(c: _Candidate) -> str:
     d, own, quality, recency, proximity, verdict = c.why
     where = "this task" if own else f"similar task (distance {d:.2f})"
     if c.kind == "attempt":
-        return (f"{where}; verified, {quality:.2f} of its task's best latency; "
-                f"recency {recency:.2f}; graph x{proximity:.2f}")
+        return (
+            f"{where}; verified, {quality:.2f} of its task's best latency; "
+            f"recency {recency:.2f}; graph x{proximity:.2f}"
+        )
     name = VERDICTS[verdict] if 0 <= verdict < len(VERDICTS) else "failed"
     return f"instructive failure ({name}) on {where}; recency {recency:.2f}"
 
@@ -269,8 +306,10 @@ def _score_insights(store: ExperienceStore, family: str, dtype: str) -> list[_Ca
         match = 1.0 if insight.dtype == dtype else 0.5
         score = insight.weight * match * (1.0 - 1.0 / (2.0 + insight.support + insight.contradict))
         row = store.row_of(insight.id)
-        why = (f"insight on {insight.family} ({insight.dtype}): weight {insight.weight:.2f}, "
-               f"{insight.support} supporting, {insight.contradict} contradicting")
+        why = (
+            f"insight on {insight.family} ({insight.dtype}): weight {insight.weight:.2f}, "
+            f"{insight.support} supporting, {insight.contradict} contradicting"
+        )
         out.append(_Candidate(row if row is not None else -1, -1, "insight", score, why))
     out.sort(key=lambda c: (-c.score, store.id_of(c.row)))
     return out
@@ -279,7 +318,9 @@ def _score_insights(store: ExperienceStore, family: str, dtype: str) -> list[_Ca
 class _Packer:
     """Adds rendered items while the budget allows, richest level first."""
 
-    def __init__(self, store: ExperienceStore, counter: TokenCounter, budget: int, task: TaskRecord):
+    def __init__(
+        self, store: ExperienceStore, counter: TokenCounter, budget: int, task: TaskRecord
+    ):
         self.store, self.counter, self.budget, self.task = store, counter, budget, task
         self.header = f"# Experience for {task.label} ({task.op}, target {task.target})"
         self.used = counter.count(self.header) + 1
@@ -298,7 +339,7 @@ class _Packer:
         """Diversity: each item already shown with the same decision halves a score, each
         from the same task multiplies it by 0.8."""
         same_decision = self._decisions.get(c.dhash, 0) if c.dhash else 0
-        return 0.5 ** same_decision * 0.8 ** self._tasks.get(c.task_row, 0)
+        return 0.5**same_decision * 0.8 ** self._tasks.get(c.task_row, 0)
 
     def add(self, c: _Candidate, levels: tuple[str, ...]) -> str | None:
         """Render `c` at the first of `levels` that fits; returns the level used."""
@@ -312,8 +353,18 @@ class _Packer:
             cost = self.counter.count(text) + 1  # +1 for the joining newline
             if self.used + cost <= self.budget:
                 self.used += cost
-                self.items.append(ContextItem(c.kind, record.id, getattr(record, "task", ""),
-                                              round(c.score, 6), level, cost, _why(c), text))
+                self.items.append(
+                    ContextItem(
+                        c.kind,
+                        record.id,
+                        getattr(record, "task", ""),
+                        round(c.score, 6),
+                        level,
+                        cost,
+                        _why(c),
+                        text,
+                    )
+                )
                 self._rows.add(c.row)
                 if c.dhash:
                     self._decisions[c.dhash] = self._decisions.get(c.dhash, 0) + 1
@@ -327,26 +378,40 @@ class _Packer:
         if getattr(self.counter, "subadditive", False) and self.used <= self.budget:
             # The parts were counted with one token per joining newline: an upper bound, so
             # the text need not be counted again (its count is at most `tokens`).
-            return Context(self.task.key, self.budget, self.used - 1 if text else 0,
-                           self.counter.name, text, items)
+            return Context(
+                self.task.key,
+                self.budget,
+                self.used - 1 if text else 0,
+                self.counter.name,
+                text,
+                items,
+            )
         while items and self.counter.count(text) > self.budget:
             # Joining can merge whitespace differently than counting pieces apart did.
             items.remove(min(items, key=lambda i: i.score))
             text = self._join(items)
         if self.counter.count(text) > self.budget:
             text, items = "", []
-        return Context(self.task.key, self.budget, self.counter.count(text) if text else 0,
-                       self.counter.name, text, items)
+        return Context(
+            self.task.key,
+            self.budget,
+            self.counter.count(text) if text else 0,
+            self.counter.name,
+            text,
+            items,
+        )
 
     def _join(self, items: list[ContextItem]) -> str:
         return "\n".join([self.header] + [i.text for i in items]) if items else ""
 
 
-def _render(store: ExperienceStore, record: Any, level: str, kind: str,
-            task: TaskRecord) -> str | None:
+def _render(
+    store: ExperienceStore, record: Any, level: str, kind: str, task: TaskRecord
+) -> str | None:
     if isinstance(record, InsightRecord):
         if level == "summary":
-            return f"- insight (weight {record.weight:.2f}, {record.support}+/{record.contradict}-): {record.text}"
+            counts = f"{record.support}+/{record.contradict}-"
+            return f"- insight (weight {record.weight:.2f}, {counts}): {record.text}"
         return f"- insight: {record.text}" if level == "line" else None
     if not isinstance(record, AttemptRecord):
         return None

@@ -18,8 +18,9 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 SCHEMA_VERSION = 2
 
@@ -150,7 +151,10 @@ class EdgeRecord:
 
 
 RECORD_TYPES: dict[str, type] = {
-    "task": TaskRecord, "attempt": AttemptRecord, "insight": InsightRecord, "edge": EdgeRecord,
+    "task": TaskRecord,
+    "attempt": AttemptRecord,
+    "insight": InsightRecord,
+    "edge": EdgeRecord,
 }
 _TYPE_NAMES = {cls: name for name, cls in RECORD_TYPES.items()}
 

@@ -28,25 +28,123 @@ SHAPE_DIMS = 4  # trailing output dims kept in the shape vector (+1 slot for inp
 W_DTYPE, W_RANK, W_TARGET, W_OP, W_FAMILY = 1.0, 1.0, 4.0, 8.0, 16.0
 
 _FAMILIES: dict[str, tuple[str, ...]] = {
-    "matmul": ("mm", "bmm", "addmm", "matmul", "linear", "baddbmm", "addbmm", "dot", "mv",
-               "addmv", "einsum"),
-    "conv": ("convolution", "conv1d", "conv2d", "conv3d", "conv_transpose1d",
-             "conv_transpose2d", "_convolution"),
-    "softmax": ("softmax", "_softmax", "log_softmax", "_log_softmax", "safe_softmax",
-                "_safe_softmax"),
-    "norm": ("layer_norm", "native_layer_norm", "batch_norm", "native_batch_norm",
-             "_native_batch_norm_legit_no_training", "group_norm", "native_group_norm",
-             "rms_norm", "_fused_rms_norm", "instance_norm"),
-    "reduce": ("sum", "mean", "amax", "amin", "max", "min", "prod", "var", "std", "argmax",
-               "argmin", "logsumexp", "var_mean", "norm", "linalg_vector_norm", "cumsum"),
-    "pool": ("max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "max_pool2d_with_indices",
-             "_adaptive_avg_pool2d", "avg_pool1d", "max_pool1d"),
-    "elementwise": ("add", "sub", "mul", "div", "relu", "gelu", "tanh", "sigmoid", "exp", "log",
-                    "neg", "sqrt", "rsqrt", "pow", "where", "clamp", "clamp_min", "clamp_max",
-                    "maximum", "minimum", "silu", "abs", "erf", "hardtanh", "leaky_relu",
-                    "reciprocal", "sin", "cos", "elu", "mish", "hardswish", "softplus",
-                    "fused", "rsub", "square", "threshold", "masked_fill", "copy", "_to_copy",
-                    "fill", "zeros_like", "ones_like", "sign", "floor", "ceil", "round"),
+    "matmul": (
+        "mm",
+        "bmm",
+        "addmm",
+        "matmul",
+        "linear",
+        "baddbmm",
+        "addbmm",
+        "dot",
+        "mv",
+        "addmv",
+        "einsum",
+    ),
+    "conv": (
+        "convolution",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "_convolution",
+    ),
+    "softmax": (
+        "softmax",
+        "_softmax",
+        "log_softmax",
+        "_log_softmax",
+        "safe_softmax",
+        "_safe_softmax",
+    ),
+    "norm": (
+        "layer_norm",
+        "native_layer_norm",
+        "batch_norm",
+        "native_batch_norm",
+        "_native_batch_norm_legit_no_training",
+        "group_norm",
+        "native_group_norm",
+        "rms_norm",
+        "_fused_rms_norm",
+        "instance_norm",
+    ),
+    "reduce": (
+        "sum",
+        "mean",
+        "amax",
+        "amin",
+        "max",
+        "min",
+        "prod",
+        "var",
+        "std",
+        "argmax",
+        "argmin",
+        "logsumexp",
+        "var_mean",
+        "norm",
+        "linalg_vector_norm",
+        "cumsum",
+    ),
+    "pool": (
+        "max_pool2d",
+        "avg_pool2d",
+        "adaptive_avg_pool2d",
+        "max_pool2d_with_indices",
+        "_adaptive_avg_pool2d",
+        "avg_pool1d",
+        "max_pool1d",
+    ),
+    "elementwise": (
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "relu",
+        "gelu",
+        "tanh",
+        "sigmoid",
+        "exp",
+        "log",
+        "neg",
+        "sqrt",
+        "rsqrt",
+        "pow",
+        "where",
+        "clamp",
+        "clamp_min",
+        "clamp_max",
+        "maximum",
+        "minimum",
+        "silu",
+        "abs",
+        "erf",
+        "hardtanh",
+        "leaky_relu",
+        "reciprocal",
+        "sin",
+        "cos",
+        "elu",
+        "mish",
+        "hardswish",
+        "softplus",
+        "fused",
+        "rsub",
+        "square",
+        "threshold",
+        "masked_fill",
+        "copy",
+        "_to_copy",
+        "fill",
+        "zeros_like",
+        "ones_like",
+        "sign",
+        "floor",
+        "ceil",
+        "round",
+    ),
 }
 _FAMILY_OF = {name: family for family, names in _FAMILIES.items() for name in names}
 
@@ -80,8 +178,9 @@ def decision_hash(text: str) -> int:
     norm = normalize_decision(text)
     if not norm:
         return 0
-    return int.from_bytes(hashlib.blake2b(norm.encode(), digest_size=8).digest(), "little",
-                          signed=True)
+    return int.from_bytes(
+        hashlib.blake2b(norm.encode(), digest_size=8).digest(), "little", signed=True
+    )
 
 
 @dataclass(frozen=True)
@@ -96,8 +195,9 @@ class Features:
     shape: tuple[float, ...]  # SHAPE_DIMS + 1 log2 sizes
 
 
-def features(op: str, inputs: list[list[Any]], outputs: list[list[Any]], target: str,
-             hardware: str) -> Features:
+def features(
+    op: str, inputs: list[list[Any]], outputs: list[list[Any]], target: str, hardware: str
+) -> Features:
     """The features of a task from its op, signature and target."""
     first = outputs[0] if outputs else (inputs[0] if inputs else [[], ""])
     shape = [int(d) for d in (first[0] if first else [])]
@@ -110,7 +210,7 @@ def features(op: str, inputs: list[list[Any]], outputs: list[list[Any]], target:
 
 def distance(a: Features, b: Features) -> float:
     """The tiered distance between two tasks (see the module docstring)."""
-    shape = sum(abs(x - y) for x, y in zip(a.shape, b.shape)) / len(a.shape)
+    shape = sum(abs(x - y) for x, y in zip(a.shape, b.shape, strict=True)) / len(a.shape)
     d = min(shape / 4.0, 1.0)
     d += W_DTYPE * (a.dtype != b.dtype) + W_RANK * (a.rank != b.rank)
     d += W_TARGET * (a.target != b.target)
@@ -121,12 +221,15 @@ def distance(a: Features, b: Features) -> float:
     return d
 
 
-def distances(query: Features, codes: dict[str, int | None], table: dict[str, np.ndarray]) -> np.ndarray:
+def distances(
+    query: Features, codes: dict[str, int | None], table: dict[str, np.ndarray]
+) -> np.ndarray:
     """`distance` from `query` to every task of a feature table at once.
 
     `table` holds integer code columns `op`, `family`, `target`, `dtype`, `rank` and a float
     `shape` matrix; `codes` maps each of the query's strings to its code (None if unseen).
     """
+
     def differs(name: str) -> np.ndarray:
         code = codes[name]
         column = table[name]

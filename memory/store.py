@@ -23,8 +23,9 @@ import math
 import os
 import tempfile
 import zlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 import rustworkx as rx
@@ -56,11 +57,28 @@ LOG_NAME = "experience.log"
 SNAPSHOT_NAME = "snapshot.kope"
 TASK, ATTEMPT, INSIGHT = 0, 1, 2
 # Hot columns of every row: name -> numpy dtype.
-HOT = {"kind": "i1", "task": "i4", "verdict": "i1", "source": "i1", "speedup": "f8",
-       "latency": "f8", "created": "f8", "dhash": "i8", "off": "i8", "len": "i4"}
+HOT = {
+    "kind": "i1",
+    "task": "i4",
+    "verdict": "i1",
+    "source": "i1",
+    "speedup": "f8",
+    "latency": "f8",
+    "created": "f8",
+    "dhash": "i8",
+    "off": "i8",
+    "len": "i4",
+}
 # Columns of the task table: name -> numpy dtype ("shape" is a matrix).
-TASK_COLUMNS = {"row": "i4", "op": "i4", "family": "i4", "target": "i4", "dtype": "i4",
-                "rank": "i1", "shape": "f4"}
+TASK_COLUMNS = {
+    "row": "i4",
+    "op": "i4",
+    "family": "i4",
+    "target": "i4",
+    "dtype": "i4",
+    "rank": "i1",
+    "shape": "f4",
+}
 CODED = ("op", "family", "target", "dtype")
 _KIND_CODE = {k: i for i, k in enumerate(EDGE_KINDS)}
 _CACHE_LIMIT = 200_000
@@ -124,8 +142,11 @@ class ExperienceStore:
                     self._apply(from_json(data), off, length)
                 except (ValueError, TypeError, KeyError) as err:
                     self._skipped += 1
-                    log.warning("%s: ignoring a record (%s); it will be rebuilt if needed",
-                                self.log.path, err)
+                    log.warning(
+                        "%s: ignoring a record (%s); it will be rebuilt if needed",
+                        self.log.path,
+                        err,
+                    )
         return count
 
     def row_of(self, record_id: str) -> int | None:
@@ -207,8 +228,11 @@ class ExperienceStore:
         row = self.row_of(record_id)
         if row is None:
             return []
-        return [(self.id_of(d), EDGE_KINDS[k]) for d, k in self._out_edges(row)
-                if kind is None or EDGE_KINDS[k] == kind]
+        return [
+            (self.id_of(d), EDGE_KINDS[k])
+            for d, k in self._out_edges(row)
+            if kind is None or EDGE_KINDS[k] == kind
+        ]
 
     def has_edge(self, src: str, dst: str, kind: str) -> bool:
         s, d = self.row_of(src), self.row_of(dst)
@@ -226,8 +250,11 @@ class ExperienceStore:
         """Counts and sizes for people and `kope memory stats`."""
         snap = self.root / SNAPSHOT_NAME
         return {
-            **self.stats(), "insights": self._counts["insights"], "edges": self._n_edges,
-            "schema_version": SCHEMA_VERSION, "store": str(self.root),
+            **self.stats(),
+            "insights": self._counts["insights"],
+            "edges": self._n_edges,
+            "schema_version": SCHEMA_VERSION,
+            "store": str(self.root),
             "log_bytes": self.log.size(),
             "snapshot_bytes": snap.stat().st_size if snap.exists() else 0,
             "snapshot_covers_bytes": self.snapshot_offset,
@@ -243,11 +270,15 @@ class ExperienceStore:
         rows = []
         for task in page:
             best = self.best(task.key)
-            rows.append({
-                "key": task.key, "label": task.label, "op": task.op,
-                "attempts": len(self.attempts(task.key)),
-                "best_speedup_vs_eager": best.speedup_vs_eager if best else None,
-            })
+            rows.append(
+                {
+                    "key": task.key,
+                    "label": task.label,
+                    "op": task.op,
+                    "attempts": len(self.attempts(task.key)),
+                    "best_speedup_vs_eager": best.speedup_vs_eager if best else None,
+                }
+            )
         return rows, len(tasks)
 
     def rows(self) -> int:
@@ -279,10 +310,19 @@ class ExperienceStore:
             graph.add_nodes_from([b.decode() for b in self._base_ids.tolist()] + self._over_ids)
             src = np.repeat(np.arange(self._nbase, dtype=np.int64), np.diff(self._e_start))
             kinds = np.array(EDGE_KINDS, dtype=object)
-            graph.add_edges_from(list(zip(src.tolist(), self._e_dst.tolist(),
-                                          kinds[self._e_kind].tolist())))
-            graph.add_edges_from([(s, d, EDGE_KINDS[k]) for s, out in self._over_edges.items()
-                                  for d, k in out])
+            graph.add_edges_from(
+                list(
+                    zip(
+                        src.tolist(),
+                        self._e_dst.tolist(),
+                        kinds[self._e_kind].tolist(),
+                        strict=True,
+                    )
+                )
+            )
+            graph.add_edges_from(
+                [(s, d, EDGE_KINDS[k]) for s, out in self._over_edges.items() for d, k in out]
+            )
             self._graph = graph
         return self._graph
 
@@ -311,7 +351,7 @@ class ExperienceStore:
         for name in HOT:
             out[name][in_base] = self._base[name][idx[in_base]]
         for i in np.flatnonzero(~in_base | np.isin(idx, list(self._patch))).tolist():
-            for name, value in zip(HOT, self._hot_tuple(rows[i])):
+            for name, value in zip(HOT, self._hot_tuple(rows[i]), strict=True):
                 out[name][i] = value
         return out
 
@@ -370,8 +410,12 @@ class ExperienceStore:
             src, dst = self.row_of(record.src), self.row_of(record.dst)
             kind = _KIND_CODE.get(record.kind)
             if src is None or dst is None or kind is None:
-                log.debug("dropping edge %s -> %s (%s): unknown end or kind",
-                          record.src, record.dst, record.kind)
+                log.debug(
+                    "dropping edge %s -> %s (%s): unknown end or kind",
+                    record.src,
+                    record.dst,
+                    record.kind,
+                )
                 return
             self._add_edge(src, dst, kind)
             return
@@ -382,13 +426,13 @@ class ExperienceStore:
             if row < self._nbase:
                 self._patch[row] = hot
             else:
-                for name, value in zip(HOT, hot):
+                for name, value in zip(HOT, hot, strict=True):
                     self._hot[name][row - self._nbase] = value
         else:
             row = self._nbase + len(self._over_ids)
             self._over_ids.append(record.id)
             self._over_row[record.id] = row
-            for name, value in zip(HOT, hot):
+            for name, value in zip(HOT, hot, strict=True):
                 self._hot[name].append(value)
             if self._graph is not None:
                 self._graph.add_node(record.id)
@@ -407,7 +451,10 @@ class ExperienceStore:
             if row >= self._nbase or task >= self._nbase:
                 self._over_att.setdefault(task, []).append(row)
             self._add_edge(task, row, _KIND_CODE[HAS_ATTEMPT])
-        for other, kind in ((attempt.parent, REFINES), (attempt.transferred_from, TRANSFERRED_FROM)):
+        for other, kind in (
+            (attempt.parent, REFINES),
+            (attempt.transferred_from, TRANSFERRED_FROM),
+        ):
             target = self.row_of(other) if other else None
             if target is not None:
                 self._add_edge(row, target, _KIND_CODE[kind])
@@ -433,7 +480,7 @@ class ExperienceStore:
         out: list[tuple[int, int]] = []
         if row < self._nbase:
             lo, hi = self._e_start[row], self._e_start[row + 1]
-            out = list(zip(self._e_dst[lo:hi].tolist(), self._e_kind[lo:hi].tolist()))
+            out = list(zip(self._e_dst[lo:hi].tolist(), self._e_kind[lo:hi].tolist(), strict=True))
         return out + self._over_edges.get(row, [])
 
     def _add_task_features(self, row: int, task: TaskRecord) -> None:
@@ -450,11 +497,18 @@ class ExperienceStore:
     def _hot_of(self, record: Any, off: int, length: int) -> tuple[Any, ...]:
         if isinstance(record, AttemptRecord):
             task = self.row_of(record.task)
-            return (ATTEMPT, -1 if task is None else task, _code(VERDICTS, record.verdict),
-                    _code(SOURCES, record.source),
-                    _nan(1.0 if record.source == SOURCE_EAGER else record.speedup_vs_eager),
-                    _nan(record.latency_us), record.created, decision_hash(record.decision),
-                    off, length)
+            return (
+                ATTEMPT,
+                -1 if task is None else task,
+                _code(VERDICTS, record.verdict),
+                _code(SOURCES, record.source),
+                _nan(1.0 if record.source == SOURCE_EAGER else record.speedup_vs_eager),
+                _nan(record.latency_us),
+                record.created,
+                decision_hash(record.decision),
+                off,
+                length,
+            )
         kind = TASK if isinstance(record, TaskRecord) else INSIGHT
         return (kind, -1, -1, -1, math.nan, math.nan, record.created, 0, off, length)
 
@@ -502,15 +556,22 @@ class ExperienceStore:
         header, arrays = loaded
         offset = int(header.get("log_offset", -1))
         if header.get("schema") != SCHEMA_VERSION or not self._matches_log(offset, header):
-            log.warning("%s does not match %s (or another schema); replaying the whole log",
-                        path, self.log.path)
+            log.warning(
+                "%s does not match %s (or another schema); replaying the whole log",
+                path,
+                self.log.path,
+            )
             return
         self._nbase = int(header["rows"])
         self._base_ids = arrays["ids"]
         self._base = {n: arrays[f"hot.{n}"] for n in HOT}
         self._tbase = {n: arrays[f"task.{n}"] for n in TASK_COLUMNS}
         self._att_start, self._att_rows = arrays["att_start"], arrays["att_rows"]
-        self._e_start, self._e_dst, self._e_kind = arrays["e_start"], arrays["e_dst"], arrays["e_kind"]
+        self._e_start, self._e_dst, self._e_kind = (
+            arrays["e_start"],
+            arrays["e_dst"],
+            arrays["e_kind"],
+        )
         self._codes = {c: {s: i for i, s in enumerate(header["codes"][c])} for c in CODED}
         self._counts = dict(header["counts"])
         self._n_edges = len(self._e_dst)
@@ -540,8 +601,13 @@ class ExperienceStore:
             self.refresh()
             header, arrays = self._snapshot_arrays()
             size = snapshot.write(self.root / SNAPSHOT_NAME, header, arrays)
-            log.info("%s: snapshot of %d rows up to byte %d (%d bytes)", self.root,
-                     header["rows"], self._offset, size)
+            log.info(
+                "%s: snapshot of %d rows up to byte %d (%d bytes)",
+                self.root,
+                header["rows"],
+                self._offset,
+                size,
+            )
             self.snapshot_offset = self._offset
             return True
         finally:
@@ -550,8 +616,12 @@ class ExperienceStore:
     def _snapshot_arrays(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         n = self._nbase + len(self._over_ids)
         width = max([self._base_ids.dtype.itemsize] + [len(i.encode()) for i in self._over_ids])
-        ids = np.concatenate([self._base_ids.astype(f"S{width}"),
-                              np.array([i.encode() for i in self._over_ids], dtype=f"S{width}")])
+        ids = np.concatenate(
+            [
+                self._base_ids.astype(f"S{width}"),
+                np.array([i.encode() for i in self._over_ids], dtype=f"S{width}"),
+            ]
+        )
         order = np.argsort(ids, kind="stable")
         new_of = np.empty(n, np.int64)
         new_of[order] = np.arange(n)
@@ -564,7 +634,8 @@ class ExperienceStore:
         by_row = np.argsort(rows, kind="stable")
         for name, column in table.items():
             arrays[f"task.{name}"] = (rows if name == "row" else column)[by_row].astype(
-                TASK_COLUMNS[name])
+                TASK_COLUMNS[name]
+            )
         arrays["att_start"], arrays["att_rows"] = _attempts_by_task(arrays)
         src, dst, kind = self._all_edges()
         src, dst = new_of[src], new_of[dst]
@@ -574,10 +645,13 @@ class ExperienceStore:
         arrays["e_kind"] = kind[by_src].astype(np.int8)
         start = max(0, self._offset - 4096)
         header = {
-            "schema": SCHEMA_VERSION, "rows": n, "log_offset": self._offset,
+            "schema": SCHEMA_VERSION,
+            "rows": n,
+            "log_offset": self._offset,
             "log_check": zlib.crc32(self.log.read_bytes(start, self._offset - start)),
             "codes": {c: sorted(self._codes[c], key=self._codes[c].__getitem__) for c in CODED},
-            "counts": self._counts, "skipped": self._skipped,
+            "counts": self._counts,
+            "skipped": self._skipped,
         }
         return header, arrays
 
@@ -585,9 +659,11 @@ class ExperienceStore:
         base_src = np.repeat(np.arange(self._nbase, dtype=np.int64), np.diff(self._e_start))
         over = [(s, d, k) for s, out in self._over_edges.items() for d, k in out]
         o = np.array(over, dtype=np.int64).reshape(-1, 3)
-        return (np.concatenate([base_src, o[:, 0]]),
-                np.concatenate([self._e_dst.astype(np.int64), o[:, 1]]),
-                np.concatenate([self._e_kind.astype(np.int64), o[:, 2]]))
+        return (
+            np.concatenate([base_src, o[:, 0]]),
+            np.concatenate([self._e_dst.astype(np.int64), o[:, 1]]),
+            np.concatenate([self._e_kind.astype(np.int64), o[:, 2]]),
+        )
 
     # -- artifacts ---------------------------------------------------------------------------
     def artifact_path(self, digest: str) -> Path:

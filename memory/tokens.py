@@ -45,18 +45,83 @@ _PIECE = re.compile(
 # o200k token counts of frequent pieces of KOPE prompts whose count the length rule misses
 # (MLIR dialect names, transform ops, the words of rendered contexts).
 _KNOWN: dict[str, int] = {
-    ' ATen': 2, ' Experience': 1, ' JIT': 2, ' KOPE': 2, ' MLIR': 2, ' SIGSEGV': 3, ' [#': 2,
-    ' against': 1, ' arith': 2, ' attempt': 1, ' attributes': 1, ' backend': 1, ' compile': 1,
-    ' element': 1, ' fma': 2, ' function': 1, ' interchange': 1, ' iterator': 1, ' kernels': 1,
-    ' linalg': 2, ' lowering': 1, ' memref': 2, ' mismatch': 1, ' ogt': 2, ' operand': 1,
-    ' operator': 1, ' parallel': 1, ' reference': 1, ' rtol': 2, ' running': 1, ' runtime': 1,
-    ' timeout': 1, ' transform': 1, ' unroll': 2, ' verified': 1, ' —': 1, ' →': 1, '"]}': 2,
-    '#map': 2, '-matmul': 3, '-mlir': 3, '.addf': 2, '.addmm': 2, '.amax': 2, '.bmm': 2,
-    '.cmpf': 3, '.constant': 1, '.contract': 1, '.convolution': 2, '.default': 1, '.divf': 2,
-    '.gelu': 2, '.generic': 1, '.hoist': 3, '.mlir': 2, '.mulf': 2, '.subf': 2, '.tanh': 2,
-    '.truncf': 3, '.yield': 2, '/`': 2, '_matmul': 2, '_patterns': 1, '_sequence': 1,
-    '```\n': 2, 'collapsed': 1, 'cst': 2, 'expanded': 1, 'linalg': 2, 'mlir': 2, 'padded': 2,
-    'parallel': 1, 'transform': 1, 'verified': 1, 'vfunc': 2, '{["': 2, '×': 1,
+    " ATen": 2,
+    " Experience": 1,
+    " JIT": 2,
+    " KOPE": 2,
+    " MLIR": 2,
+    " SIGSEGV": 3,
+    " [#": 2,
+    " against": 1,
+    " arith": 2,
+    " attempt": 1,
+    " attributes": 1,
+    " backend": 1,
+    " compile": 1,
+    " element": 1,
+    " fma": 2,
+    " function": 1,
+    " interchange": 1,
+    " iterator": 1,
+    " kernels": 1,
+    " linalg": 2,
+    " lowering": 1,
+    " memref": 2,
+    " mismatch": 1,
+    " ogt": 2,
+    " operand": 1,
+    " operator": 1,
+    " parallel": 1,
+    " reference": 1,
+    " rtol": 2,
+    " running": 1,
+    " runtime": 1,
+    " timeout": 1,
+    " transform": 1,
+    " unroll": 2,
+    " verified": 1,
+    " —": 1,
+    " →": 1,
+    '"]}': 2,
+    "#map": 2,
+    "-matmul": 3,
+    "-mlir": 3,
+    ".addf": 2,
+    ".addmm": 2,
+    ".amax": 2,
+    ".bmm": 2,
+    ".cmpf": 3,
+    ".constant": 1,
+    ".contract": 1,
+    ".convolution": 2,
+    ".default": 1,
+    ".divf": 2,
+    ".gelu": 2,
+    ".generic": 1,
+    ".hoist": 3,
+    ".mlir": 2,
+    ".mulf": 2,
+    ".subf": 2,
+    ".tanh": 2,
+    ".truncf": 3,
+    ".yield": 2,
+    "/`": 2,
+    "_matmul": 2,
+    "_patterns": 1,
+    "_sequence": 1,
+    "```\n": 2,
+    "collapsed": 1,
+    "cst": 2,
+    "expanded": 1,
+    "linalg": 2,
+    "mlir": 2,
+    "padded": 2,
+    "parallel": 1,
+    "transform": 1,
+    "verified": 1,
+    "vfunc": 2,
+    '{["': 2,
+    "×": 1,
 }
 
 
@@ -74,8 +139,9 @@ class EstimatingCounter:
     # (no piece spans the join, and costs are rounded up per text), so a packer may add up.
     subadditive = True
 
-    def __init__(self, word_chars: int = 8, more_chars: int = 3, symbol_chars: int = 2,
-                 other: float = 1.0):
+    def __init__(
+        self, word_chars: int = 8, more_chars: int = 3, symbol_chars: int = 2, other: float = 1.0
+    ):
         self.word_chars = word_chars
         self._costs: dict[str, float] = {}  # pieces repeat a lot in MLIR: cost each once
         self.more_chars = more_chars
@@ -107,7 +173,9 @@ class EstimatingCounter:
             return 1.0 + math.ceil(extra / self.more_chars)
         body = piece.strip()
         ascii_chars = sum(1 for c in body if c.isascii())
-        return math.ceil(max(ascii_chars, 1) / self.symbol_chars) + self.other * (len(body) - ascii_chars)
+        return math.ceil(max(ascii_chars, 1) / self.symbol_chars) + self.other * (
+            len(body) - ascii_chars
+        )
 
 
 class BpeCounter:

@@ -105,17 +105,16 @@ class DestinationAbi(ModulePass):
         params += [f"%out{j}: {m}" for j, m in enumerate(out_mem)]
         body = [
             f"%t{i} = bufferization.to_tensor %in{i} restrict : {m} to {t}"
-            for i, (m, t) in enumerate(zip(in_mem, ins))
+            for i, (m, t) in enumerate(zip(in_mem, ins, strict=True))
         ]
         call_args = ", ".join(f"%t{i}" for i in range(len(ins)))
         results = f"%r:{len(outs)} = " if outs else ""
-        body.append(
-            f"{results}func.call @{PAYLOAD}({call_args}) : ({', '.join(ins)}) -> ({', '.join(outs)})"
-        )
+        signature = f"({', '.join(ins)}) -> ({', '.join(outs)})"
+        body.append(f"{results}func.call @{PAYLOAD}({call_args}) : {signature}")
         body += [
             f"bufferization.materialize_in_destination %r#{j} in restrict writable %out{j}"
             f" : ({t}, {m}) -> ()"
-            for j, (t, m) in enumerate(zip(outs, out_mem))
+            for j, (t, m) in enumerate(zip(outs, out_mem, strict=True))
         ]
         body.append("func.return")
         text = (

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from torch_mlir import ir
 from torch_mlir.passmanager import PassManager
 
+from kope.passes.base import PipelineElement
 from kope.passes.integer_powers import ExpandPowers
 
 OP_ATTR = "kope.op"
@@ -106,7 +107,7 @@ def prepare_payload(text: str, *, approximate_math: bool = False) -> str:
 
     # Integer powers become multiplications before any schedule vectorizes them: a vector
     # `math.fpowi` has no valid lowering, and a multiply chain vectorizes with the rest.
-    elements: list = [ExpandPowers(), *CLEANUP]
+    elements: list[PipelineElement] = [ExpandPowers(), *CLEANUP]
     if approximate_math:
         from kope.passes.approximate_math import ApproximateMath
 
@@ -216,7 +217,7 @@ def _loops(op: ir.Operation) -> tuple[list[str], list[int]]:
     ]
     maps = [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
     ranges = [0] * len(iterators)
-    for operand, amap in zip(op.operands, maps):
+    for operand, amap in zip(op.operands, maps, strict=True):
         if not isinstance(operand.type, ir.ShapedType):
             continue
         for position, expr in enumerate(amap.results):

@@ -55,9 +55,7 @@ class ApplyKernels(ModulePass):
     summary = "Replace each keyed operator's body by the best verified kernel in the store"
 
     store: str = field(default="", metadata={"help": STORE_HELP})
-    target: str = field(
-        default="cpu", metadata={"help": "the target the kernels were verified on"}
-    )
+    target: str = field(default="cpu", metadata={"help": "the target the kernels were verified on"})
 
     def __post_init__(self) -> None:
         check_target(self.name, self.target)
@@ -109,7 +107,10 @@ class ApplyKernels(ModulePass):
             raise _Skip(f"attempt {best.id}'s @{PAYLOAD} has type {got}, the function has {want}")
         log.info(
             "@%s (%s): applying attempt %s, %s x eager",
-            symbol_name(func), key[:12], best.id, best.speedup_vs_eager,
+            symbol_name(func),
+            key[:12],
+            best.id,
+            best.speedup_vs_eager,
         )
         _replace(module, func, kernel.operation, best)
 

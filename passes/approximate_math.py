@@ -5,15 +5,15 @@ and the like once everything else is vectorized. Rewritten as range reduction pl
 polynomial (Cephes-style `exp`, Abramowitz–Stegun 7.1.26 `erf`, `tanh` from `exp`), they
 vectorize with the rest of the loop. Accuracy (measured over dense grids): `exp` within
 1.5 ulp on normal results (0 below the normal range, ±Inf and NaN as IEEE says), `erf` within
-5e-7 absolute, `tanh` within 1e-7 absolute. A kernel opts in by running this pass on its payload; the reference lowering
-never does.
+5e-7 absolute, `tanh` within 1e-7 absolute. A kernel opts in by running this pass on its
+payload; the reference lowering never does.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from torch_mlir import ir
 from torch_mlir.dialects import arith

@@ -18,8 +18,9 @@ import contextvars
 import dataclasses
 import logging
 import shlex
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Iterator, Union
+from typing import Any, ClassVar
 
 from torch_mlir import ir
 from torch_mlir.passmanager import PassManager
@@ -97,7 +98,7 @@ class ModulePass:
         return rows
 
     @classmethod
-    def from_options(cls, options: dict[str, str]) -> "ModulePass":
+    def from_options(cls, options: dict[str, str]) -> ModulePass:
         """Build from textual options (`{store=/s target=cpu}`), checking names and types."""
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(options) - set(fields))
@@ -142,7 +143,7 @@ class ModulePass:
         pm.add(run, name=type(self).__name__, argument=self.name, description=self.summary)
 
 
-PipelineElement = Union[str, ModulePass]
+PipelineElement = str | ModulePass
 
 
 @dataclass

@@ -2,12 +2,13 @@
 
 This is the reference lowering's pipeline; speedups are quoted against what it produces at
 `opt_level=3`. The order encodes lessons from DESIGN.md: outputs are destinations (no tensor
-results cross the boundary, and empty-tensor elimination computes them in place), `memref.copy` never reaches the `memrefCopy` runtime call,
-`lower-affine` runs again after `expand-strided-metadata`, and vector transfers unroll fully
-(the partial form allocates on the stack inside loops and overflows it). Two legalizations
-make vectorized forms lower correctly: integer powers become multiplications
-(`kope-expand-powers`: a vector `math.fpowi` lowers to invalid `llvm.intr.powi`), and vectors
-of i1 are stored one byte per element (`kope-bool-vector-memory`: LLVM packs them in bits).
+results cross the boundary, and empty-tensor elimination computes them in place),
+`memref.copy` never reaches the `memrefCopy` runtime call, `lower-affine` runs again after
+`expand-strided-metadata`, and vector transfers unroll fully (the partial form allocates on
+the stack inside loops and overflows it). Two legalizations make vectorized forms lower
+correctly: integer powers become multiplications (`kope-expand-powers`: a vector
+`math.fpowi` lowers to invalid `llvm.intr.powi`), and vectors of i1 are stored one byte per
+element (`kope-bool-vector-memory`: LLVM packs them in bits).
 """
 
 from __future__ import annotations

@@ -134,7 +134,7 @@ class Diagnostic:
     message: str
 
     @classmethod
-    def at(cls, severity: str, location: ir.Location, message: str) -> "Diagnostic":
+    def at(cls, severity: str, location: ir.Location, message: str) -> Diagnostic:
         match = _LOCATION.search(str(location))
         line, col = (int(match.group(2)), int(match.group(3))) if match else (0, 0)
         return cls(severity, line, col, message)
@@ -208,13 +208,20 @@ def _verify(
     unmatched = list(got)
     for want in wanted:
         hit = next(
-            (g for g in unmatched if g.severity == want.severity and g.line == want.line
-             and want.pattern.search(g.message)),
+            (
+                g
+                for g in unmatched
+                if g.severity == want.severity
+                and g.line == want.line
+                and want.pattern.search(g.message)
+            ),
             None,
         )
         if hit is None:
-            err.write(f"{name}:{want.line + offset}: error: expected {want.severity} "
-                      f"\"{want.message}\" was not produced\n")
+            err.write(
+                f"{name}:{want.line + offset}: error: expected {want.severity} "
+                f'"{want.message}" was not produced\n'
+            )
             ok = False
         else:
             unmatched.remove(hit)

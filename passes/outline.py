@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from torch_mlir import ir
 
 from kope.passes.base import ModulePass, check_target
-from kope.passes.keys import KEY_ATTR, KERNEL_ATTR, LABEL_ATTR, canonical_function, task_key
+from kope.passes.keys import KERNEL_ATTR, KEY_ATTR, LABEL_ATTR, canonical_function, task_key
 
 _NOT_OPERATORS = {"linalg.yield", "linalg.index"}
 _INIT_PRODUCERS = {"tensor.empty", "linalg.fill", "arith.constant"}
@@ -77,7 +77,7 @@ class OutlineOperators(ModulePass):
                 self._outline(op, module, counter, target_key)
 
     def _outline(
-        self, op: ir.Operation, module: ir.Operation, counter: "_Counter", target_key: str
+        self, op: ir.Operation, module: ir.Operation, counter: _Counter, target_key: str
     ) -> None:
         ctx = module.context
         inits = _init_chain(op)
@@ -98,13 +98,13 @@ class OutlineOperators(ModulePass):
         with ctx, loc:
             func = _new_func(module, name, ftype)
             block = func.regions[0].blocks.append(*arg_types)
-            mapping: list[tuple[ir.Value, ir.Value]] = list(zip(args, block.arguments))
+            mapping: list[tuple[ir.Value, ir.Value]] = list(zip(args, block.arguments, strict=True))
             with ir.InsertionPoint(block):
                 for producer in [*inits, op]:
                     clone = producer.clone().operation
                     for old, new in mapping:
                         _replace_in(clone, old, new)
-                    mapping += list(zip(producer.results, clone.results))
+                    mapping += list(zip(producer.results, clone.results, strict=True))
                 ir.Operation.create("func.return", operands=[clone.results[i] for i in returned])
             func.attributes["sym_visibility"] = ir.StringAttr.get("private")
             key = task_key(canonical_function(func), target_key)
@@ -117,7 +117,7 @@ class OutlineOperators(ModulePass):
                     operands=args,
                     attributes={"callee": ir.FlatSymbolRefAttr.get(name)},
                 )
-        for index, new in zip(returned, call.results):
+        for index, new in zip(returned, call.results, strict=True):
             op.results[index].replace_all_uses_with(new)
         op.erase()
         for producer in reversed(inits):

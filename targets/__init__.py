@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from importlib import import_module
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kope.targets.base import Target
@@ -34,7 +35,7 @@ def target_key(name: str) -> str:
     return get_target(name).key()
 
 
-def target_class(name: str) -> "type[Target]":
+def target_class(name: str) -> type[Target]:
     registry = _registry()
     if name not in registry:
         raise KeyError(f"unknown target {name!r}; known targets: {', '.join(sorted(registry))}")
@@ -43,7 +44,7 @@ def target_class(name: str) -> "type[Target]":
     return cls
 
 
-def get_target(name: str, **config: Any) -> "Target":
+def get_target(name: str, **config: Any) -> Target:
     """Instantiate the target registered as `name` with `config`."""
     return target_class(name)(**config)
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, ClassVar
 
 import torch
 
@@ -36,7 +37,7 @@ class TensorSpec:
         return getattr(torch, self.dtype)
 
     @classmethod
-    def of(cls, t: torch.Tensor) -> "TensorSpec":
+    def of(cls, t: torch.Tensor) -> TensorSpec:
         return cls(tuple(int(s) for s in t.shape), str(t.dtype).removeprefix("torch."))
 
     def __str__(self) -> str:
@@ -46,8 +47,16 @@ class TensorSpec:
 
 
 _SHORT_DTYPE = {
-    "float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16",
-    "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8", "uint8": "u8", "bool": "i1",
+    "float64": "f64",
+    "float32": "f32",
+    "float16": "f16",
+    "bfloat16": "bf16",
+    "int64": "i64",
+    "int32": "i32",
+    "int16": "i16",
+    "int8": "i8",
+    "uint8": "u8",
+    "bool": "i1",
 }
 
 
@@ -223,5 +232,5 @@ class Target(ABC):
         """What kernels may use here (vector width, threads, ...), for the agents."""
         return {}
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (an optional hook: a target may hold nothing)
         """Release workers and other resources."""

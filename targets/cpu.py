@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from torch_mlir import ir
@@ -283,9 +284,8 @@ def _verify(
                     error=f"the oracle ({oracle_name}) failed on random inputs: {err}",
                     oracle=oracle_name,
                 )
-            notes.append(
-                f"{trial.kind} trial skipped: the oracle rejects it ({str(err).splitlines()[0][:120]})"
-            )
+            reason = str(err).splitlines()[0][:120]
+            notes.append(f"{trial.kind} trial skipped: the oracle rejects it ({reason})")
             continue
         pristine = [t.clone() for t in inputs]
         outputs = verify.GuardedOutputs(task.outputs)
@@ -301,7 +301,7 @@ def _verify(
                 oracle=oracle_name,
                 trials=trials,
             )
-        for index, (got, want) in enumerate(zip(outputs.views, expected)):
+        for index, (got, want) in enumerate(zip(outputs.views, expected, strict=True)):
             # An output smaller than the largest input summarizes it: a statistics output.
             statistic = got.numel() < largest_input
             cmp = verify.compare(got, want, index, reduction=job.reduction, statistic=statistic)
@@ -369,7 +369,9 @@ class CpuTarget(Target):
             "isa": flags,
             "threads": torch.get_num_threads(),
             "openmp": openmp_library() is not None,
-            "kernel_form": "linalg-on-tensors @main plus a transform schedule, or @kope_kernel on memrefs",
+            "kernel_form": (
+                "linalg-on-tensors @main plus a transform schedule, or @kope_kernel on memrefs"
+            ),
         }
 
     @property

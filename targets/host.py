@@ -10,8 +10,19 @@ import os
 import platform
 from importlib.metadata import PackageNotFoundError, version
 
-_ISA_FLAGS = ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
-              "avx512_bf16", "amx_tile", "asimd", "sve")
+_ISA_FLAGS = (
+    "avx",
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "amx_tile",
+    "asimd",
+    "sve",
+)
 
 
 def package_version(name: str) -> str:

@@ -1,4 +1,5 @@
-"""The CPU calling convention: LLVM-dialect kernels JIT-compiled and called through memref descriptors.
+"""The CPU calling convention: LLVM-dialect kernels JIT-compiled, called through memref
+descriptors.
 
 A kernel `@kope_kernel(in..., out...)` (see `kope-destination-abi`) is JIT-compiled once by the
 ExecutionEngine bundled in torch-mlir. Descriptors are built once per kernel (shapes are static);
@@ -9,7 +10,7 @@ microseconds.
 from __future__ import annotations
 
 import ctypes
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch_mlir import ir
@@ -110,9 +111,9 @@ class JitKernel:
 
     def run(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         """Run on contiguous `inputs`, writing into the contiguous destinations `outputs`."""
-        for desc, tensor in zip(self._in_desc, inputs):
+        for desc, tensor in zip(self._in_desc, inputs, strict=True):
             desc.allocated = desc.aligned = tensor.data_ptr()
-        for desc, tensor in zip(self._out_desc, outputs):
+        for desc, tensor in zip(self._out_desc, outputs, strict=True):
             desc.allocated = desc.aligned = tensor.data_ptr()
         self._fn(self._packed)
 

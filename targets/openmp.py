@@ -33,7 +33,6 @@ log = logging.getLogger("kope.targets.openmp")
 SHIM_SOURCE = Path(__file__).parent / "runtime" / "kope_omp.c"
 
 
-
 def loaded_libgomp() -> str | None:
     """The libgomp this process has loaded (torch's), if any."""
     try:
@@ -75,12 +74,24 @@ def _build_shim(gomp: str) -> str | None:
         gomp_dir, gomp_name = os.path.split(gomp)
         fd, tmp = tempfile.mkstemp(dir=directory, suffix=".so")
         os.close(fd)
-        command = [compiler, "-O2", "-shared", "-fPIC", "-o", tmp, str(SHIM_SOURCE),
-                   f"-L{gomp_dir}", f"-l:{gomp_name}", f"-Wl,-rpath,{gomp_dir}"]
+        command = [
+            compiler,
+            "-O2",
+            "-shared",
+            "-fPIC",
+            "-o",
+            tmp,
+            str(SHIM_SOURCE),
+            f"-L{gomp_dir}",
+            f"-l:{gomp_name}",
+            f"-Wl,-rpath,{gomp_dir}",
+        ]
         result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
-            log.warning("building the OpenMP shim failed (%s); parallel kernels use libomp",
-                        result.stderr.strip()[:300])
+            log.warning(
+                "building the OpenMP shim failed (%s); parallel kernels use libomp",
+                result.stderr.strip()[:300],
+            )
             Path(tmp).unlink(missing_ok=True)
             return None
         os.replace(tmp, target)

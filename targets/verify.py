@@ -49,8 +49,8 @@ cancel to a fraction of the running value.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 
@@ -181,8 +181,8 @@ class GuardedOutputs:
                     offset = int(bad[0 if side == "after" else -1])
                     distance = offset + 1 if side == "after" else GUARD_BYTES - offset
                     return (
-                        f"out-of-bounds write {side} output {index}: "
-                        f"{int(bad.numel())} canary bytes changed, nearest {distance} bytes {side} it"
+                        f"out-of-bounds write {side} output {index}: {int(bad.numel())} canary "
+                        f"bytes changed, nearest {distance} bytes {side} it"
                     )
         return None
 
@@ -290,7 +290,7 @@ def _first(mask: torch.Tensor) -> tuple[int, ...]:
 
 
 def inputs_unchanged(before: Sequence[torch.Tensor], after: Sequence[torch.Tensor]) -> str | None:
-    for index, (b, a) in enumerate(zip(before, after)):
+    for index, (b, a) in enumerate(zip(before, after, strict=True)):
         if not torch.equal(_bytes(b), _bytes(a)):
             return f"the kernel wrote into its input {index}"
     return None

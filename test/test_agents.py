@@ -27,14 +27,18 @@ OPERATORS = {
     "addmm": (torch.addmm, (torch.randn(64), torch.randn(32, 48), torch.randn(48, 64))),
     "bmm": (torch.bmm, (torch.randn(3, 16, 24), torch.randn(3, 24, 32))),
     "softmax": (lambda x: torch.softmax(x, -1), (torch.randn(24, 80),)),
-    "layer_norm": (lambda x, w, b: torch.nn.functional.layer_norm(x, (80,), w, b),
-                   (torch.randn(24, 80), torch.randn(80), torch.randn(80))),
+    "layer_norm": (
+        lambda x, w, b: torch.nn.functional.layer_norm(x, (80,), w, b),
+        (torch.randn(24, 80), torch.randn(80), torch.randn(80)),
+    ),
     "row_sum": (lambda x: x.sum(-1), (torch.randn(24, 80),)),
     "row_max": (lambda x: x.amax(-1), (torch.randn(24, 80),)),
     "chain": (lambda x: torch.tanh(x * 2 + 1) * x, (torch.randn(24, 80),)),
     "gelu": (torch.nn.functional.gelu, (torch.randn(5, 7, 33),)),
-    "conv": (lambda x, w, b: torch.nn.functional.conv2d(x, w, b, padding=1),
-             (torch.randn(2, 3, 17, 17), torch.randn(8, 3, 3, 3), torch.randn(8))),
+    "conv": (
+        lambda x, w, b: torch.nn.functional.conv2d(x, w, b, padding=1),
+        (torch.randn(2, 3, 17, 17), torch.randn(8, 3, 3, 3), torch.randn(8)),
+    ),
 }
 
 
@@ -60,9 +64,13 @@ def test_best_prior_schedules_verify(name: str, target: CpuTarget) -> None:
     space = sorted(candidate_space(analyze(payload), target.capabilities()), key=lambda c: -c[1])
     assert space, "no schedule for this operator"
     for config, _ in space[:2]:
-        prepared = prepare_payload(task.payload, approximate_math=bool(config.get("approximate_math")))
+        prepared = prepare_payload(
+            task.payload, approximate_math=bool(config.get("approximate_math"))
+        )
         source = attach(prepared, render(analyze(prepared), config))
-        result = target.evaluate(task.spec, Kernel(source), oracle=Kernel(task.payload), measure=False)
+        result = target.evaluate(
+            task.spec, Kernel(source), oracle=Kernel(task.payload), measure=False
+        )
         assert result.verdict == "verified", f"{config}: {result.error}"
 
 
@@ -81,10 +89,32 @@ def test_memory_seeds_the_first_attempt_and_bans_failures() -> None:
     space = candidate_space(analyze(prepare_payload(task.payload)), view.capabilities)
     proven, failed = space[5][0], space[0][0]
     experience = [
-        Experience("a1", "other", "aten.mm(64x64)", "aten.mm.default", ((64, 64),), 0.9,
-                   "x", proven, "verified", 3.0, 20.0),
-        Experience("a2", "other", "aten.mm(64x64)", "aten.mm.default", ((64, 64),), 0.9,
-                   "y", failed, "mismatch", None, None),
+        Experience(
+            "a1",
+            "other",
+            "aten.mm(64x64)",
+            "aten.mm.default",
+            ((64, 64),),
+            0.9,
+            "x",
+            proven,
+            "verified",
+            3.0,
+            20.0,
+        ),
+        Experience(
+            "a2",
+            "other",
+            "aten.mm(64x64)",
+            "aten.mm.default",
+            ((64, 64),),
+            0.9,
+            "y",
+            failed,
+            "mismatch",
+            None,
+            None,
+        ),
     ]
     proposal = HeuristicAgent().propose(ProposalRequest(view, experience=experience))
     assert proposal is not None
@@ -96,8 +126,12 @@ def test_memory_seeds_the_first_attempt_and_bans_failures() -> None:
 def test_agent_stops_when_eager_is_far_better() -> None:
     task = _task("row_sum")
     view = task_view(task, CpuTarget())
-    history = [Feedback(f"a{i}", "d", {"family": "rows", "rows": i}, "verified", None, 100.0, 10.0, 0.1, 2.0)
-               for i in range(6)]
+    history = [
+        Feedback(
+            f"a{i}", "d", {"family": "rows", "rows": i}, "verified", None, 100.0, 10.0, 0.1, 2.0
+        )
+        for i in range(6)
+    ]
     assert HeuristicAgent().propose(ProposalRequest(view, history=history[:3])) is not None
     assert HeuristicAgent().propose(ProposalRequest(view, history=history)) is None
 

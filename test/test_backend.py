@@ -27,7 +27,7 @@ def _compile_and_check(name: str, kernels: str):
         got = compiled(*inputs)
         got_again = compiled(*inputs)
         want = model(*inputs)
-    for g, g2, w in zip(_flat(got), _flat(got_again), _flat(want)):
+    for g, g2, w in zip(_flat(got), _flat(got_again), _flat(want), strict=True):
         assert g.shape == w.shape and g.dtype == w.dtype
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(g2, w, rtol=1e-4, atol=1e-4)
@@ -68,7 +68,7 @@ def test_non_contiguous_and_size_one_inputs() -> None:
     with torch.no_grad():
         compiled = torch.compile(model, backend="kope", options={"kernels": "reference"})
         for a, b in ((x, y), (x_t, y)):
-            for g, w in zip(compiled(a, b), model(a, b)):
+            for g, w in zip(compiled(a, b), model(a, b), strict=True):
                 torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
 
 
@@ -119,8 +119,9 @@ def test_works_without_import_and_with_torch_logs(tmp_path) -> None:
     import os
 
     env = {**os.environ, **env}
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "ok" in proc.stdout
     assert "kope" in proc.stderr  # TORCH_LOGS=+kope shows KOPE's debug log

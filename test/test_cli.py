@@ -30,8 +30,12 @@ def get_init_inputs():
 
 def kope(*args: str, store: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["kope", *args, "--store", str(store)] if args and args[0] == "compile" else ["kope", *args],
-        capture_output=True, text=True, timeout=600,
+        ["kope", *args, "--store", str(store)]
+        if args and args[0] == "compile"
+        else ["kope", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -100,18 +104,28 @@ def test_bad_option_fails_before_the_model_is_loaded(tmp_path: Path) -> None:
 
 
 def _task(key: str, kernel: str, calls: int, **kw: float) -> TaskReport:
-    return TaskReport(label=f"aten.op({key})", key=key, op="aten.op", kernel=kernel,
-                      reason="why", calls=calls, **kw)
+    return TaskReport(
+        label=f"aten.op({key})",
+        key=key,
+        op="aten.op",
+        kernel=kernel,
+        reason="why",
+        calls=calls,
+        **kw,
+    )
 
 
 def test_table_has_one_row_per_operator_and_shows_what_ran() -> None:
-    graph = GraphReport(tasks=[
-        _task("a", "agent", 3, eager_us=20.0, kernel_us=10.0),
-        _task("a", "agent", 4, eager_us=20.0, kernel_us=10.0),
-        _task("b", "eager", 0, eager_us=8.0, kernel_us=400.0),  # kernel_us: the reference's
-    ])
-    lines = Report(graphs=[graph, GraphReport(tasks=[_task("a", "agent", 1, eager_us=20.0,
-                                                           kernel_us=10.0)])]).format_table()
+    graph = GraphReport(
+        tasks=[
+            _task("a", "agent", 3, eager_us=20.0, kernel_us=10.0),
+            _task("a", "agent", 4, eager_us=20.0, kernel_us=10.0),
+            _task("b", "eager", 0, eager_us=8.0, kernel_us=400.0),  # kernel_us: the reference's
+        ]
+    )
+    lines = Report(
+        graphs=[graph, GraphReport(tasks=[_task("a", "agent", 1, eager_us=20.0, kernel_us=10.0)])]
+    ).format_table()
     rows = lines.splitlines()
     header = rows[0].split()
     assert header[header.index("sites") + 1] == "calls"

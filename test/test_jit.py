@@ -43,7 +43,7 @@ def test_kernels_match_eager(fn, args) -> None:
     got = kernel(*args)
     want = fn(*args)
     want = want if isinstance(want, tuple) else (want,)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape
         torch.testing.assert_close(g, w)
 

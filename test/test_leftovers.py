@@ -1,4 +1,5 @@
-"""The test suites leave nothing behind: pytest's KOPE_HOME and lit's output are per run, removed."""
+"""The test suites leave nothing behind: pytest's KOPE_HOME and lit's output are per run and
+removed."""
 
 from __future__ import annotations
 
@@ -21,8 +22,15 @@ def _run(argv: list[str], tmp: Path) -> subprocess.CompletedProcess[str]:
 
 def test_a_pytest_session_removes_its_kope_home(tmp_path: Path) -> None:
     run = _run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "test/test_options.py::test_defaults"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "test/test_options.py::test_defaults",
+        ],
         tmp_path,
     )
     assert run.returncode == 0, run.stdout + run.stderr

@@ -33,7 +33,9 @@ def target():
 
 @pytest.fixture(scope="module")
 def task():
-    return partition(make_fx(torch.relu, tracing_mode="fake")(torch.randn(16, 32)), CpuTarget().key()).tasks[0]
+    return partition(
+        make_fx(torch.relu, tracing_mode="fake")(torch.randn(16, 32)), CpuTarget().key()
+    ).tasks[0]
 
 
 def _agent(server: ScriptedOpenAIServer, **kw):
@@ -45,9 +47,14 @@ def good_answer(payload: str) -> str:
 
 
 def test_scripted_session_records_every_outcome(task, target, tmp_path: Path, caplog) -> None:
-    hostile_mlir = "```mlir\nfunc.func private @system(i64) -> i32\nfunc.func @main() { return }\n```"
+    hostile_mlir = (
+        "```mlir\nfunc.func private @system(i64) -> i32\nfunc.func @main() { return }\n```"
+    )
     hostile_python = "```python\nimport subprocess\nsubprocess.run(['sh'])\n```"
-    wrong_signature = "```mlir\nfunc.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n  return %a : tensor<4xf32>\n}\n```"
+    wrong_signature = (
+        "```mlir\nfunc.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n"
+        "  return %a : tensor<4xf32>\n}\n```"
+    )
     script = [
         Reply(status=500),  # retried by the client
         Reply(content=good_answer(task.payload), prompt_tokens=321, completion_tokens=123),
@@ -104,8 +111,9 @@ def test_unreachable_endpoint_is_a_clear_error(task, target) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    agent = make_agent("llm", base_url=f"http://127.0.0.1:{port}/v1", model="m", api_key=SECRET,
-                       max_retries=0)
+    agent = make_agent(
+        "llm", base_url=f"http://127.0.0.1:{port}/v1", model="m", api_key=SECRET, max_retries=0
+    )
     with pytest.raises(KopeError) as err:
         agent.propose(ProposalRequest(task_view(task, target)))
     message = str(err.value)
@@ -156,10 +164,16 @@ def test_unreachable_endpoint_says_what_failed_and_what_is_unset(task, target, m
 @pytest.mark.parametrize(
     "given, unset, missing",
     [
-        ({}, ["OPENAI_BASE_URL", "OPENAI_API_KEY", "KOPE_LLM_MODEL"], ["KOPE_LLM_MODEL",
-                                                                      "OPENAI_BASE_URL"]),
-        ({"model": "m"}, ["OPENAI_BASE_URL", "OPENAI_API_KEY"], ["OPENAI_BASE_URL",
-                                                                 "OPENAI_API_KEY"]),
+        (
+            {},
+            ["OPENAI_BASE_URL", "OPENAI_API_KEY", "KOPE_LLM_MODEL"],
+            ["KOPE_LLM_MODEL", "OPENAI_BASE_URL"],
+        ),
+        (
+            {"model": "m"},
+            ["OPENAI_BASE_URL", "OPENAI_API_KEY"],
+            ["OPENAI_BASE_URL", "OPENAI_API_KEY"],
+        ),
     ],
 )
 def test_missing_configuration_is_named_before_any_request(

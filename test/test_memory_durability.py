@@ -40,8 +40,16 @@ for i in range(count):
 
 
 def _task(key: str) -> TaskRecord:
-    return TaskRecord(key, "aten.mm.default", "mm", "w", [[[8, 8], "float32"]], [[[8, 8], "float32"]],
-                      "cpu", "cpu|test")
+    return TaskRecord(
+        key,
+        "aten.mm.default",
+        "mm",
+        "w",
+        [[[8, 8], "float32"]],
+        [[[8, 8], "float32"]],
+        "cpu",
+        "cpu|test",
+    )
 
 
 def test_kill_9_at_random_points_loses_at_most_the_attempt_in_flight(tmp_path: Path) -> None:
@@ -50,7 +58,8 @@ def test_kill_9_at_random_points_loses_at_most_the_attempt_in_flight(tmp_path: P
     for round_ in range(20):
         proc = subprocess.Popen(
             [sys.executable, "-c", WRITER, str(tmp_path), "k", "10000", "4"],
-            stdout=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         assert proc.stdout is not None
         wanted = rng.randint(1, 12)
@@ -58,7 +67,9 @@ def test_kill_9_at_random_points_loses_at_most_the_attempt_in_flight(tmp_path: P
             acknowledged.add(proc.stdout.readline().strip())
         time.sleep(rng.random() * 0.02)  # land somewhere in a write, an fsync or a snapshot
         proc.send_signal(signal.SIGKILL)
-        acknowledged.update(line.strip() for line in proc.stdout if line.strip())  # printed before death
+        acknowledged.update(
+            line.strip() for line in proc.stdout if line.strip()
+        )  # printed before death
         proc.wait()
         store = ExperienceStore(tmp_path)
         stored = {a.id for a in store.attempts("task-k")}
@@ -73,14 +84,17 @@ def test_kill_9_at_random_points_loses_at_most_the_attempt_in_flight(tmp_path: P
 
 def test_concurrent_writers_with_snapshots_lose_nothing(tmp_path: Path) -> None:
     procs = [
-        subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), tag, "120", every],
-                         stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(tmp_path), tag, "120", every],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         for tag, every in (("a", "25"), ("b", "0"), ("c", "40"))
     ]
     outputs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs)
     store = ExperienceStore(tmp_path)
-    for tag, out in zip("abc", outputs):
+    for tag, out in zip("abc", outputs, strict=True):
         printed = out.split()
         stored = store.attempts(f"task-{tag}")
         assert [a.id for a in stored] == printed and len(printed) == 120
@@ -90,11 +104,15 @@ def test_concurrent_writers_with_snapshots_lose_nothing(tmp_path: Path) -> None:
     assert store.snapshot_offset > 0
 
 
-def test_truncated_log_loads_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_truncated_log_loads_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     store = ExperienceStore(tmp_path)
     store.add_task(_task("t"))
-    ids = [store.add_attempt(AttemptRecord(task="t", source="agent", verdict="mismatch")).id
-           for _ in range(5)]
+    ids = [
+        store.add_attempt(AttemptRecord(task="t", source="agent", verdict="mismatch")).id
+        for _ in range(5)
+    ]
     path = tmp_path / "experience.log"
     size = path.stat().st_size
     last = size - len(path.read_bytes().rstrip(b"\n").rsplit(b"\n", 1)[1]) - 1
@@ -151,7 +169,9 @@ def test_open_reader_keeps_working_while_another_process_compacts(tmp_path: Path
 def test_a_long_tail_is_compacted_when_opened(tmp_path: Path) -> None:
     store = ExperienceStore(tmp_path)
     store.add_task(_task("t"))
-    store.add_records([AttemptRecord(task="t", source="agent", verdict="verified") for _ in range(30)])
+    store.add_records(
+        [AttemptRecord(task="t", source="agent", verdict="verified") for _ in range(30)]
+    )
     assert not (tmp_path / SNAPSHOT_NAME).exists()
     ExperienceStore(tmp_path, compact_after=20)
     again = ExperienceStore(tmp_path)

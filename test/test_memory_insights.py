@@ -16,22 +16,53 @@ DECISION = "tile 8x32x4 + vectorize"
 
 
 def add_matmul(store: ExperienceStore, key: str, n: int) -> None:
-    store.add_task(TaskRecord(key, "aten.mm.default", f"aten.mm({n}x{n}xf32, {n}x{n}xf32)", "w",
-                              [[[n, n], "float32"]] * 2, [[[n, n], "float32"]], "cpu", "cpu|test"))
+    store.add_task(
+        TaskRecord(
+            key,
+            "aten.mm.default",
+            f"aten.mm({n}x{n}xf32, {n}x{n}xf32)",
+            "w",
+            [[[n, n], "float32"]] * 2,
+            [[[n, n], "float32"]],
+            "cpu",
+            "cpu|test",
+        )
+    )
 
 
-def attempt(store: ExperienceStore, key: str, verdict: str, speedup: float | None = None,
-            decision: str = DECISION) -> AttemptRecord:
-    return store.add_attempt(AttemptRecord(
-        task=key, source="agent", verdict=verdict, decision=decision,
-        speedup_vs_eager=speedup, latency_us=100 / speedup if speedup else None,
-        error=None if verdict == "verified" else "mismatch at [0, 0]"))
+def attempt(
+    store: ExperienceStore,
+    key: str,
+    verdict: str,
+    speedup: float | None = None,
+    decision: str = DECISION,
+) -> AttemptRecord:
+    return store.add_attempt(
+        AttemptRecord(
+            task=key,
+            source="agent",
+            verdict=verdict,
+            decision=decision,
+            speedup_vs_eager=speedup,
+            latency_us=100 / speedup if speedup else None,
+            error=None if verdict == "verified" else "mismatch at [0, 0]",
+        )
+    )
 
 
 def test_evidence_rules() -> None:
-    assert evidence(AttemptRecord(task="t", source="agent", verdict="verified", speedup_vs_eager=2.6)) == SUPPORTS
-    assert evidence(AttemptRecord(task="t", source="agent", verdict="verified", speedup_vs_eager=0.5)) == CONTRADICTS
-    assert evidence(AttemptRecord(task="t", source="agent", verdict="verified", speedup_vs_eager=1.01)) is None
+    assert (
+        evidence(AttemptRecord(task="t", source="agent", verdict="verified", speedup_vs_eager=2.6))
+        == SUPPORTS
+    )
+    assert (
+        evidence(AttemptRecord(task="t", source="agent", verdict="verified", speedup_vs_eager=0.5))
+        == CONTRADICTS
+    )
+    assert (
+        evidence(AttemptRecord(task="t", source="agent", verdict="verified", speedup_vs_eager=1.01))
+        is None
+    )
     assert evidence(AttemptRecord(task="t", source="agent", verdict="compile_error")) == CONTRADICTS
 
 
@@ -43,7 +74,9 @@ def test_a_verified_speedup_becomes_an_insight_and_gathers_support(tmp_path: Pat
     [insight] = [i for i in distil_insights(store, "mm512") if i.decision == DECISION]
     assert insight.id == insight_id("matmul", "float32", "Tile 8x32x4  + vectorize")
     assert (insight.support, insight.contradict) == (1, 0)
-    assert insight.text.startswith("tile 8x32x4 + vectorize gave 2.60x over eager on float32 matmul")
+    assert insight.text.startswith(
+        "tile 8x32x4 + vectorize gave 2.60x over eager on float32 matmul"
+    )
     assert "512x512" in insight.text and insight.best_attempt == best.id
     assert store.has_edge(insight.id, best.id, SUPPORTS)
     # Idempotent: nothing new is written the second time.

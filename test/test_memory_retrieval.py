@@ -19,11 +19,26 @@ from kope.memory.tokens import EstimatingCounter
 HW = "cpu|Xeon avx512f 2c|torch-2.13.0"
 
 
-def task(key: str, op: str, shape: list[int], dtype: str = "float32", target_key: str = HW,
-         inputs: int = 2) -> TaskRecord:
+def task(
+    key: str,
+    op: str,
+    shape: list[int],
+    dtype: str = "float32",
+    target_key: str = HW,
+    inputs: int = 2,
+) -> TaskRecord:
     label = f"{op}({'x'.join(map(str, shape))}x{dtype})"
-    return TaskRecord(key, op, label, "w", [[shape, dtype]] * inputs, [[shape, dtype]], "cpu",
-                      target_key, created=1000.0)
+    return TaskRecord(
+        key,
+        op,
+        label,
+        "w",
+        [[shape, dtype]] * inputs,
+        [[shape, dtype]],
+        "cpu",
+        target_key,
+        created=1000.0,
+    )
 
 
 def feats(t: TaskRecord) -> Features:
@@ -45,7 +60,9 @@ def test_distance_tiers_put_same_op_and_target_first() -> None:
     half = feats(task("b", "aten.mm.default", [256, 256]))
     small = feats(task("c", "aten.mm.default", [64, 64]))
     f16 = feats(task("d", "aten.mm.default", [512, 512], dtype="float16"))
-    other_hw = feats(task("e", "aten.mm.default", [512, 512], target_key="cpu|EPYC avx2 64c|torch-2.13.0"))
+    other_hw = feats(
+        task("e", "aten.mm.default", [512, 512], target_key="cpu|EPYC avx2 64c|torch-2.13.0")
+    )
     bmm = feats(task("f", "aten.bmm.default", [512, 512]))
     softmax = feats(task("g", "aten._softmax.default", [512, 512], inputs=1))
     order = [same_shape, half, small, f16, other_hw, bmm, softmax]
@@ -54,16 +71,23 @@ def test_distance_tiers_put_same_op_and_target_first() -> None:
     assert ds == sorted(ds) and len(set(ds)) == len(ds)
     assert ds[1] == pytest.approx(0.2)  # 512^3 vs 256^3: mean |log2 ratio| 0.8, / 4
     assert ds[3] < 4 <= ds[4] < 8 <= ds[5] < 16 <= ds[6]
-    assert all(distance(f, q) == d for f, d in zip(order, ds))  # symmetric
+    assert all(distance(f, q) == d for f, d in zip(order, ds, strict=True))  # symmetric
 
 
 def test_vectorised_distance_equals_the_scalar_one(tmp_path: Path) -> None:
     rng = random.Random(0)
     store = ExperienceStore(tmp_path)
     ops = ["aten.mm.default", "aten.bmm.default", "aten._softmax.default", "aten.add.Tensor"]
-    tasks = [task(f"t{i}", rng.choice(ops), [rng.choice([1, 7, 64, 512]) for _ in range(rng.randint(1, 4))],
-                  rng.choice(["float32", "float16"]), rng.choice([HW, "cuda|H100"]))
-             for i in range(40)]
+    tasks = [
+        task(
+            f"t{i}",
+            rng.choice(ops),
+            [rng.choice([1, 7, 64, 512]) for _ in range(rng.randint(1, 4))],
+            rng.choice(["float32", "float16"]),
+            rng.choice([HW, "cuda|H100"]),
+        )
+        for i in range(40)
+    ]
     for t in tasks:
         store.add_task(t)
     table = store.task_table()
@@ -78,29 +102,58 @@ def build(root: Path, seed: int = 0) -> ExperienceStore:
     trajectory of agent attempts, some failed, with kernels of realistic size."""
     rng = random.Random(seed)
     store = ExperienceStore(root)
-    decisions = ["tile 8x32x4 + vectorize", "tile 4x16x8", "pack 8x32 + fma", "vectorize",
-                 "interchange + unroll 4", "tile 64 + parallel"]
-    specs = [("mm512", "aten.mm.default", 512), ("mm256", "aten.mm.default", 256),
-             ("mm64", "aten.mm.default", 64), ("bmm", "aten.bmm.default", 128),
-             ("softmax", "aten._softmax.default", 512)]
+    decisions = [
+        "tile 8x32x4 + vectorize",
+        "tile 4x16x8",
+        "pack 8x32 + fma",
+        "vectorize",
+        "interchange + unroll 4",
+        "tile 64 + parallel",
+    ]
+    specs = [
+        ("mm512", "aten.mm.default", 512),
+        ("mm256", "aten.mm.default", 256),
+        ("mm64", "aten.mm.default", 64),
+        ("bmm", "aten.bmm.default", 128),
+        ("softmax", "aten._softmax.default", 512),
+    ]
     clock = 2000.0
     for key, op, n in specs:
         store.add_task(task(key, op, [n, n]))
-        store.add_attempt(AttemptRecord(task=key, source="eager", verdict="verified",
-                                        latency_us=100.0, speedup_vs_eager=1.0, created=clock))
+        store.add_attempt(
+            AttemptRecord(
+                task=key,
+                source="eager",
+                verdict="verified",
+                latency_us=100.0,
+                speedup_vs_eager=1.0,
+                created=clock,
+            )
+        )
         parent = None
         for i in range(8):
             clock += 10.0
             verdict = rng.choice(["verified", "verified", "mismatch", "compile_error"])
             latency = rng.uniform(20, 200)
             ok = verdict == "verified"
-            attempt = store.add_attempt(AttemptRecord(
-                task=key, source="agent", verdict=verdict, decision=rng.choice(decisions),
-                latency_us=latency if ok else None, speedup_vs_eager=100 / latency if ok else None,
-                error=None if ok else f"kernel.mlir:{i}:3: error: op does not dominate its use",
-                parent=parent, agent="heuristic", created=clock,
-            ), artifact="".join(f"  %{j} = arith.addf %a{j}, %b{j} : vector<8xf32>\n"
-                                for j in range(rng.randint(20, 60))))
+            attempt = store.add_attempt(
+                AttemptRecord(
+                    task=key,
+                    source="agent",
+                    verdict=verdict,
+                    decision=rng.choice(decisions),
+                    latency_us=latency if ok else None,
+                    speedup_vs_eager=100 / latency if ok else None,
+                    error=None if ok else f"kernel.mlir:{i}:3: error: op does not dominate its use",
+                    parent=parent,
+                    agent="heuristic",
+                    created=clock,
+                ),
+                artifact="".join(
+                    f"  %{j} = arith.addf %a{j}, %b{j} : vector<8xf32>\n"
+                    for j in range(rng.randint(20, 60))
+                ),
+            )
             parent = attempt.id if ok else parent
     return store
 
@@ -133,8 +186,12 @@ def test_context_reserves_the_best_kernel_and_shows_failures(tmp_path: Path) -> 
     for item in context.items:
         assert item.why and item.score > 0 and item.tokens > 0 and item.text in context.text
     # Code is whole or absent: every fenced block is a complete stored kernel.
-    kernels = {store.get_artifact(a.artifact).rstrip() for t in ("mm512", "mm256", "mm64", "bmm")
-               for a in store.attempts(t) if a.artifact}
+    kernels = {
+        store.get_artifact(a.artifact).rstrip()
+        for t in ("mm512", "mm256", "mm64", "bmm")
+        for a in store.attempts(t)
+        if a.artifact
+    }
     assert fenced_blocks(context.text) and all(b in kernels for b in fenced_blocks(context.text))
     # A budget too small for the kernel still names the best attempt, in a line.
     small = retrieve(store, "mm512", 120)
@@ -156,7 +213,12 @@ def test_an_unseen_task_gets_the_experience_of_similar_ones(tmp_path: Path) -> N
     new = task("mm384", "aten.mm.default", [384, 384])
     context = retrieve(store, new, 800)
     assert context.items and context.tokens <= 800
-    assert {store.record(i.id).task for i in context.items if i.kind != "insight"} <= {"mm512", "mm256", "mm64", "bmm"}
+    assert {store.record(i.id).task for i in context.items if i.kind != "insight"} <= {
+        "mm512",
+        "mm256",
+        "mm64",
+        "bmm",
+    }
     with pytest.raises(KeyError, match="no task"):
         retrieve(store, "nope", 100)
 

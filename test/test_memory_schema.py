@@ -34,9 +34,17 @@ TARGET_KEY = "cpu|Intel Xeon avx512f 2c|torch-2.13.0|torch-mlir-20261001|kope-0.
 
 
 def task(key: str, op: str = "aten.mm.default", n: int = 64) -> TaskRecord:
-    return TaskRecord(key, op, f"{op}({n}x{n}xf32)", "w-" + key,
-                      [[[n, n], "float32"], [[n, n], "float32"]], [[[n, n], "float32"]],
-                      "cpu", TARGET_KEY, created=1000.0)
+    return TaskRecord(
+        key,
+        op,
+        f"{op}({n}x{n}xf32)",
+        "w-" + key,
+        [[[n, n], "float32"], [[n, n], "float32"]],
+        [[[n, n], "float32"]],
+        "cpu",
+        TARGET_KEY,
+        created=1000.0,
+    )
 
 
 def populated(root: Path) -> ExperienceStore:
@@ -44,27 +52,71 @@ def populated(root: Path) -> ExperienceStore:
     store = ExperienceStore(root)
     store.add_task(task("t1"))
     store.add_task(task("t2", n=128))
-    first = store.add_attempt(AttemptRecord(
-        task="t1", source="agent", verdict="verified", decision="tile 8x32x4 + vectorize",
-        agent="heuristic", model="none", tokens_in=1234, tokens_out=56, wall_s=0.1 + 0.2,
-        max_abs_err=1e-300, max_rel_err=5e-324, latency_us=12.345678901234567,
-        spread_us=0.1, repeats=15, threads=2, eager_us=32.1, reference_us=400.0,
-        speedup_vs_eager=2.6000000000000001, speedup_vs_reference=32.4, created=1001.5,
-    ), artifact="module { // café ✓ }\n")
-    child = store.add_attempt(AttemptRecord(
-        task="t1", source="agent", verdict="mismatch", decision="tile 4x4", parent=first.id,
-        error="max abs err 3.5 at [7, 0]\nsecond line", max_abs_err=math.inf, created=1002.0,
-    ))
-    moved = store.add_attempt(AttemptRecord(
-        task="t2", source="agent", verdict="verified", transferred_from=first.id,
-        latency_us=50.0, speedup_vs_eager=1.5, created=1003.0,
-    ))
+    first = store.add_attempt(
+        AttemptRecord(
+            task="t1",
+            source="agent",
+            verdict="verified",
+            decision="tile 8x32x4 + vectorize",
+            agent="heuristic",
+            model="none",
+            tokens_in=1234,
+            tokens_out=56,
+            wall_s=0.1 + 0.2,
+            max_abs_err=1e-300,
+            max_rel_err=5e-324,
+            latency_us=12.345678901234567,
+            spread_us=0.1,
+            repeats=15,
+            threads=2,
+            eager_us=32.1,
+            reference_us=400.0,
+            speedup_vs_eager=2.6000000000000001,
+            speedup_vs_reference=32.4,
+            created=1001.5,
+        ),
+        artifact="module { // café ✓ }\n",
+    )
+    child = store.add_attempt(
+        AttemptRecord(
+            task="t1",
+            source="agent",
+            verdict="mismatch",
+            decision="tile 4x4",
+            parent=first.id,
+            error="max abs err 3.5 at [7, 0]\nsecond line",
+            max_abs_err=math.inf,
+            created=1002.0,
+        )
+    )
+    moved = store.add_attempt(
+        AttemptRecord(
+            task="t2",
+            source="agent",
+            verdict="verified",
+            transferred_from=first.id,
+            latency_us=50.0,
+            speedup_vs_eager=1.5,
+            created=1003.0,
+        )
+    )
     store.add_edge("t2", "t1", SIMILAR)
-    insight = store.add_insight(InsightRecord(
-        id="insight-x", family="matmul", dtype="float32", decision="tile 8x32x4 + vectorize",
-        text="tile 8x32x4 + vectorize gave 2.60x", support=1, contradict=1, weight=0.5,
-        best_speedup=2.6, best_attempt=first.id, created=1004.0, updated=1004.0,
-    ))
+    insight = store.add_insight(
+        InsightRecord(
+            id="insight-x",
+            family="matmul",
+            dtype="float32",
+            decision="tile 8x32x4 + vectorize",
+            text="tile 8x32x4 + vectorize gave 2.60x",
+            support=1,
+            contradict=1,
+            weight=0.5,
+            best_speedup=2.6,
+            best_attempt=first.id,
+            created=1004.0,
+            updated=1004.0,
+        )
+    )
     store.add_edge(insight.id, first.id, SUPPORTS)
     store.add_edge(insight.id, child.id, CONTRADICTS)
     assert moved.transferred_from == first.id
@@ -97,8 +149,11 @@ def test_round_trip_through_a_snapshot_and_the_tail_after_it(tmp_path: Path) -> 
     store = populated(tmp_path)
     assert store.compact()
     store.add_task(task("t3", n=256))
-    store.add_attempt(AttemptRecord(task="t3", source="agent", verdict="timeout",
-                                    parent=store.attempts("t1")[0].id))
+    store.add_attempt(
+        AttemptRecord(
+            task="t3", source="agent", verdict="timeout", parent=store.attempts("t1")[0].id
+        )
+    )
     before = snapshot_of(store)
     again = ExperienceStore(tmp_path)
     assert again.snapshot_offset > 0  # opened from the snapshot, replayed only the tail

@@ -85,8 +85,19 @@ def test_joining_never_costs_more_than_the_parts_plus_one() -> None:
     """What lets a packer add counts up instead of counting the joined text again."""
     rng = random.Random(0)
     pieces = [line for text, _ in SAMPLES for line in text.splitlines()] + [
-        "- tile 8x32x4 + vectorize on aten.mm(512x512xf32): 2.61x", "```", "```mlir", "## x", "  ",
-        "a ", " b", "%0 =", "->", "123", "x\n", "café ✓"]
+        "- tile 8x32x4 + vectorize on aten.mm(512x512xf32): 2.61x",
+        "```",
+        "```mlir",
+        "## x",
+        "  ",
+        "a ",
+        " b",
+        "%0 =",
+        "->",
+        "123",
+        "x\n",
+        "café ✓",
+    ]
     counter = EstimatingCounter()
     assert counter.subadditive
     for _ in range(2000):

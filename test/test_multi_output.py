@@ -7,7 +7,7 @@ live at, so the model raised at its first call instead of running.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -56,7 +56,7 @@ class Family(torch.nn.Module):
         self.fn = fn
 
     def forward(self, *tensors: torch.Tensor) -> object:
-        return self.fn(dict(zip(sorted(_inputs()), tensors)))
+        return self.fn(dict(zip(sorted(_inputs()), tensors, strict=True)))
 
 
 def _flat(value: object) -> list[torch.Tensor]:
@@ -79,7 +79,7 @@ def test_multi_output_family_matches_eager(family: str, kernels: str) -> None:
         want = model(*tensors)
     got_flat, want_flat = _flat(got), _flat(want)
     assert len(got_flat) == len(want_flat)
-    for g, w in zip(got_flat, want_flat):
+    for g, w in zip(got_flat, want_flat, strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
     assert type(got) is type(want) or isinstance(got, tuple)

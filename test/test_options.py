@@ -85,9 +85,7 @@ def _readme_option_table() -> dict[str, str]:
 
 def _readme_default(values: str) -> str:
     """The default a values cell states: "`auto` (default), ..." or "... (default 16)"."""
-    match = re.search(r"`([^`]+)` \(default\)", values) or re.search(
-        r"\(default ([^),]+)", values
-    )
+    match = re.search(r"`([^`]+)` \(default\)", values) or re.search(r"\(default ([^),]+)", values)
     assert match, f"no default stated in {values!r}"
     return match.group(1).strip("`")
 

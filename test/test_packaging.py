@@ -48,7 +48,9 @@ def test_every_default_dependency_is_imported_by_the_package() -> None:
 
 
 def test_every_third_party_import_is_declared() -> None:
-    declared = {IMPORT_NAME.get(n, n).replace("-", "_") for n in map(_name, _project()["dependencies"])}
+    declared = {
+        IMPORT_NAME.get(n, n).replace("-", "_") for n in map(_name, _project()["dependencies"])
+    }
     third_party = {
         name
         for name in _imported_top_levels()

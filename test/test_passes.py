@@ -30,17 +30,30 @@ def test_pipeline_mixes_upstream_and_kope_passes() -> None:
     elements = parse_pipeline(
         "builtin.module(kope-outline-operators{target=cpu},canonicalize,func.func(cse))"
     )
-    assert [str(e) for e in elements] == ["kope-outline-operators", "canonicalize", "func.func(cse)"]
-    assert pipeline_text(elements) == "builtin.module(kope-outline-operators,canonicalize,func.func(cse))"
+    assert [str(e) for e in elements] == [
+        "kope-outline-operators",
+        "canonicalize",
+        "func.func(cse)",
+    ]
+    assert (
+        pipeline_text(elements)
+        == "builtin.module(kope-outline-operators,canonicalize,func.func(cse))"
+    )
 
 
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("kope-nonesuch", "unknown KOPE pass 'kope-nonesuch'; KOPE passes are: " + ", ".join(pass_names())),
+        (
+            "kope-nonesuch",
+            "unknown KOPE pass 'kope-nonesuch'; KOPE passes are: " + ", ".join(pass_names()),
+        ),
         ("kope-outline-operators{color=red}", "has no option 'color'; its options are: target"),
         ("kope-outline-operators{target}", "not of the form key=value"),
-        ("kope-apply-kernels{target=tpu}", "option target='tpu' is not a known target; known targets: cpu"),
+        (
+            "kope-apply-kernels{target=tpu}",
+            "option target='tpu' is not a known target; known targets: cpu",
+        ),
         ("func.func(cse,kope-outline-operators)", "put 'kope-outline-operators' at the top level"),
     ],
 )
@@ -65,8 +78,12 @@ def test_outlined_matmul_has_the_backend_key(tmp_path: Path) -> None:
         "  return %y : tensor<4x8xf32>\n"
         "}\n"
     )
-    out = subprocess.run(["kope-opt", "--kope-outline-operators", str(source)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["kope-opt", "--kope-outline-operators", str(source)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert f'kope.key = "{task.key}"' in out
 
 
@@ -89,7 +106,8 @@ def test_kope_opt_reads_stdin_and_writes_output_file(tmp_path: Path) -> None:
     proc = subprocess.run(
         ["kope-opt", "--kope-destination-abi", "-o", str(out), "-"],
         input="func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> { return %a : tensor<2xf32> }",
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stderr
     assert "func.func @kope_kernel" in out.read_text()
@@ -105,7 +123,8 @@ def test_kope_opt_print_ir_after_all() -> None:
     proc = subprocess.run(
         ["kope-opt", "--mlir-print-ir-after-all", "--kope-destination-abi", "--canonicalize", "-"],
         input="func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> { return %a : tensor<2xf32> }",
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0
     assert "IR Dump After" in proc.stderr and "kope-destination-abi" in proc.stderr
@@ -114,9 +133,11 @@ def test_kope_opt_print_ir_after_all() -> None:
 def test_verify_diagnostics_reports_a_missing_expectation(tmp_path: Path) -> None:
     source = tmp_path / "t.mlir"
     source.write_text("// expected-error @+1 {{this never happens}}\nfunc.func @f() { return }\n")
-    proc = subprocess.run(["kope-opt", "--verify-diagnostics", str(source)], capture_output=True, text=True)
+    proc = subprocess.run(
+        ["kope-opt", "--verify-diagnostics", str(source)], capture_output=True, text=True
+    )
     assert proc.returncode == 1
-    assert f"{source}:2: error: expected error \"this never happens\" was not produced" in proc.stderr
+    assert f'{source}:2: error: expected error "this never happens" was not produced' in proc.stderr
 
 
 def test_options_round_trip_through_pipeline_text() -> None:
@@ -130,7 +151,9 @@ def test_options_round_trip_through_pipeline_text() -> None:
 def test_kope_opt_help_lists_options_with_defaults_and_help() -> None:
     proc = subprocess.run(["kope-opt", "--help"], capture_output=True, text=True, check=True)
     lines = proc.stdout.splitlines()
-    at = lines.index(next(line for line in lines if line.strip().startswith("--kope-apply-kernels")))
+    at = lines.index(
+        next(line for line in lines if line.strip().startswith("--kope-apply-kernels"))
+    )
     assert lines[at + 1].split()[0] == "store=" and "$KOPE_HOME" in lines[at + 1]
     assert lines[at + 2].split()[0] == "target=cpu"
 
@@ -142,7 +165,9 @@ def test_kope_opt_takes_single_dash_options_like_llvm_tools(tmp_path: Path) -> N
     out = tmp_path / "out.mlir"
     proc = subprocess.run(
         ["kope-opt", "-kope-destination-abi", "-canonicalize", f"-o={out}", "-"],
-        input=_ABI_INPUT, capture_output=True, text=True,
+        input=_ABI_INPUT,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stderr
     assert "func.func @kope_kernel" in out.read_text()
@@ -151,11 +176,16 @@ def test_kope_opt_takes_single_dash_options_like_llvm_tools(tmp_path: Path) -> N
 def test_kope_opt_dump_pass_pipeline_expands_kope_pipelines() -> None:
     proc = subprocess.run(
         ["kope-opt", "--dump-pass-pipeline", "--kope-lower-cpu", "-"],
-        input=_ABI_INPUT, capture_output=True, text=True,
+        input=_ABI_INPUT,
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stderr
     dumped = proc.stderr.splitlines()[0]
-    assert dumped.startswith("builtin.module(kope-apply-schedule,kope-destination-abi,inline,")
+    assert dumped.startswith(
+        "builtin.module(kope-apply-schedule,kope-expand-powers,kope-destination-abi,inline,"
+    )
+    assert dumped.endswith(",kope-bool-vector-memory)")
     assert "kope-lower-cpu" not in dumped and "kope-memref-copy-to-linalg" in dumped
 
 
@@ -163,9 +193,15 @@ def test_kope_opt_allow_unregistered_dialect() -> None:
     text = 'func.func @f() { "mystery.op"() : () -> () \n return }'
     refused = subprocess.run(["kope-opt", "-"], input=text, capture_output=True, text=True)
     assert refused.returncode == 1
-    assert "<stdin>:1:30: error: operation being parsed with an unregistered dialect" in refused.stderr
-    allowed = subprocess.run(["kope-opt", "--allow-unregistered-dialect", "-"], input=text,
-                             capture_output=True, text=True)
+    assert (
+        "<stdin>:1:30: error: operation being parsed with an unregistered dialect" in refused.stderr
+    )
+    allowed = subprocess.run(
+        ["kope-opt", "--allow-unregistered-dialect", "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+    )
     assert allowed.returncode == 0 and '"mystery.op"()' in allowed.stdout
 
 
@@ -191,13 +227,18 @@ def test_verify_diagnostics_fails_on_an_unexpected_warning(tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stderr
 
 
-def test_pass_warnings_are_logged_outside_kope_opt(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_pass_warnings_are_logged_outside_kope_opt(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Run as a library (no diagnostic handler), a pass's warning goes to the kope.passes log."""
     (tmp_path / "store").mkdir()
     module = ir.Module.parse(_STALE, ir.Context())
     with caplog.at_level("WARNING", logger="kope.passes"):
-        run_pipeline(module, parse_pipeline(f"kope-apply-kernels{{store={tmp_path / 'store'}}}"),
-                     description="stale key")
+        run_pipeline(
+            module,
+            parse_pipeline(f"kope-apply-kernels{{store={tmp_path / 'store'}}}"),
+            description="stale key",
+        )
     assert any("@stale left untouched" in r.getMessage() for r in caplog.records)
 
 
@@ -205,14 +246,19 @@ _TWO_FILLS = """
 func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {{
   {first}
   {second}
-  %r = linalg.add ins(%x, %a : tensor<4xf32>, tensor<4xf32>) outs(%b : tensor<4xf32>) -> tensor<4xf32>
+  %r = linalg.add ins(%x, %a : tensor<4xf32>, tensor<4xf32>) outs(%b : tensor<4xf32>)
+    -> tensor<4xf32>
   return %r : tensor<4xf32>
 }}
 """
-_FILL_A = ("%one = arith.constant 1.0 : f32\n  %ea = tensor.empty() : tensor<4xf32>\n"
-           "  %a = linalg.fill ins(%one : f32) outs(%ea : tensor<4xf32>) -> tensor<4xf32>")
-_FILL_B = ("%two = arith.constant {value} : f32\n  %eb = tensor.empty() : tensor<4xf32>\n"
-           "  %b = linalg.fill ins(%two : f32) outs(%eb : tensor<4xf32>) -> tensor<4xf32>")
+_FILL_A = (
+    "%one = arith.constant 1.0 : f32\n  %ea = tensor.empty() : tensor<4xf32>\n"
+    "  %a = linalg.fill ins(%one : f32) outs(%ea : tensor<4xf32>) -> tensor<4xf32>"
+)
+_FILL_B = (
+    "%two = arith.constant {value} : f32\n  %eb = tensor.empty() : tensor<4xf32>\n"
+    "  %b = linalg.fill ins(%two : f32) outs(%eb : tensor<4xf32>) -> tensor<4xf32>"
+)
 
 
 def test_canonical_form_ignores_the_order_ops_were_emitted_in() -> None:

@@ -62,7 +62,10 @@ def scheduled_kernel(task: Task, tiles: tuple[int, int, int]) -> str:
     m, n, k = tiles
     return (
         "module attributes {transform.with_named_sequence} {\n"
-        + main + "\n" + SCHEDULE.format(m=m, n=n, k=k) + "}\n"
+        + main
+        + "\n"
+        + SCHEDULE.format(m=m, n=n, k=k)
+        + "}\n"
     )
 
 
@@ -80,15 +83,25 @@ def record_verified_agent_kernel(store: ExperienceStore, task: Task, kernel: str
     finally:
         target.close()
     assert evaluation.verified, evaluation.error
-    store.add_task(TaskRecord(
-        key=task.key, op=task.op, label=task.label, workload=task.workload,
-        inputs=[[list(s.shape), s.dtype] for s in task.spec.inputs],
-        outputs=[[list(s.shape), s.dtype] for s in task.spec.outputs],
-        target="cpu", target_key=get_target("cpu").key(),
-    ))
+    store.add_task(
+        TaskRecord(
+            key=task.key,
+            op=task.op,
+            label=task.label,
+            workload=task.workload,
+            inputs=[[list(s.shape), s.dtype] for s in task.spec.inputs],
+            outputs=[[list(s.shape), s.dtype] for s in task.spec.outputs],
+            target="cpu",
+            target_key=get_target("cpu").key(),
+        )
+    )
     attempt = AttemptRecord(
-        task=task.key, source="agent", verdict=evaluation.verdict, agent="test",
-        decision="tile + vectorize the matmul", max_abs_err=evaluation.max_abs_err,
+        task=task.key,
+        source="agent",
+        verdict=evaluation.verdict,
+        agent="test",
+        decision="tile + vectorize the matmul",
+        max_abs_err=evaluation.max_abs_err,
         max_rel_err=evaluation.max_rel_err,
     )
     return store.add_attempt(attempt, artifact=kernel)
@@ -121,7 +134,9 @@ func.func @main(%lhs: tensor<64x64xf32>, %rhs: tensor<64x64xf32>) -> tensor<64x6
 """
 
 
-def test_apply_kernels_finds_the_kernel_recorded_for_the_backends_matmul_task(tmp_path: Path) -> None:
+def test_apply_kernels_finds_the_kernel_recorded_for_the_backends_matmul_task(
+    tmp_path: Path,
+) -> None:
     task = mm_task(64, 64, 64)
     store = ExperienceStore(tmp_path / "store")
     kernel = scheduled_kernel(task, (8, 32, 4))

@@ -35,22 +35,50 @@ def get_init_inputs():
     return [32]
 """
 
-REPORT_KEYS = {"key", "op", "winner", "verified", "attempts", "eager_us", "reference_us",
-               "best_us", "speedup_vs_eager", "speedup_vs_reference"}
-SUMMARY_KEYS = {"operators", "pass_rate", "geomean_speedup_vs_eager",
-                "geomean_speedup_vs_reference", "tokens"}
+REPORT_KEYS = {
+    "key",
+    "op",
+    "winner",
+    "verified",
+    "attempts",
+    "eager_us",
+    "reference_us",
+    "best_us",
+    "speedup_vs_eager",
+    "speedup_vs_reference",
+}
+SUMMARY_KEYS = {
+    "operators",
+    "pass_rate",
+    "geomean_speedup_vs_eager",
+    "geomean_speedup_vs_reference",
+    "tokens",
+}
 
 
 def _precompile(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["kope", "precompile", *args], capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        ["kope", "precompile", *args], capture_output=True, text=True, timeout=900
+    )
 
 
 def test_precompile_reports_and_resumes(tmp_path: Path) -> None:
     model = tmp_path / "model.py"
     model.write_text(MODEL)
     store, report = tmp_path / "store", tmp_path / "report.json"
-    args = [str(model), "--target", "cpu", "--agent", "heuristic", "--budget", "2",
-            "--store", str(store), "--report", str(report)]
+    args = [
+        str(model),
+        "--target",
+        "cpu",
+        "--agent",
+        "heuristic",
+        "--budget",
+        "2",
+        "--store",
+        str(store),
+        "--report",
+        str(report),
+    ]
     first = _precompile(*args)
     assert first.returncode == 0, first.stderr[-3000:]
     data = json.loads(report.read_text())
@@ -92,10 +120,13 @@ def test_torch_compile_optimizes_unseen_operators_inline(tmp_path: Path) -> None
     store = tmp_path / "store"
     kope.reset_report()
     with torch.no_grad():
-        compiled = torch.compile(f, backend="kope",
-                                 options={"store": str(store), "optimize": True, "budget": 2})
+        compiled = torch.compile(
+            f, backend="kope", options={"store": str(store), "optimize": True, "budget": 2}
+        )
         torch.testing.assert_close(compiled(x), f(x))
-    attempts = [a for t in ExperienceStore(store).tasks() for a in ExperienceStore(store).attempts(t.key)]
+    attempts = [
+        a for t in ExperienceStore(store).tasks() for a in ExperienceStore(store).attempts(t.key)
+    ]
     assert any(a.source == "agent" for a in attempts)
     assert kope.report().tasks and kope.report().tasks[0].kernel in ("eager", "reference", "agent")
 
@@ -160,12 +191,26 @@ def test_failed_pipelines_reach_the_report_with_their_command() -> None:
     ]
     assert repro_commands(attempts) == [command]
     report = {
-        "operators": [{"label": "aten.mm(f32[4x4], f32[4x4])", "winner": "eager",
-                       "speedup_vs_eager": 1.0, "speedup_vs_reference": None, "attempts": 3,
-                       "verdicts": {"compile_error": 2}, "repro": [command]}],
-        "summary": {"operators": 1, "pass_rate": 0.0, "geomean_speedup_vs_eager": 1.0,
-                    "geomean_speedup_vs_reference": None, "agent_wins": 0, "tokens": 0,
-                    "wall_s": 1.0},
+        "operators": [
+            {
+                "label": "aten.mm(f32[4x4], f32[4x4])",
+                "winner": "eager",
+                "speedup_vs_eager": 1.0,
+                "speedup_vs_reference": None,
+                "attempts": 3,
+                "verdicts": {"compile_error": 2},
+                "repro": [command],
+            }
+        ],
+        "summary": {
+            "operators": 1,
+            "pass_rate": 0.0,
+            "geomean_speedup_vs_eager": 1.0,
+            "geomean_speedup_vs_reference": None,
+            "agent_wins": 0,
+            "tokens": 0,
+            "wall_s": 1.0,
+        },
     }
     text = format_report(report)
     assert command in text

@@ -17,19 +17,38 @@ from kope.memory.store import ExperienceStore
 
 
 def _task(key: str = "k1") -> TaskRecord:
-    return TaskRecord(key, "aten.mm.default", "aten.mm(2x2xf32, 2x2xf32)", "w", [[[2, 2], "float32"]],
-                      [[[2, 2], "float32"]], "cpu", "cpu|test")
+    return TaskRecord(
+        key,
+        "aten.mm.default",
+        "aten.mm(2x2xf32, 2x2xf32)",
+        "w",
+        [[[2, 2], "float32"]],
+        [[[2, 2], "float32"]],
+        "cpu",
+        "cpu|test",
+    )
 
 
 def test_round_trip_of_every_record_kind(tmp_path: Path) -> None:
     store = ExperienceStore(tmp_path)
     task = store.add_task(_task())
     attempt = store.add_attempt(
-        AttemptRecord(task="k1", source="reference", verdict="verified", latency_us=12.5,
-                      eager_us=25.0, speedup_vs_eager=2.0, max_abs_err=1e-7), artifact="module {}"
+        AttemptRecord(
+            task="k1",
+            source="reference",
+            verdict="verified",
+            latency_us=12.5,
+            eager_us=25.0,
+            speedup_vs_eager=2.0,
+            max_abs_err=1e-7,
+        ),
+        artifact="module {}",
     )
-    eager = store.add_attempt(AttemptRecord(task="k1", source="eager", verdict="verified",
-                                            latency_us=25.0, speedup_vs_eager=1.0))
+    eager = store.add_attempt(
+        AttemptRecord(
+            task="k1", source="eager", verdict="verified", latency_us=25.0, speedup_vs_eager=1.0
+        )
+    )
     store.add_edge(attempt.id, eager.id, "refines")
     again = ExperienceStore(tmp_path)
     assert again.task("k1") == task
@@ -44,7 +63,9 @@ def test_floats_survive_exactly(tmp_path: Path) -> None:
     store = ExperienceStore(tmp_path)
     store.add_task(_task())
     value = 0.1 + 0.2  # not representable in 32 bits
-    store.add_attempt(AttemptRecord(task="k1", source="reference", verdict="verified", latency_us=value))
+    store.add_attempt(
+        AttemptRecord(task="k1", source="reference", verdict="verified", latency_us=value)
+    )
     assert ExperienceStore(tmp_path).attempts("k1")[0].latency_us == value
 
 
@@ -128,8 +149,9 @@ def test_second_process_reuses_measurements(tmp_path: Path) -> None:
     env = {**os.environ, "KOPE_HOME": str(tmp_path)}
 
     def run() -> dict:
-        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                              env=env, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
 

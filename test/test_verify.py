@@ -57,7 +57,9 @@ def test_bool_poison_is_visible() -> None:
     assert not verify.compare(outputs.views[0], want).ok
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16", "int64", "int32", "bool"])
+@pytest.mark.parametrize(
+    "dtype", ["float32", "float64", "float16", "bfloat16", "int64", "int32", "bool"]
+)
 def test_poisoned_outputs_and_intact_canaries(dtype: str) -> None:
     outputs = verify.GuardedOutputs([TensorSpec((5, 3), dtype)])
     view = outputs.views[0]
@@ -88,7 +90,7 @@ def test_trials_are_seeded_and_cover_edge_values() -> None:
     specs = [TensorSpec((64, 64), "float32"), TensorSpec((64,), "float32")]
     a = verify.make_inputs(specs, verify.Trial("random", 7))
     b = verify.make_inputs(specs, verify.Trial("random", 7))
-    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     edge = verify.make_inputs(specs, verify.Trial("edge", 1))[0]
     assert (edge == 0).any() and (edge.abs() >= 1e4).any() and torch.isfinite(edge).all()
     assert torch.signbit(edge[edge == 0]).any()  # negative zero

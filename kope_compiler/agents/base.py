@@ -106,5 +106,5 @@ class Agent(ABC):
     def propose(self, request: ProposalRequest) -> Proposal | Rejected | None:
         """The next candidate, a rejected answer, or None to stop (nothing better to try)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (an optional hook: most agents hold nothing)
         """Release connections and other resources."""

@@ -27,8 +27,9 @@ import itertools
 import json
 import math
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 from kope.agents.base import Agent, Experience, Feedback, Proposal, ProposalRequest
 from kope.agents.schedules import (
@@ -266,16 +267,14 @@ class HeuristicAgent(Agent):
             )
             score += advice.bonus.get(key, (0.0, ""))[0]
             scored.append((score + rng.uniform(0.0, self.jitter), config))
-        for key, (_, attempt) in advice.bonus.items():  # proven configurations off this grid
+        for key, (bonus, _) in advice.bonus.items():  # proven configurations off this grid
             config = json.loads(key)
             if (
                 key not in tried
                 and key not in advice.banned
                 and all(config_key(c) != key for _, c in scored)
             ):
-                score = (
-                    sum(advice.value.get(d, 0.0) for d in decisions(config)) + advice.bonus[key][0]
-                )
+                score = sum(advice.value.get(d, 0.0) for d in decisions(config)) + bonus
                 scored.append((score + rng.uniform(0.0, self.jitter), config))
         choice, parent = self._choose(scored, request)
         transferred = advice.bonus.get(config_key(choice), (0.0, None))[1] if choice else None

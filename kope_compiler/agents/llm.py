@@ -15,13 +15,16 @@ from __future__ import annotations
 import logging
 import os
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kope.agents.base import Agent, Feedback, Proposal, ProposalRequest, Rejected, TaskView
 from kope.agents.screen import screen_mlir, screen_python
 from kope.errors import KopeError
 from kope.passes.abi import ENTRY
 from kope.targets.cpu import KERNEL_DIALECTS, BuildError, memref_type
+
+if TYPE_CHECKING:  # the client is imported when an LLM agent is made, not with kope.agents
+    from openai.types.chat import ChatCompletionMessageParam
 
 log = logging.getLogger("kope.agents.llm")
 
@@ -32,7 +35,8 @@ _DECISION = re.compile(r"^\s*(?:decision|why)\s*:\s*(.+)$", re.I | re.M)
 
 # The memref signature and the dialects are rendered from what the build checks
 # (`kope.targets.cpu`, `kope-destination-abi`), so the prompt cannot offer what it refuses.
-SYSTEM_PROMPT = """You optimize one operator of a PyTorch model for a {target} target ({capabilities}).
+SYSTEM_PROMPT = """\
+You optimize one operator of a PyTorch model for a {target} target ({capabilities}).
 You are given its reference lowering: MLIR linalg-on-tensors, one `func.func @main`.
 Answer with ONE ```mlir code block holding a complete MLIR module in one of these forms:
 1. The payload `func.func @main` (you may rewrite it; keep its signature) plus a transform
@@ -120,9 +124,15 @@ class LLMAgent(Agent):
         missing = [
             *([] if self.model else ["a model name: set KOPE_LLM_MODEL (or pass --llm-model)"]),
             # OpenAI's own API refuses every request without a key; a local server may not.
-            *([] if url or key else ["an endpoint or a key: set OPENAI_BASE_URL (or pass "
-                                     "--llm-base-url) to your server, or OPENAI_API_KEY for "
-                                     f"{DEFAULT_BASE_URL}"]),
+            *(
+                []
+                if url or key
+                else [
+                    "an endpoint or a key: set OPENAI_BASE_URL (or pass "
+                    "--llm-base-url) to your server, or OPENAI_API_KEY for "
+                    f"{DEFAULT_BASE_URL}"
+                ]
+            ),
         ]
         if missing:
             raise KopeError(f"the llm agent needs {', and '.join(missing)} [{self._config}]")
@@ -178,7 +188,7 @@ class LLMAgent(Agent):
         if getattr(response, "choices", None):
             content = response.choices[0].message.content or ""
         kernel, decision = extract_kernel(content)
-        meta = dict(model=self.model, tokens_in=tokens_in, tokens_out=tokens_out)
+        meta: dict[str, Any] = dict(model=self.model, tokens_in=tokens_in, tokens_out=tokens_out)
         if kernel is None:
             return Rejected(
                 "the answer holds no kernel (no ```mlir block)", decision=decision, **meta
@@ -198,7 +208,7 @@ class LLMAgent(Agent):
             source=kernel, decision=decision or "rewritten by the model", parent=parent, **meta
         )
 
-    def messages(self, request: ProposalRequest) -> list[dict[str, str]]:
+    def messages(self, request: ProposalRequest) -> list[ChatCompletionMessageParam]:
         task = request.task
         capabilities = ", ".join(
             f"{k}={v}" for k, v in sorted(task.capabilities.items()) if k != "kernel_form"

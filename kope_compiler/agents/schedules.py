@@ -34,7 +34,8 @@ from kope.passes.analysis import CONTRACTIONS, OpInfo, PayloadInfo
 Config = dict[str, Any]
 
 
-def config_key(config: Config) -> str:
+def config_key(config: Config | list[Any]) -> str:
+    """A configuration (or one list-valued decision of it) as canonical JSON."""
     return json.dumps(config, sort_keys=True, separators=(",", ":"))
 
 
@@ -143,9 +144,14 @@ class Script:
         patterns = [
             "transform.apply_patterns.vector.lower_masked_transfers",
             "transform.apply_patterns.vector.transfer_permutation_patterns",
-            'transform.apply_patterns.vector.reorder_multi_reduction_dims lowering_strategy = "innerreduction"',
-            'transform.apply_patterns.vector.multi_reduction_flattening lowering_strategy = "innerreduction"',
-            'transform.apply_patterns.vector.multi_reduction_unrolling lowering_strategy = "innerreduction"',
+            *(
+                f'transform.apply_patterns.vector.{pattern} lowering_strategy = "innerreduction"'
+                for pattern in (
+                    "reorder_multi_reduction_dims",
+                    "multi_reduction_flattening",
+                    "multi_reduction_unrolling",
+                )
+            ),
             "transform.apply_patterns.canonicalization",
         ]
         if contraction_lowering:

@@ -57,14 +57,15 @@ def screen_python(text: str) -> str | None:
         tree = ast.parse(text)
     except SyntaxError as err:
         return f"the kernel is not valid Python: {err.msg} at line {err.lineno}"
+    allowed = ", ".join(sorted(PYTHON_ALLOWED_IMPORTS))
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name not in PYTHON_ALLOWED_IMPORTS:
-                    return f"the kernel imports {alias.name}; only {', '.join(sorted(PYTHON_ALLOWED_IMPORTS))} are allowed"
+                    return f"the kernel imports {alias.name}; only {allowed} are allowed"
         elif isinstance(node, ast.ImportFrom):
             if (node.module or "") not in PYTHON_ALLOWED_IMPORTS:
-                return f"the kernel imports from {node.module}; only {', '.join(sorted(PYTHON_ALLOWED_IMPORTS))} are allowed"
+                return f"the kernel imports from {node.module}; only {allowed} are allowed"
         elif isinstance(node, ast.Name) and node.id in _PYTHON_FORBIDDEN_NAMES:
             return f"the kernel uses {node.id}(), which KOPE kernels may not"
         elif isinstance(node, ast.Attribute) and node.attr.startswith("__"):

@@ -44,7 +44,7 @@ class ScriptedOpenAIServer:
         host = host.decode() if isinstance(host, bytes) else host
         return f"http://{host}:{port}/v1"
 
-    def start(self) -> "ScriptedOpenAIServer":
+    def start(self) -> ScriptedOpenAIServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -70,20 +70,37 @@ class ScriptedOpenAIServer:
                     self._send_text(reply.status, reply.raw_body)
                     return
                 if reply.status != 200:
-                    self._send(reply.status, {"error": {"message": f"scripted status {reply.status}",
-                                                        "type": "server_error"}})
+                    self._send(
+                        reply.status,
+                        {
+                            "error": {
+                                "message": f"scripted status {reply.status}",
+                                "type": "server_error",
+                            }
+                        },
+                    )
                     return
-                self._send(200, {
-                    "id": f"chatcmpl-{len(server.requests)}",
-                    "object": "chat.completion",
-                    "created": int(time.time()),
-                    "model": request.get("model", server.model),
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": reply.content}}],
-                    "usage": {"prompt_tokens": reply.prompt_tokens,
-                              "completion_tokens": reply.completion_tokens,
-                              "total_tokens": reply.prompt_tokens + reply.completion_tokens},
-                })
+                self._send(
+                    200,
+                    {
+                        "id": f"chatcmpl-{len(server.requests)}",
+                        "object": "chat.completion",
+                        "created": int(time.time()),
+                        "model": request.get("model", server.model),
+                        "choices": [
+                            {
+                                "index": 0,
+                                "finish_reason": "stop",
+                                "message": {"role": "assistant", "content": reply.content},
+                            }
+                        ],
+                        "usage": {
+                            "prompt_tokens": reply.prompt_tokens,
+                            "completion_tokens": reply.completion_tokens,
+                            "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+                        },
+                    },
+                )
 
             def _send(self, status: int, payload: dict[str, Any]) -> None:
                 self._send_text(status, json.dumps(payload))
@@ -118,7 +135,7 @@ class ScriptedOpenAIServer:
             self._server.server_close()
             self._server = None
 
-    def __enter__(self) -> "ScriptedOpenAIServer":
+    def __enter__(self) -> ScriptedOpenAIServer:
         return self.start()
 
     def __exit__(self, *_: Any) -> None:
