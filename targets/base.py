@@ -168,14 +168,32 @@ class Kernel:
         return hashlib.sha256(self.source.encode()).hexdigest()
 
 
+# The quality of a timing: whether the figure rests on rounds no other work disturbed.
+TIMING_CLEAN = "clean"  # enough undisturbed rounds; the figure may pin a choice
+TIMING_CONTAMINATED = "contaminated"  # too few undisturbed rounds; recorded, never pins
+TIMING_UNKNOWN = "unknown"  # measured before KOPE judged timings (older stores)
+TIMING_QUALITIES = (TIMING_CLEAN, TIMING_CONTAMINATED, TIMING_UNKNOWN)
+
+
 @dataclass(frozen=True)
 class Timing:
-    """A latency distribution: median and interquartile spread of per-call samples."""
+    """A latency distribution (median and interquartile spread of per-call samples) and how
+    far it can be trusted: the rounds run and how many of them no other work disturbed, the
+    share of the measuring threads' time spent waiting for a CPU, and the load average."""
 
     median_us: float
     spread_us: float
-    repeats: int
+    repeats: int  # samples the median is taken over (clean rounds only)
     threads: int
+    rounds: int = 0  # rounds run, disturbed ones included
+    clean_rounds: int = 0
+    wait_share: float | None = None  # run-queue wait / wall time of the measuring threads
+    load: float | None = None  # 1-minute load average when the timing started
+    quality: str = TIMING_UNKNOWN
+
+    @property
+    def clean(self) -> bool:
+        return self.quality == TIMING_CLEAN
 
 
 @dataclass
