@@ -13,6 +13,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -24,12 +25,14 @@ from kope.targets.base import (
     MISMATCH,
     RUNTIME_ERROR,
     TIMEOUT,
+    TIMING_CONTAMINATED,
     VERIFIED,
     Evaluation,
     Kernel,
     Target,
     TaskSpec,
     TensorSpec,
+    Timing,
 )
 from kope.targets.host import cpu_fingerprint, cpu_target_key
 from kope.targets.jit import ENTRY, JitKernel, openmp_library, set_openmp_threads
@@ -39,6 +42,8 @@ from kope.targets.measure import (
     estimate_work,
     evaluation_limit_s,
     measure_interleaved,
+    recheck_implausible,
+    rotating,
 )
 from kope.targets.worker import WorkerPool
 
@@ -227,28 +232,118 @@ def evaluate_job(job: EvalJob, phase: Callable[[str], None]) -> Evaluation:
     result = _verify(job, kernel, oracle_kernel, calls)
     if result.verified and job.measure:
         phase("measure")
-        inputs = verify.make_inputs(job.task.inputs, verify.Trial("random", job.seed))
-        fns = {"eager": job.task.eager.bind(inputs)}
-        threads = {"eager": job.eager_threads}
-        candidates = {"kernel": kernel}
-        if oracle_kernel is not None:
-            candidates["reference"] = oracle_kernel
-        for name, candidate in candidates.items():
-            # A candidate this slow cannot win, and timing it would take several of its calls:
-            # it stays verified, untimed (no speedup), and the loop goes on without it.
-            if calls[name] > job.config.max_call_s:
-                result.notes.append(
-                    f"{name} too slow to time: one call took {calls[name]:.3g} s "
-                    f"(limit {job.config.max_call_s:g} s)"
-                )
-                continue
-            fns[name] = (lambda c: lambda: c(*inputs))(candidate)
-            threads[name] = _threads(candidate, job)
-        timings = measure_interleaved(fns, job.config, threads)
-        result.kernel, result.eager = timings.get("kernel"), timings["eager"]
-        result.reference = timings.get("reference")
+        result = _measure(job, kernel, oracle_kernel, calls, result)
     result.wall_s = time.perf_counter() - start
     return result
+
+
+def _measure(
+    job: EvalJob,
+    kernel: JitKernel,
+    oracle_kernel: JitKernel | None,
+    calls: dict[str, float],
+    result: Evaluation,
+    measure: Callable[..., dict[str, Timing]] = measure_interleaved,
+) -> Evaluation:
+    """Time eager, the kernel and the reference on rotating input sets, then check what the
+    kernel's timed calls returned; `result` (verified) gets the timings, or becomes the
+    failure found after timing. `measure` is `measure_interleaved` unless a test fakes it.
+
+    Input sets are made before anything is timed; all candidates see the same rotation, so a
+    data operand fresh in cache (or not) falls on all of them alike."""
+    sets = verify.timing_inputs(job.task.inputs, job.seed, job.config.input_sets)
+    copies: dict[int, torch.Tensor] = {}  # the shared inputs are copied once
+    for tensor in (t for inputs in sets for t in inputs):
+        if id(tensor) not in copies:
+            copies[id(tensor)] = tensor.clone()
+    pristine = [[copies[id(t)] for t in inputs] for inputs in sets]
+    fns: dict[str, Callable[[], Any]] = {}
+    latest: dict[str, list[Any]] = {}
+    fns["eager"], _ = rotating([job.task.eager.bind(inputs) for inputs in sets])
+    threads = {"eager": job.eager_threads}
+    candidates = {"kernel": kernel}
+    if oracle_kernel is not None:
+        candidates["reference"] = oracle_kernel
+    for name, candidate in candidates.items():
+        # A candidate this slow cannot win, and timing it would take several of its calls:
+        # it stays verified, untimed (no speedup), and the loop goes on without it.
+        if calls[name] > job.config.max_call_s:
+            result.notes.append(
+                f"{name} too slow to time: one call took {calls[name]:.3g} s "
+                f"(limit {job.config.max_call_s:g} s)"
+            )
+            continue
+        fns[name], latest[name] = rotating([partial(candidate, *inputs) for inputs in sets])
+        threads[name] = _threads(candidate, job)
+    timings = measure(fns, job.config, threads)
+    if "kernel" in fns:
+        pair = {name: fns[name] for name in ("eager", "kernel")}
+        timings = recheck_implausible(
+            timings, lambda: measure(pair, job.config, threads), result.notes
+        )
+    result.kernel, result.eager = timings.get("kernel"), timings["eager"]
+    result.reference = timings.get("reference")
+    for name, timing in timings.items():
+        if timing.quality == TIMING_CONTAMINATED:
+            result.notes.append(
+                f"{name} timing {timing.quality}: {timing.clean_rounds} of {timing.rounds} "
+                f"rounds undisturbed (run-queue wait {_share(timing.wait_share)} of the time, "
+                f"load {_load(timing.load)})"
+            )
+    if "kernel" in fns:
+        failure = _check_after_timing(job, oracle_kernel, sets, pristine, latest["kernel"])
+        if failure is not None:
+            failure.notes = result.notes + failure.notes
+            failure.trials = result.trials
+            return failure
+    return result
+
+
+def _share(share: float | None) -> str:
+    return "unknown" if share is None else f"{share:.1%}"
+
+
+def _load(load: float | None) -> str:
+    return "unknown" if load is None else f"{load:.2f}"
+
+
+def _check_after_timing(
+    job: EvalJob,
+    oracle_kernel: JitKernel | None,
+    sets: Sequence[Sequence[torch.Tensor]],
+    pristine: Sequence[Sequence[torch.Tensor]],
+    outputs: Sequence[Any],
+) -> Evaluation | None:
+    """None when the kernel's timed calls returned the oracle's outputs on every input set and
+    left the inputs as they were; else the failure. A kernel that kept a result from an earlier
+    call, or skipped work once it had passed verification, is caught here."""
+    oracle_name = "reference lowering" if oracle_kernel else "eager ATen (float64 where it runs)"
+    for index, (inputs, before) in enumerate(zip(sets, pristine, strict=True)):
+        damage = verify.inputs_unchanged(before, inputs)
+        if damage:
+            return Evaluation(
+                RUNTIME_ERROR,
+                error=f"after timing, input set {index}: {damage}",
+                oracle=oracle_name,
+            )
+    for index, (inputs, got) in enumerate(zip(sets, outputs, strict=True)):
+        if got is None:
+            continue  # not called on this set (no candidate is timed with fewer calls than sets)
+        expected = _oracle_outputs(job.task, oracle_kernel, inputs)
+        failed, max_abs, max_rel = _compare_outputs(job, got, expected)
+        if failed is not None:
+            return Evaluation(
+                MISMATCH,
+                error=(
+                    f"wrong after timing: on timing input set {index} of {len(sets)} the timed "
+                    f"calls returned other outputs than verification accepted ({failed.message}); "
+                    "a kernel must compute every call, never reuse an earlier result"
+                ),
+                max_abs_err=max_abs,
+                max_rel_err=max_rel,
+                oracle=oracle_name,
+            )
+    return None
 
 
 def _threads(kernel: JitKernel, job: EvalJob) -> int:
@@ -265,7 +360,6 @@ def _verify(
     of the kernel ("kernel") and of an oracle kernel ("reference") seen, for timing decisions."""
     task = job.task
     calls = {} if calls is None else calls
-    largest_input = max((math.prod(s.shape) for s in task.inputs), default=0)
     oracle_name = "reference lowering" if oracle_kernel else "eager ATen (float64 where it runs)"
     max_abs = max_rel = 0.0
     notes: list[str] = []
@@ -301,20 +395,17 @@ def _verify(
                 oracle=oracle_name,
                 trials=trials,
             )
-        for index, (got, want) in enumerate(zip(outputs.views, expected, strict=True)):
-            # An output smaller than the largest input summarizes it: a statistics output.
-            statistic = got.numel() < largest_input
-            cmp = verify.compare(got, want, index, reduction=job.reduction, statistic=statistic)
-            max_abs, max_rel = max(max_abs, cmp.max_abs_err), max(max_rel, cmp.max_rel_err)
-            if not cmp.ok:
-                return Evaluation(
-                    MISMATCH,
-                    error=f"{trial.kind} trial (seed {trial.seed}): {cmp.message}",
-                    max_abs_err=cmp.max_abs_err,
-                    max_rel_err=cmp.max_rel_err,
-                    oracle=oracle_name,
-                    trials=trials,
-                )
+        failed, trial_abs, trial_rel = _compare_outputs(job, outputs.views, expected)
+        if failed is not None:
+            return Evaluation(
+                MISMATCH,
+                error=f"{trial.kind} trial (seed {trial.seed}): {failed.message}",
+                max_abs_err=failed.max_abs_err,
+                max_rel_err=failed.max_rel_err,
+                oracle=oracle_name,
+                trials=trials,
+            )
+        max_abs, max_rel = max(max_abs, trial_abs), max(max_rel, trial_rel)
     return Evaluation(
         VERIFIED,
         max_abs_err=max_abs,
@@ -323,6 +414,23 @@ def _verify(
         trials=trials,
         notes=notes,
     )
+
+
+def _compare_outputs(
+    job: EvalJob, got: Sequence[torch.Tensor], expected: Sequence[torch.Tensor]
+) -> tuple[verify.Comparison | None, float, float]:
+    """The first output of `got` that fails against `expected` (None if all pass), and the
+    largest absolute and relative errors seen up to there."""
+    largest_input = max((math.prod(s.shape) for s in job.task.inputs), default=0)
+    max_abs = max_rel = 0.0
+    for index, (out, want) in enumerate(zip(got, expected, strict=True)):
+        # An output smaller than the largest input summarizes it: a statistics output.
+        statistic = out.numel() < largest_input
+        cmp = verify.compare(out, want, index, reduction=job.reduction, statistic=statistic)
+        max_abs, max_rel = max(max_abs, cmp.max_abs_err), max(max_rel, cmp.max_rel_err)
+        if not cmp.ok:
+            return cmp, max_abs, max_rel
+    return None, max_abs, max_rel
 
 
 def _fastest(calls: dict[str, float], name: str, seconds: float) -> None:

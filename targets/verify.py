@@ -305,3 +305,22 @@ def run_oracle(
     inputs: Sequence[torch.Tensor],
 ) -> tuple[torch.Tensor, ...]:
     return tuple(t.detach() for t in oracle(inputs))
+
+
+# Timing input sets draw seeds this far from the job's seed, clear of the verification trials.
+TIMING_SEED_OFFSET = 100
+
+
+def timing_inputs(specs: Sequence[TensorSpec], seed: int, count: int) -> list[list[torch.Tensor]]:
+    """`count` input sets for timing, drawn with seeds apart from the verification trials'.
+
+    The data operand (input 0, by ATen's convention) is fresh in each set; the other inputs
+    (weights, biases, statistics) are the same tensors in all, as they are between the calls
+    of a model. A kernel timed on rotating sets cannot return a result it kept from the call
+    before, and its outputs on each set are checked after timing."""
+    draws = [
+        make_inputs(specs, Trial("random", seed + TIMING_SEED_OFFSET + k))
+        for k in range(max(1, count))
+    ]
+    shared = draws[0][1:]
+    return [[draw[0], *shared] if draw else [] for draw in draws]
