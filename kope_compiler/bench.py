@@ -24,7 +24,7 @@ from kope.memory.schema import SOURCE_AGENT
 from kope.memory.store import ExperienceStore
 from kope.optimize import Budget
 from kope.precompile import geomean, precompile
-from kope.report import PASS_RATE, table_lines
+from kope.report import PASS_RATE, table_lines, timing_text
 from kope.report import speedup_text as _x
 from kope.suite import ELEMENTWISE, OPSET, SEQUENCE, Example
 from kope.targets.base import Target
@@ -83,6 +83,7 @@ def format_suite(report: dict[str, Any]) -> str:
         "best µs",
         "vs eager",
         "vs reference",
+        "timing",
         "attempts",
         "verdicts",
     )
@@ -94,8 +95,9 @@ def format_suite(report: dict[str, Any]) -> str:
                 r["winner"],
                 _f(r["eager_us"]),
                 _f(r["best_us"]),
-                _x(r["speedup_vs_eager"]),
-                _x(r["speedup_vs_reference"]),
+                _x(r["speedup_vs_eager"], r["timing_quality"]),
+                _x(r["speedup_vs_reference"], r["timing_quality"]),
+                timing_text(r),
                 str(r["attempts"]),
                 " ".join(f"{k}:{v}" for k, v in r["verdicts"].items()),
             )

@@ -158,8 +158,76 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     from kope.memory.cli import add_commands
 
-    add_commands(sub)
+    _add_memory_remeasure(add_commands(sub))
     return parser
+
+
+def _add_memory_remeasure(memory_sub: Any) -> None:
+    from kope.memory.cli import store_command
+
+    p = store_command(
+        memory_sub,
+        "remeasure",
+        "re-time the stored choices of tasks against eager now (a new confirmation replaces "
+        "each stale figure); only tasks of this target key (this hardware and these KOPE, "
+        "torch and torch-mlir versions) whose records hold their eager call can be rebuilt "
+        "from the store: re-time others with `kope precompile MODEL --remeasure` (and tasks of "
+        "an older version are re-validated when a compile meets them)",
+        _memory_remeasure_command,
+    )
+    p.add_argument("keys", nargs="*", metavar="KEY", help="task keys or prefixes (default: all)")
+    p.add_argument(
+        "--target",
+        default=_default("target"),
+        help=f"hardware target (default: {_default('target')})",
+    )
+    p.add_argument(
+        "--timeout-s",
+        type=float,
+        default=_default("timeout_s"),
+        help="limit in seconds for building, verifying and timing one kernel "
+        f"(default: {_default('timeout_s'):g})",
+    )
+
+
+def _memory_remeasure_command(args: argparse.Namespace, store: Any) -> int:
+    from kope.compiler import target_for
+    from kope.memory.cli import resolve_key
+    from kope.memory.schema import SOURCE_REFERENCE
+    from kope.selection import remeasure, task_from_record, threads_now
+
+    target = target_for(args.target, 1, args.timeout_s)
+    keys = [resolve_key(store, k) for k in args.keys] or [t.key for t in store.tasks()]
+    skipped = 0
+    for key in keys:
+        record = store.task(key)
+        assert record is not None
+        reference = next(
+            (a for a in reversed(store.attempts(key)) if a.source == SOURCE_REFERENCE), None
+        )
+        payload = (
+            store.get_artifact(reference.artifact) if reference and reference.artifact else None
+        )
+        task = task_from_record(record, payload) if payload is not None else None
+        why = (
+            "measured under another target key"
+            if record.target_key != target.key()
+            else "its record holds no eager call or reference lowering"
+            if task is None
+            else ""
+        )
+        if task is None or why:
+            skipped += 1
+            print(f"{record.label}: not re-measured ({why})")
+            continue
+        new = remeasure(task, target, store)
+        best = store.best(key, threads_now())
+        kernel = best.source if best is not None else "eager"
+        quality = new[-1].timing_quality if new else "unknown"
+        speed = f" {best.speedup_vs_eager:.2f}x eager" if best and best.speedup_vs_eager else ""
+        print(f"{record.label}: {kernel}{speed} ({len(new)} new attempts, {quality})")
+    print(f"re-measured {len(keys) - skipped} of {len(keys)} tasks in {store.root}")
+    return 0
 
 
 def _add_precompile(sub: Any) -> None:
@@ -223,6 +291,12 @@ def _add_precompile(sub: Any) -> None:
     )
     p.add_argument("--llm-base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
     p.add_argument("--llm-model", help="model name (default: $KOPE_LLM_MODEL)")
+    p.add_argument(
+        "--remeasure",
+        action="store_true",
+        help="first re-time each operator's stored choice against eager now (a new "
+        "confirmation replaces a figure measured under load or by an older KOPE)",
+    )
     p.set_defaults(run=_precompile_command)
 
 
@@ -333,6 +407,7 @@ def _precompile_command(args: argparse.Namespace) -> int:
         budget=budget,
         workers=args.workers,
         seed=args.seed,
+        remeasure=args.remeasure,
     )
     if args.report:
         write_report(report, Path(args.report))
@@ -342,23 +417,30 @@ def _precompile_command(args: argparse.Namespace) -> int:
 
 def format_report(report: dict[str, Any]) -> str:
     """The report as a table: per operator winner, speedups and attempts; then the summary."""
-    from kope.report import shorten, table_lines
+    from kope.report import shorten, table_lines, timing_text
     from kope.report import speedup_text as _x
 
-    rows = [("operator", "winner", "vs eager", "vs reference", "attempts", "verdicts")]
+    rows = [("operator", "winner", "vs eager", "vs reference", "timing", "attempts", "verdicts")]
     for op in report["operators"]:
         verdicts = " ".join(f"{k}:{v}" for k, v in op["verdicts"].items())
+        quality = op["timing_quality"]
         rows.append(
             (
                 shorten(op["label"], 58),
                 op["winner"],
-                _x(op["speedup_vs_eager"]),
-                _x(op["speedup_vs_reference"]),
+                _x(op["speedup_vs_eager"], quality),
+                _x(op["speedup_vs_reference"], quality),
+                timing_text(op),
                 str(op["attempts"]),
                 verdicts,
             )
         )
     lines = table_lines(rows)
+    if any(op["timing_quality"] != "clean" for op in report["operators"]):
+        lines.append(
+            "~: a figure that is not clean (measured under load, or before KOPE judged timings); "
+            "it pins no kernel until `kope precompile --remeasure` times it cleanly"
+        )
     s = report["summary"]
     lines.append(
         f"{s['operators']} operators; pass rate {s['pass_rate']:.0%} ({PASS_RATE}); geomean "

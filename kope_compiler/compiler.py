@@ -91,6 +91,7 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
             eager_us=choice.eager_us,
             kernel_us=choice.kernel_us,
             verdict=choice.verdict,
+            quality=choice.quality,
         )
         if choice.source is not None:
             try:

@@ -4,8 +4,10 @@ retrieve experience (ACMI) → the agent proposes a kernel with a stated decisio
 builds, verifies (against the reference lowering) and times it in an isolated worker → the
 attempt and its outcome go to the experience graph → the agent gets the feedback → repeat
 until the budget (attempts, wall time, tokens) is spent or the agent stops. A failed attempt is
-data, never an error. The best verified candidate becomes the operator's kernel (the store's
-`best`), which every later compile uses.
+data, never an error. The candidate whose figure wins is then confirmed (re-measured head to
+head against eager in a fresh evaluation); only a clean confirmation that still wins makes it
+the operator's kernel (the store's `best`, by `kope.memory.store.winner`), which every later
+compile uses.
 """
 
 from __future__ import annotations
@@ -21,19 +23,29 @@ from typing import Any
 from kope.agents.base import Agent, Feedback, Proposal, ProposalRequest, Rejected, TaskView
 from kope.errors import KopeError
 from kope.memory.schema import (
+    QUALITY_UNKNOWN,
     REFINES,
     SOURCE_AGENT,
     SOURCE_EAGER,
-    SOURCE_REFERENCE,
     TRANSFERRED_FROM,
     AttemptRecord,
 )
 from kope.memory.store import ExperienceStore
-from kope.selection import known_reference, latest, record_evaluation, seed_for
+from kope.selection import (
+    confirm,
+    known_reference,
+    record_evaluation,
+    seed_for,
+    threads_now,
+)
 from kope.targets.base import COMPILE_ERROR, VERDICTS, Kernel, Target
 from kope.task import Task
 
 log = logging.getLogger("kope.optimize")
+
+# Candidates confirmed after the loop at most: when the fastest figure does not reproduce, the
+# next one may; beyond that the figures are not worth a worker's time.
+CONFIRMATIONS = 2
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,10 @@ class TaskSummary:
     tokens: int = 0
     stopped: str = ""
     best_decision: str = ""
+    # The quality of the figures the choice rests on (clean | contaminated | unknown).
+    timing_quality: str = QUALITY_UNKNOWN
+    clean_rounds: int = 0
+    rounds: int = 0
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,7 +123,7 @@ def optimize_task(
     history = [
         _feedback(a)
         for a in store.attempts(task.key)
-        if a.source == SOURCE_AGENT and a.agent == agent.name
+        if a.source == SOURCE_AGENT and a.agent == agent.name and a.confirms is None
     ]
     tokens = 0
     start = time.monotonic()
@@ -155,8 +171,17 @@ def optimize_task(
         )
         if on_attempt is not None:
             on_attempt(index, attempt)
+    confirm_winner(task, target, store)
     _distil(store, task.key)
     return summarize(task, store, stopped=stopped, tokens=tokens)
+
+
+def confirm_winner(task: Task, target: Target, store: ExperienceStore) -> None:
+    """Confirm the candidate whose figure says it wins (a few, while they do not reproduce)."""
+    for _ in range(CONFIRMATIONS):
+        challenger = store.standing(task.key, threads_now()).challenger
+        if challenger is None or confirm(task, target, store, challenger) is None:
+            return
 
 
 def _attempt(
@@ -233,22 +258,19 @@ def _distil(store: ExperienceStore, key: str) -> None:
 def summarize(
     task: Task, store: ExperienceStore, *, stopped: str = "", tokens: int | None = None
 ) -> TaskSummary:
+    """The report row of `task`: the winner by the store's rule, with figures from one run
+    (the pinned kernel's confirmation, or the reference lowering's measurement when eager
+    runs) and their quality."""
     attempts = store.attempts(task.key)
-    agent_attempts = [a for a in attempts if a.source == SOURCE_AGENT]
-    reference = latest(attempts, SOURCE_REFERENCE)
-    best = store.best(task.key)
+    agent_attempts = [a for a in attempts if a.source == SOURCE_AGENT and a.confirms is None]
+    standing = store.standing(task.key, threads_now())
     verdicts = Counter(a.verdict for a in agent_attempts)
-    winner = "eager" if best is None or best.source == SOURCE_EAGER else best.source
-    if winner == "reference" and reference is not None and (reference.speedup_vs_eager or 0) < 1.0:
-        winner = "eager"
-    ref_us = reference.latency_us if reference and reference.verdict == "verified" else None
-    eager_us = reference.eager_us if reference else None
-    if winner == "agent" and best is not None:
-        eager_us, ref_us, best_us = best.eager_us, best.reference_us, best.latency_us
-    elif winner == "reference":
-        best_us = ref_us
-    else:
-        best_us = eager_us
+    pinned = standing.pinned
+    figures = pinned or standing.baseline
+    winner = pinned.source if pinned is not None else SOURCE_EAGER
+    eager_us = figures.eager_us if figures else None
+    ref_us = figures.reference_us if figures and figures.verdict == "verified" else None
+    best_us = pinned.latency_us if pinned is not None else eager_us
     return TaskSummary(
         key=task.key,
         op=task.op,
@@ -266,7 +288,10 @@ def summarize(
         if tokens is not None
         else sum(a.tokens_in + a.tokens_out for a in agent_attempts),
         stopped=stopped,
-        best_decision=best.decision if best and winner == "agent" else "",
+        best_decision=pinned.decision if pinned is not None and winner == SOURCE_AGENT else "",
+        timing_quality=figures.timing_quality if figures else QUALITY_UNKNOWN,
+        clean_rounds=figures.clean_rounds if figures else 0,
+        rounds=figures.rounds if figures else 0,
     )
 
 

@@ -4,7 +4,9 @@ The model is traced the way the backend traces it (dynamo, aot_autograd, partiti
 distinct Tasks are optimized by the agent (in parallel when several workers are given), and
 everything lands in the experience store, so a later `torch.compile(backend="kope")` runs the
 best verified kernels with no agent calls. Re-running resumes: an operator whose budget is
-spent is not redone, and one that was interrupted continues from its recorded attempts.
+spent is not redone, and one that was interrupted continues from its recorded attempts. With
+`remeasure`, each operator's stored choice is first re-timed against eager now (a new
+confirmation replaces the stale figure), so a store measured on a busy machine can be fixed.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from kope.optimize import Budget, TaskSummary, optimize_task, summarize
 from kope.options import Options
 from kope.partition import partition
 from kope.passes.pipeline import REPRO_MARKER
-from kope.report import shorten
+from kope.report import shorten, speedup_text
+from kope.selection import remeasure as remeasure_choice
 from kope.targets.base import Target
 from kope.task import Task
 
@@ -112,7 +115,11 @@ class Progress:
 
 
 def already_done(store: ExperienceStore, key: str, agent: str, budget: Budget) -> bool:
-    attempts = [a for a in store.attempts(key) if a.source == SOURCE_AGENT and a.agent == agent]
+    attempts = [
+        a
+        for a in store.attempts(key)
+        if a.source == SOURCE_AGENT and a.agent == agent and a.confirms is None
+    ]
     return len(attempts) >= budget.attempts
 
 
@@ -129,11 +136,13 @@ def precompile(
     seed: int = 0,
     progress: bool = True,
     stream: Any = None,
+    remeasure: bool = False,
 ) -> dict[str, Any]:
     """Optimize every distinct operator of `model`; returns the report (see `report_json`).
 
     `budget` defaults to `Options().budget` attempts per operator. Progress goes to `stream`
-    (default stderr) unless `progress` is false.
+    (default stderr) unless `progress` is false. With `remeasure`, each operator's stored
+    choice is re-timed against eager first (`kope.selection.remeasure`).
     """
     start = time.monotonic()
     budget = budget or Budget(attempts=Options.default("budget"))
@@ -144,6 +153,9 @@ def precompile(
 
     def run(task: Task) -> None:
         store.refresh()
+        if remeasure and store.attempts(task.key):
+            bar.update(task.label, "re-timing the stored choice")
+            remeasure_choice(task, target, store)
         if already_done(store, task.key, agent_name, budget):
             summaries[task.key] = summarize(task, store, stopped="done in an earlier run")
             bar.finish(task.label, "already optimized")
@@ -168,7 +180,9 @@ def precompile(
         summaries[task.key] = summary
         new = [a for a in store.attempts(task.key) if a.id not in before]
         repro[task.key] = repro_commands(new)
-        best = f"{summary.speedup_vs_eager:.2f}x eager" if summary.speedup_vs_eager else "no timing"
+        speed = speedup_text(summary.speedup_vs_eager, summary.timing_quality)
+        quality = summary.timing_quality
+        best = f"{speed} eager ({quality})" if summary.speedup_vs_eager else "no timing"
         bar.finish(
             task.label, f"{summary.winner} {best} ({summary.attempts} attempts, {summary.stopped})"
         )

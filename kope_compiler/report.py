@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 PASS_RATE = "the share of operators with at least one verified agent kernel"
 """What `pass rate` (`summary.pass_rate` of the reports) means wherever KOPE prints it."""
@@ -26,6 +27,7 @@ class TaskReport:
     kernel_us: float | None = None
     verdict: str | None = None  # of the reference lowering
     calls: int = 0
+    quality: str = "unknown"  # of the timing the choice rests on: clean | contaminated | unknown
 
     @property
     def jit(self) -> bool:
@@ -98,9 +100,11 @@ class Report:
         Tasks with the same key (the same operator at several places of a graph, or in several
         graphs) share one row; `sites` says how many places, `calls` how often its JIT kernel
         ran in all of them. An eager row's µs are eager's, since eager is what ran; its calls
-        are not counted (eager nodes are left as they are, unwrapped), hence `-`.
+        are not counted (eager nodes are left as they are, unwrapped), hence `-`. `timing` is
+        the quality of the figures; a speedup from a figure that is not clean reads `~1.23x`.
         """
-        rows = [("task", "kernel", "kernel µs", "eager µs", "speedup", "sites", "calls", "why")]
+        header = ("task", "kernel", "kernel µs", "eager µs", "speedup", "timing", "sites", "calls")
+        rows = [(*header, "why")]
         groups: dict[tuple[str, str], list[TaskReport]] = {}
         for t in self.tasks:
             groups.setdefault((t.key, t.kernel), []).append(t)
@@ -113,7 +117,8 @@ class Report:
                     t.kernel,
                     _us(t.ran_us),
                     _us(t.eager_us),
-                    speedup_text(t.speedup),
+                    speedup_text(t.speedup, t.quality),
+                    t.quality if t.eager_us is not None else "-",
                     str(len(same)),
                     calls,
                     shorten(t.reason, 50),
@@ -122,7 +127,17 @@ class Report:
         for e in self.eager:
             if e.compute:
                 rows.append(
-                    (shorten(e.op, 60), "eager", "-", "-", "-", "1", "-", shorten(e.reason, 50))
+                    (
+                        shorten(e.op, 60),
+                        "eager",
+                        "-",
+                        "-",
+                        "-",
+                        "-",
+                        "1",
+                        "-",
+                        shorten(e.reason, 50),
+                    )
                 )
         lines = table_lines(rows)
         lines.append(
@@ -144,8 +159,18 @@ def table_lines(rows: Sequence[tuple[str, ...]]) -> list[str]:
     return lines
 
 
-def speedup_text(value: float | None) -> str:
-    return f"{value:.2f}x" if value else "-"
+def speedup_text(value: float | None, quality: str = "clean") -> str:
+    """`1.23x`; `~1.23x` when the figure is not clean (contaminated, or of unknown quality):
+    shown, never hidden, and never taken for a measurement that holds."""
+    if not value:
+        return "-"
+    return f"{'' if quality == 'clean' else '~'}{value:.2f}x"
+
+
+def timing_text(row: dict[str, Any]) -> str:
+    """A report row's timing quality with the clean rounds of all it ran: `clean 15/15`."""
+    rounds = f" {row['clean_rounds']}/{row['rounds']}" if row.get("rounds") else ""
+    return f"{row['timing_quality']}{rounds}"
 
 
 def _us(value: float | None) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kope.memory.paths import kope_home
-from kope.memory.schema import AttemptRecord, TaskRecord
+from kope.memory.schema import QUALITY_CLEAN, AttemptRecord, TaskRecord
 from kope.memory.store import TASK, ExperienceStore
 
 
@@ -22,12 +22,15 @@ class MemoryCommandError(Exception):
     """A `kope memory` argument that cannot be acted on (the message says why)."""
 
 
-SUBCOMMANDS = ("stats", "tasks", "show", "context", "export", "prune", "compact")
-"""Every `kope memory` subcommand, in the order `--help` lists them."""
+SUBCOMMANDS = ("stats", "tasks", "show", "context", "export", "prune", "compact", "remeasure")
+"""Every `kope memory` subcommand, in the order `--help` lists them. `remeasure` needs a
+target to time kernels on, which memory knows nothing of: the `kope` command line registers it
+through `store_command` on the subparsers `add_commands` returns."""
 
 
-def add_commands(subparsers: Any) -> None:
-    """Register `memory` and its subcommands on an argparse subparsers object."""
+def add_commands(subparsers: Any) -> Any:
+    """Register `memory` and its subcommands on an argparse subparsers object; returns the
+    subparsers of `memory`, for commands registered from outside (see `store_command`)."""
     memory = subparsers.add_parser(
         "memory",
         help=f"inspect the experience store ({', '.join(SUBCOMMANDS)})",
@@ -38,15 +41,7 @@ def add_commands(subparsers: Any) -> None:
     sub = memory.add_subparsers(dest="memory_command", metavar="SUBCOMMAND")
 
     def command(name: str, help_text: str, run: Any) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument(
-            "--store",
-            type=Path,
-            default=None,
-            help="store directory (default: $KOPE_HOME or ~/.cache/kope)",
-        )
-        p.set_defaults(run=lambda args: _guarded(run, args))
-        return p
+        return store_command(sub, name, help_text, run)
 
     stats = command("stats", "counts of tasks, attempts, verified attempts and insights", _stats)
     stats.add_argument("--json", action="store_true", help="print JSON")
@@ -97,6 +92,21 @@ def add_commands(subparsers: Any) -> None:
     command(
         "compact", "write a snapshot so that the store opens without replaying its log", _compact
     )
+    return sub
+
+
+def store_command(sub: Any, name: str, help_text: str, run: Any) -> argparse.ArgumentParser:
+    """Add `kope memory NAME`: it takes `--store DIR`, and `run(args, store)` gets the open
+    store; a MemoryCommandError it raises is printed as an error (exit status 2)."""
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help_text, description=help_text)
+    p.add_argument(
+        "--store",
+        type=Path,
+        default=None,
+        help="store directory (default: $KOPE_HOME or ~/.cache/kope)",
+    )
+    p.set_defaults(run=lambda args: _guarded(run, args))
+    return p
 
 
 def _guarded(run: Any, args: argparse.Namespace) -> int:
@@ -140,7 +150,8 @@ def _tasks(args: argparse.Namespace, store: ExperienceStore) -> int:
         return 0
     width = max(len(r["label"]) for r in rows)
     for r in rows:
-        best = f"{r['best_speedup_vs_eager']:.2f}x" if r["best_speedup_vs_eager"] else "-"
+        mark = "" if r["timing_quality"] in ("clean", None) else "~"  # a figure not clean
+        best = f"{mark}{r['best_speedup_vs_eager']:.2f}x" if r["best_speedup_vs_eager"] else "-"
         print(f"{r['key'][:16]}  {r['label']:<{width}}  {r['attempts']:>5} attempts  best {best}")
     last = args.offset + len(rows)
     more = f"; --offset {last} for the next page" if last < total else ""
@@ -173,17 +184,25 @@ def _show(args: argparse.Namespace, store: ExperienceStore) -> int:
     task = store.task(key)
     assert isinstance(task, TaskRecord)
     attempts = store.attempts(key)
-    best = store.best(key)
+    standing = store.standing(key)
+    best = standing.best
     print(f"{task.label}  [{task.op}, {task.target}]")
     print(f"key {task.key}")
     print(
         f"hardware {task.hardware}; {len(attempts)} attempts; best: "
         f"{_line(best) if best else 'none verified'}"
     )
+    if not standing.clean:
+        print(
+            "the choice does not rest on clean figures (measured under load, unconfirmed, or "
+            "before KOPE judged timings): it is re-timed at the next compile"
+        )
     ids = {a.id for a in attempts}
     children: dict[str | None, list[AttemptRecord]] = {}
     for a in attempts:
-        children.setdefault(a.parent if a.parent in ids else None, []).append(a)
+        # A confirmation hangs under the figure it re-measured.
+        above = a.parent if a.parent in ids else a.confirms if a.confirms in ids else None
+        children.setdefault(above, []).append(a)
 
     def walk(parent: str | None, depth: int) -> None:
         for a in children.get(parent, []):
@@ -196,10 +215,21 @@ def _show(args: argparse.Namespace, store: ExperienceStore) -> int:
 
 
 def _line(a: AttemptRecord) -> str:
+    """One attempt: id, source, verdict, latency, speedup and the timing's quality (`~` marks
+    a speedup from a figure that is not clean), the attempt it confirms, its decision."""
     latency = f"{a.latency_us:.1f} us" if a.latency_us is not None else "-"
-    speed = f" {a.speedup_vs_eager:.2f}x eager" if a.speedup_vs_eager is not None else ""
-    decision = f" {a.decision}" if a.decision else ""
-    return f"{a.id[:16]} {a.source:9s} {a.verdict:13s} {latency:>11s}{speed}{decision}"
+    mark = "" if a.timing_quality == QUALITY_CLEAN else "~"
+    speed = f" {mark}{a.speedup_vs_eager:.2f}x eager" if a.speedup_vs_eager is not None else ""
+    quality = ""
+    if a.latency_us is not None:
+        rounds = f" {a.clean_rounds}/{a.rounds} clean rounds" if a.rounds else ""
+        quality = f" [{a.timing_quality}{rounds}, {a.threads} threads]"
+    confirms = f" confirms {a.confirms[:16]}" if a.confirms else ""
+    decision = f" {a.decision}" if a.decision and not a.confirms else ""
+    return (
+        f"{a.id[:16]} {a.source:9s} {a.verdict:13s} {latency:>11s}{speed}{quality}"
+        f"{confirms}{decision}"
+    )
 
 
 def _context(args: argparse.Namespace, store: ExperienceStore) -> int:

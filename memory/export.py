@@ -151,7 +151,8 @@ def _label(record: Any) -> str:
         return f"{record.decision} ({record.family}, w={record.weight:.2f})"
     a: AttemptRecord = record
     speed = f" {a.speedup_vs_eager:.2f}x" if a.speedup_vs_eager is not None else ""
-    return f"{a.source}: {a.decision[:40]} [{a.verdict}{speed}]"
+    quality = f" {a.timing_quality}" if a.latency_us is not None else ""
+    return f"{a.source}: {a.decision[:40]} [{a.verdict}{speed}{quality}]"
 
 
 @dataclass

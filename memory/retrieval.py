@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from kope.memory.schema import (
+    QUALITY_CONTAMINATED,
     SOURCE_AGENT,
     SOURCES,
     VERDICTS,
@@ -445,13 +446,18 @@ def _outcome(a: AttemptRecord) -> str:
         parts.append(f"{a.speedup_vs_eager:.2f}x vs eager")
     if a.speedup_vs_reference is not None:
         parts.append(f"{a.speedup_vs_reference:.1f}x vs reference")
+    if a.latency_us is not None and a.timing_quality == QUALITY_CONTAMINATED:
+        parts.append("timed under load (contaminated)")
     return ", ".join(parts)
 
 
 def _short(a: AttemptRecord) -> str:
     if a.verdict != "verified":
         return a.verdict
-    return f"{a.speedup_vs_eager:.2f}x" if a.speedup_vs_eager is not None else "verified"
+    if a.speedup_vs_eager is None:
+        return "verified"
+    mark = "~" if a.timing_quality == QUALITY_CONTAMINATED else ""  # a figure not to trust
+    return f"{mark}{a.speedup_vs_eager:.2f}x"
 
 
 def dumps(context: Context) -> str:

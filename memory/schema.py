@@ -2,13 +2,17 @@
 
 Records are plain data with stable string ids (never rustworkx indices, which are reused
 after removal). They are stored as JSON; `SCHEMA_VERSION` changes when a field's meaning
-does, and `MIGRATIONS` brings older records forward.
+does, and `MIGRATIONS` brings older records forward. A field added with a default needs no
+new version: an older record loads with the default (a timing recorded before KOPE judged
+timings loads as `QUALITY_UNKNOWN`), and an older KOPE ignores the fields it does not know.
 
 Edges, by kind (direction src -> dst):
 - `attempt`: task -> attempt (implied by `AttemptRecord.task`, never written on its own)
 - `refines`: attempt -> the attempt it was derived from (implied by `AttemptRecord.parent`);
   the decision order, whose siblings are the alternative branches
 - `transferred_from`: attempt -> an attempt of another task whose kernel it reused
+- `confirms`: attempt -> the attempt whose winning figure it re-measured head to head
+  against eager (implied by `AttemptRecord.confirms`)
 - `similar`: task -> task
 - `supports` / `contradicts`: insight -> attempt that is evidence for / against it
 """
@@ -31,13 +35,21 @@ TRANSFERRED_FROM = "transferred_from"  # attempt -> attempt of another task it r
 SIMILAR = "similar"  # task -> task
 SUPPORTS = "supports"  # insight -> attempt
 CONTRADICTS = "contradicts"  # insight -> attempt
-EDGE_KINDS = (HAS_ATTEMPT, REFINES, TRANSFERRED_FROM, SIMILAR, SUPPORTS, CONTRADICTS)
+CONFIRMS = "confirms"  # attempt -> the attempt whose figure it re-measured
+# New kinds go at the end: snapshots store a kind as its index in this tuple.
+EDGE_KINDS = (HAS_ATTEMPT, REFINES, TRANSFERRED_FROM, SIMILAR, SUPPORTS, CONTRADICTS, CONFIRMS)
 
 # Where an attempt's kernel came from.
 SOURCE_EAGER = "eager"
 SOURCE_REFERENCE = "reference"
 SOURCE_AGENT = "agent"
 SOURCES = (SOURCE_EAGER, SOURCE_REFERENCE, SOURCE_AGENT)
+
+# How far a recorded timing can be trusted: the names the targets give `Timing.quality`,
+# stored as plain strings (memory knows nothing of targets). Only a clean figure pins a choice.
+QUALITY_CLEAN = "clean"
+QUALITY_CONTAMINATED = "contaminated"
+QUALITY_UNKNOWN = "unknown"  # measured before KOPE judged timings (records without the field)
 
 VERIFIED = "verified"
 VERDICTS = (VERIFIED, "compile_error", "runtime_error", "timeout", "mismatch")
@@ -76,6 +88,9 @@ class TaskRecord:
     target_key: str
     created: float = field(default_factory=time.time)
     hardware: str = ""  # hardware fingerprint; derived from target_key when not given
+    # How to run the operator eagerly, as plain JSON (the compiler's encoding of its eager
+    # call), so that a stored task can be re-measured without its model; None if unknown.
+    eager: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.hardware:
@@ -107,7 +122,7 @@ class AttemptRecord:
     latency_us: float | None = None
     spread_us: float | None = None
     repeats: int = 0
-    threads: int = 0
+    threads: int = 0  # threads eager and the kernel ran with: part of what a figure means
     eager_us: float | None = None
     reference_us: float | None = None
     speedup_vs_eager: float | None = None
@@ -116,6 +131,14 @@ class AttemptRecord:
     created: float = field(default_factory=time.time)
     transferred_from: str | None = None  # an attempt of another task whose kernel it reused
     config: dict[str, Any] | None = None  # the decision in machine-readable form (an agent's)
+    # The quality of the figures above (latency and the eager / reference timed beside it):
+    # clean | contaminated | unknown (older records), with the rounds it rests on.
+    timing_quality: str = QUALITY_UNKNOWN
+    clean_rounds: int = 0
+    rounds: int = 0
+    wait_share: float | None = None  # run-queue wait / wall time of the measuring threads
+    load: float | None = None  # 1-minute load average when the timing started
+    confirms: str | None = None  # the attempt whose winning figure this one re-measured
 
 
 @dataclass

@@ -23,7 +23,8 @@ import math
 import os
 import tempfile
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,15 @@ import rustworkx as rx
 from kope.memory import snapshot
 from kope.memory.log import RecordLog
 from kope.memory.schema import (
+    CONFIRMS,
     EDGE_KINDS,
     HAS_ATTEMPT,
+    QUALITY_CLEAN,
+    QUALITY_UNKNOWN,
     REFINES,
     SCHEMA_VERSION,
     SOURCE_EAGER,
+    SOURCE_REFERENCE,
     SOURCES,
     TRANSFERRED_FROM,
     VERDICTS,
@@ -212,12 +217,21 @@ class ExperienceStore:
         found = [self.record_at(r) for r in self.attempt_rows(row)]
         return sorted(found, key=lambda a: a.created)
 
-    def best(self, key: str) -> AttemptRecord | None:
-        """The verified attempt with the highest speedup over eager (eager itself counts as 1)."""
-        verified = [a for a in self.attempts(key) if a.verdict == VERIFIED]
-        if not verified:
-            return None
-        return max(verified, key=_speedup)
+    def standing(self, key: str, threads: int | None = None) -> Standing:
+        """What task `key` runs and on which figures (`winner`'s rule), counting only the
+        figures measured with `threads` threads when it is given."""
+        return winner(self.attempts(key), threads)
+
+    def best(self, key: str, threads: int | None = None) -> AttemptRecord | None:
+        """The attempt the task's choice rests on: its pinned kernel (a clean confirmation, or
+        an older store's fastest figure) or else its eager baseline; None if neither exists."""
+        return self.standing(key, threads).best
+
+    def tasks_with_workload(self, workload: str, hardware: str) -> list[TaskRecord]:
+        """The tasks of the same workload on the same hardware (any target key), newest first:
+        where a task measured under an older KOPE or torch keeps its experience."""
+        found = [t for t in self.tasks() if t.workload == workload and t.hardware == hardware]
+        return sorted(found, key=lambda t: -t.created)
 
     def insights(self) -> list[InsightRecord]:
         """Every insight, heaviest first."""
@@ -263,8 +277,9 @@ class ExperienceStore:
     def task_summaries(
         self, offset: int = 0, limit: int | None = None
     ) -> tuple[list[dict[str, Any]], int]:
-        """A page of tasks (oldest first) as {key, label, op, attempts, best_speedup_vs_eager},
-        and how many tasks there are. Only the page's attempts are decoded."""
+        """A page of tasks (oldest first) as {key, label, op, attempts, best_speedup_vs_eager,
+        timing_quality (of the best's figure)}, and how many tasks there are. Only the page's
+        attempts are decoded."""
         tasks = self.tasks()
         page = tasks[offset : None if limit is None else offset + limit]
         rows = []
@@ -277,6 +292,7 @@ class ExperienceStore:
                     "op": task.op,
                     "attempts": len(self.attempts(task.key)),
                     "best_speedup_vs_eager": best.speedup_vs_eager if best else None,
+                    "timing_quality": best.timing_quality if best else None,
                 }
             )
         return rows, len(tasks)
@@ -454,6 +470,7 @@ class ExperienceStore:
         for other, kind in (
             (attempt.parent, REFINES),
             (attempt.transferred_from, TRANSFERRED_FROM),
+            (attempt.confirms, CONFIRMS),
         ):
             target = self.row_of(other) if other else None
             if target is not None:
@@ -737,3 +754,92 @@ def _speedup(attempt: AttemptRecord) -> float:
     if attempt.source == SOURCE_EAGER:
         return 1.0
     return attempt.speedup_vs_eager or 0.0
+
+
+# A confirmation wins only by more than this share of eager's time: the few percent machine
+# noise moves a median from run to run must not pin a kernel.
+WIN_MARGIN = 0.03
+
+
+@dataclass
+class Standing:
+    """Where a task's choice stands, by `winner`'s rule.
+
+    `pinned` is the attempt whose figures the chosen kernel rests on (None: eager runs);
+    `baseline` the latest reference attempt, whose figures show eager against the reference
+    lowering; `challenger` a candidate whose figure says it wins but that no clean
+    confirmation has settled (it is what to re-measure); `legacy` marks a task with no judged
+    timing at all (an older store). `clean` says the choice rests on clean figures.
+    """
+
+    pinned: AttemptRecord | None = None
+    baseline: AttemptRecord | None = None
+    eager: AttemptRecord | None = None
+    challenger: AttemptRecord | None = None
+    legacy: bool = False
+
+    @property
+    def best(self) -> AttemptRecord | None:
+        return self.pinned if self.pinned is not None else self.eager
+
+    @property
+    def clean(self) -> bool:
+        if self.legacy or self.challenger is not None:
+            return False
+        if self.pinned is not None:
+            return True
+        # Eager runs: settled when eager beat the reference on a clean figure, or when the
+        # reference could not be timed at all (then no figure would change the choice).
+        return self.baseline is not None and (
+            self.baseline.latency_us is None or self.baseline.timing_quality == QUALITY_CLEAN
+        )
+
+
+def wins(attempt: AttemptRecord) -> bool:
+    """Whether an attempt's figure beats eager beyond noise (WIN_MARGIN)."""
+    return (
+        attempt.verdict == VERIFIED
+        and attempt.source != SOURCE_EAGER
+        and attempt.latency_us is not None
+        and (attempt.speedup_vs_eager or 0.0) > 1.0 + WIN_MARGIN
+    )
+
+
+def winner(attempts: Sequence[AttemptRecord], threads: int | None = None) -> Standing:
+    """The one rule that says which kernel a task runs (selection, reports, passes).
+
+    Only figures measured with `threads` threads count (when given): a figure means what it
+    was measured under. A candidate (the reference lowering or an agent kernel) pins the
+    choice only through a clean confirmation: a later attempt that re-measured it head to head
+    against eager (`confirms`), whose figure was clean and still beats eager by more than
+    WIN_MARGIN. Per kernel the latest clean confirmation decides, so a clean re-measurement
+    that no longer wins un-pins it, while a contaminated one changes nothing. Among pinned
+    kernels the fastest (by its confirmation) runs; with none, eager runs.
+
+    A task none of whose timed figures were judged or confirmed (`unknown` quality: recorded
+    before KOPE judged timings) keeps the older rule, its fastest verified figure with eager
+    as 1, and is marked `legacy` so that the next compile re-times it.
+    """
+    # A record without a thread count (0: untimed, or written by hand) counts under any.
+    counted = [a for a in attempts if threads is None or a.threads in (threads, 0)]
+    timed = [a for a in counted if a.latency_us is not None]
+    eager = next((a for a in reversed(timed) if a.source == SOURCE_EAGER), None)
+    baseline = next((a for a in reversed(counted) if a.source == SOURCE_REFERENCE), None)
+    unjudged = all(a.timing_quality == QUALITY_UNKNOWN and a.confirms is None for a in timed)
+    if timed and unjudged:
+        best = max((a for a in timed if a.verdict == VERIFIED), key=_speedup, default=None)
+        pinned = best if best is not None and best.source != SOURCE_EAGER else None
+        return Standing(pinned, baseline, eager, legacy=True)
+    settled: dict[str, AttemptRecord] = {}  # kernel (artifact) -> its latest clean confirmation
+    for a in timed:
+        if a.confirms is not None and a.artifact and a.timing_quality == QUALITY_CLEAN:
+            settled[a.artifact] = a
+    pinned = max((c for c in settled.values() if wins(c)), key=_speedup, default=None)
+    floor = _speedup(pinned) if pinned is not None else 1.0 + WIN_MARGIN
+    open_ = [
+        a
+        for a in timed
+        if a.confirms is None and wins(a) and a.artifact not in settled and _speedup(a) > floor
+    ]
+    challenger = max(open_, key=_speedup, default=None)
+    return Standing(pinned, baseline, eager, challenger)

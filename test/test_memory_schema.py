@@ -14,6 +14,7 @@ import pytest
 from kope.memory.export import export, read_graphml, read_json
 from kope.memory.log import encode
 from kope.memory.schema import (
+    CONFIRMS,
     CONTRADICTS,
     EDGE_KINDS,
     REFINES,
@@ -100,6 +101,25 @@ def populated(root: Path) -> ExperienceStore:
             created=1003.0,
         )
     )
+    confirmation = store.add_attempt(
+        AttemptRecord(
+            task="t1",
+            source="agent",
+            verdict="verified",
+            artifact=first.artifact,
+            latency_us=12.5,
+            eager_us=32.0,
+            speedup_vs_eager=2.56,
+            threads=2,
+            timing_quality="contaminated",
+            clean_rounds=4,
+            rounds=15,
+            wait_share=0.375,
+            load=14.25,
+            confirms=first.id,
+            created=1003.5,
+        )
+    )
     store.add_edge("t2", "t1", SIMILAR)
     insight = store.add_insight(
         InsightRecord(
@@ -120,6 +140,7 @@ def populated(root: Path) -> ExperienceStore:
     store.add_edge(insight.id, first.id, SUPPORTS)
     store.add_edge(insight.id, child.id, CONTRADICTS)
     assert moved.transferred_from == first.id
+    assert store.has_edge(confirmation.id, first.id, CONFIRMS)  # implied by `confirms`
     return store
 
 
@@ -159,7 +180,7 @@ def test_round_trip_through_a_snapshot_and_the_tail_after_it(tmp_path: Path) -> 
     assert again.snapshot_offset > 0  # opened from the snapshot, replayed only the tail
     assert snapshot_of(again) == before
     assert again.stats() == store.stats()
-    assert again.graph.num_nodes() == store.graph.num_nodes() == 8
+    assert again.graph.num_nodes() == store.graph.num_nodes() == 9
     assert again.graph.num_edges() == store.graph.num_edges() == len(before[1])
     # rustworkx indices differ between the two stores; ids and edges between ids do not.
     names = {again.graph[i] for i in again.graph.node_indices()}
@@ -183,7 +204,7 @@ def test_graphml_is_standard_and_keeps_floats_as_text(tmp_path: Path) -> None:
     with open(path, "w") as out:
         export(store, "graphml", out)
     graph = nx.read_graphml(path)
-    assert graph.number_of_nodes() == 6 and graph.number_of_edges() == len(snapshot_of(store)[1])
+    assert graph.number_of_nodes() == 7 and graph.number_of_edges() == len(snapshot_of(store)[1])
     first = store.attempts("t1")[0]
     record = json.loads(graph.nodes[first.id]["record"])
     assert record["latency_us"] == 12.345678901234567 and record["wall_s"] == 0.1 + 0.2
@@ -205,9 +226,17 @@ def test_v1_records_migrate(tmp_path: Path) -> None:
     v1_task["v"] = 1
     v1_attempt = {**to_json(AttemptRecord(task="old", source="eager", verdict="verified")), "v": 1}
     del v1_attempt["transferred_from"]
+    for added in ("timing_quality", "clean_rounds", "rounds", "wait_share", "load", "confirms"):
+        del v1_attempt[added]  # written by KOPE before timings were judged
+    del v1_task["eager"]
     (tmp_path / "experience.log").write_bytes(encode(v1_task) + encode(v1_attempt))
     store = ExperienceStore(tmp_path)
     assert store.task("old").hardware == hardware_of(TARGET_KEY) == "cpu|Intel Xeon avx512f 2c"
+    # Fields added since (timing quality, confirmations, the eager call) take their defaults:
+    # an old timing is of unknown quality, never a clean one.
+    (old,) = store.attempts("old")
+    assert old.timing_quality == "unknown" and old.rounds == old.clean_rounds == 0
+    assert old.confirms is None and old.wait_share is None and store.task("old").eager is None
     assert store.attempts("old")[0].transferred_from is None
     assert from_json(v1_task).hardware == "cpu|Intel Xeon avx512f 2c"
 

@@ -144,7 +144,9 @@ def test_second_process_reuses_measurements(tmp_path: Path) -> None:
         "        out = torch.compile(model, backend='kope')(*inputs)\n"
         "        assert torch.allclose(out, model(*inputs), atol=1e-4)\n"
         "store = store_at(Options().store_path)\n"
-        "print(json.dumps({'evaluations': len(calls), **store.stats()}))\n"
+        "threads = torch.get_num_threads()\n"
+        "unclean = sum(not store.standing(t.key, threads).clean for t in store.tasks())\n"
+        "print(json.dumps({'evaluations': len(calls), 'unclean': unclean, **store.stats()}))\n"
     )
     env = {**os.environ, "KOPE_HOME": str(tmp_path)}
 
@@ -158,8 +160,12 @@ def test_second_process_reuses_measurements(tmp_path: Path) -> None:
     first = run()
     second = run()
     assert first["evaluations"] > 0
-    assert second["evaluations"] == 0
-    assert second["attempts"] == first["attempts"] and second["tasks"] == first["tasks"]
+    # Only a choice whose figures are not clean (timed under load: this machine may be busy) is
+    # re-measured, once: a confirmation, or the reference and then its confirmation.
+    assert second["evaluations"] <= 2 * first["unclean"]
+    assert second["tasks"] == first["tasks"]
+    if first["unclean"] == 0:
+        assert second["evaluations"] == 0 and second["attempts"] == first["attempts"]
 
 
 def test_concurrent_reader_never_sees_a_partial_record(tmp_path: Path) -> None:

@@ -1,0 +1,313 @@
+"""Choosing a kernel on figures that hold (issue 9): an unclean figure never pins a choice, a
+win is confirmed head to head before it is taken, a figure means its thread count, and a store
+of an older KOPE is re-validated instead of orphaned.
+
+A scripted Target stands in for the CPU target: it returns the latencies and timing qualities
+a test sets, so the rules are tested without the noise of real timings.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from kope import selection
+from kope.cli import main
+from kope.memory.schema import (
+    CONFIRMS,
+    QUALITY_CLEAN,
+    QUALITY_CONTAMINATED,
+    QUALITY_UNKNOWN,
+    SOURCE_AGENT,
+    SOURCE_REFERENCE,
+    TRANSFERRED_FROM,
+    AttemptRecord,
+    TaskRecord,
+    hardware_of,
+)
+from kope.memory.store import ExperienceStore, winner
+from kope.optimize import summarize
+from kope.partition import partition
+from kope.selection import choose, eager_from_json, eager_json, task_from_record, task_record
+from kope.targets.base import (
+    TIMING_CLEAN,
+    TIMING_CONTAMINATED,
+    TIMING_UNKNOWN,
+    Evaluation,
+    Kernel,
+    Target,
+    TaskSpec,
+    Timing,
+)
+from kope.task import Task
+
+HARDWARE = "cpu|Scripted CPU avx512f 2c"
+TARGET_KEY = f"{HARDWARE}|torch-2.13.0|torch-mlir-20261001|kope-9.0.0"
+OLD_TARGET_KEY = f"{HARDWARE}|torch-2.12.0|torch-mlir-20260601|kope-8.0.0"
+EAGER_US = 100.0
+AGENT_KERNEL = "func.func @kope_kernel() { return }  // scripted agent kernel\n"
+
+
+class ScriptedTarget(Target):
+    """Verifies everything and times each kernel at the latency scripted for its text (the
+    reference lowering: `reference_us`), eager at EAGER_US, with the quality `quality` (or the
+    next of `qualities`); records every evaluation it was asked for."""
+
+    name = "cpu"
+
+    def __init__(self, reference_us: float = 200.0) -> None:
+        self.reference_us = reference_us
+        self.latencies: dict[str, list[float]] = {}  # kernel text -> latencies, in call order
+        self.quality = TIMING_CLEAN
+        self.qualities: list[str] = []
+        self.calls: list[str] = []
+
+    def key(self) -> str:
+        return TARGET_KEY
+
+    def evaluate(
+        self,
+        task: TaskSpec,
+        kernel: Kernel,
+        *,
+        oracle: Kernel | None = None,
+        measure: bool = True,
+        seed: int = 0,
+    ) -> Evaluation:
+        self.calls.append(kernel.source)
+        scripted = self.latencies.get(kernel.source)
+        us = (scripted.pop(0) if len(scripted) > 1 else scripted[0]) if scripted else None
+        quality = self.qualities.pop(0) if self.qualities else self.quality
+        return Evaluation(
+            "verified",
+            kernel=self._timing(us if us is not None else self.reference_us, quality),
+            eager=self._timing(EAGER_US, quality),
+            reference=self._timing(self.reference_us, quality) if oracle else None,
+        )
+
+    @staticmethod
+    def _timing(us: float, quality: str) -> Timing:
+        clean = 15 if quality == TIMING_CLEAN else 3
+        return Timing(us, us * 0.01, clean, torch.get_num_threads(), 15, clean, 0.01, 0.5, quality)
+
+    def load(self, task: TaskSpec, kernel: Kernel) -> Callable[..., tuple[torch.Tensor, ...]]:
+        raise NotImplementedError("scripted target: nothing to load")
+
+
+@pytest.fixture(autouse=True)
+def fresh_process() -> Iterator[None]:
+    """Each test is a fresh process as far as `once per process` re-measuring goes."""
+    selection._MEASURED.clear()
+    yield
+    selection._MEASURED.clear()
+
+
+@pytest.fixture
+def relu_task() -> Task:
+    (task,) = partition(
+        make_fx(torch.relu, tracing_mode="fake")(torch.randn(8, 16)), TARGET_KEY
+    ).tasks
+    return task
+
+
+def store_with(tmp_path: Path, task: Task, target: Target) -> ExperienceStore:
+    store = ExperienceStore(tmp_path / "store")
+    store.add_task(task_record(task, target))
+    return store
+
+
+def agent_attempt(of: Task, us: float, quality: str, **fields: Any) -> AttemptRecord:
+    fields.setdefault("task", of.key)
+    return AttemptRecord(
+        source=SOURCE_AGENT,
+        verdict="verified",
+        latency_us=us,
+        eager_us=EAGER_US,
+        speedup_vs_eager=EAGER_US / us,
+        threads=torch.get_num_threads(),
+        timing_quality=quality,
+        rounds=15,
+        clean_rounds=15 if quality == QUALITY_CLEAN else 3,
+        agent="heuristic",
+        **fields,
+    )
+
+
+def test_memory_uses_the_targets_quality_names() -> None:
+    assert (QUALITY_CLEAN, QUALITY_CONTAMINATED, QUALITY_UNKNOWN) == (
+        TIMING_CLEAN,
+        TIMING_CONTAMINATED,
+        TIMING_UNKNOWN,
+    )
+
+
+def test_a_contaminated_figure_never_pins_and_a_clean_confirmation_does(
+    relu_task: Task, tmp_path: Path
+) -> None:
+    target = ScriptedTarget(reference_us=EAGER_US / 126)  # "126x faster than eager"
+    target.quality = TIMING_CONTAMINATED
+    store = store_with(tmp_path, relu_task, target)
+    choice = choose(relu_task, target, store, "auto")
+    assert choice.kernel == "eager" and choice.quality == QUALITY_CONTAMINATED
+    attempts = store.attempts(relu_task.key)
+    first = next(a for a in attempts if a.source == SOURCE_REFERENCE and a.confirms is None)
+    assert first.timing_quality == QUALITY_CONTAMINATED and first.clean_rounds == 3
+    # The win was re-measured at once (and was contaminated too): recorded, not taken.
+    (confirmation,) = [a for a in attempts if a.confirms == first.id]
+    assert store.has_edge(confirmation.id, first.id, CONFIRMS)
+    assert len(target.calls) == 2
+
+    # A later process on a quiet machine re-measures it once, and then it pins.
+    selection._MEASURED.clear()
+    target.quality = TIMING_CLEAN
+    choice = choose(relu_task, target, store, "auto")
+    assert choice.kernel == "reference" and choice.quality == QUALITY_CLEAN
+    assert "confirmed" in choice.reason and len(target.calls) == 3
+    again = choose(relu_task, target, store, "auto")  # settled: nothing measured
+    assert again.kernel == "reference" and len(target.calls) == 3
+
+
+def test_stored_contaminated_agent_figures_leave_eager_until_a_clean_confirmation(
+    relu_task: Task, tmp_path: Path
+) -> None:
+    target = ScriptedTarget()
+    store = store_with(tmp_path, relu_task, target)
+    selection.measure_reference(relu_task, target, store)  # clean: eager beats the reference
+    claimed = agent_attempt(relu_task, 25.0, QUALITY_CONTAMINATED)
+    store.add_attempt(claimed, AGENT_KERNEL)
+    standing = store.standing(relu_task.key, torch.get_num_threads())
+    assert standing.pinned is None and standing.challenger == claimed and not standing.clean
+    assert store.best(relu_task.key).source == "eager"
+    # A clean confirmation that still wins pins the kernel.
+    confirmed = agent_attempt(relu_task, 50.0, QUALITY_CLEAN, confirms=claimed.id)
+    store.add_attempt(confirmed, AGENT_KERNEL)
+    standing = store.standing(relu_task.key, torch.get_num_threads())
+    assert standing.pinned == confirmed and standing.clean
+    choice = choose(relu_task, target, store, "auto")
+    assert (
+        choice.kernel == "agent"
+        and choice.kernel_us == 50.0
+        and target.calls == [relu_task.payload]
+    )
+    # A later contaminated re-measurement changes nothing; a clean one that no longer wins
+    # un-pins it.
+    store.add_attempt(agent_attempt(relu_task, 200.0, QUALITY_CONTAMINATED, confirms=claimed.id))
+    assert store.standing(relu_task.key).pinned == confirmed
+    late = agent_attempt(relu_task, 99.5, QUALITY_CLEAN, confirms=claimed.id)
+    store.add_attempt(late, AGENT_KERNEL)
+    assert store.standing(relu_task.key).pinned is None
+    assert winner(store.attempts(relu_task.key)).clean
+
+
+def test_a_win_that_does_not_reproduce_is_not_taken(relu_task: Task, tmp_path: Path) -> None:
+    target = ScriptedTarget()
+    target.latencies[AGENT_KERNEL] = [101.0]  # the re-measurement: no faster than eager
+    store = store_with(tmp_path, relu_task, target)
+    selection.measure_reference(relu_task, target, store)
+    store.add_attempt(agent_attempt(relu_task, 40.0, QUALITY_CLEAN), AGENT_KERNEL)
+    choice = choose(relu_task, target, store, "auto")  # the unconfirmed win is confirmed now
+    assert choice.kernel == "eager"
+    confirmation = store.attempts(relu_task.key)[-1]
+    assert confirmation.confirms is not None and confirmation.timing_quality == QUALITY_CLEAN
+    assert confirmation.latency_us == 101.0
+    summary = summarize(relu_task, store)
+    assert summary.winner == "eager" and summary.timing_quality == QUALITY_CLEAN
+    assert (summary.clean_rounds, summary.rounds) == (15, 15)
+    assert summary.attempts == 1  # a confirmation is not another attempt of the agent
+
+
+def test_a_choice_is_reused_only_under_the_threads_it_was_measured_with(
+    relu_task: Task, tmp_path: Path
+) -> None:
+    target = ScriptedTarget()
+    store = store_with(tmp_path, relu_task, target)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        selection.measure_reference(relu_task, target, store)
+        claimed = agent_attempt(relu_task, 50.0, QUALITY_CLEAN)
+        store.add_attempt(claimed, AGENT_KERNEL)
+        confirmed = agent_attempt(relu_task, 50.0, QUALITY_CLEAN, confirms=claimed.id)
+        store.add_attempt(confirmed, AGENT_KERNEL)
+        assert choose(relu_task, target, store, "auto").kernel == "agent"
+        calls = len(target.calls)
+        torch.set_num_threads(1)
+        choice = choose(relu_task, target, store, "auto")
+        # Measured again as for an unseen task (the reference against eager, 1 thread); the
+        # 2-thread agent kernel is not reused.
+        assert choice.kernel == "eager" and len(target.calls) == calls + 1
+        assert store.attempts(relu_task.key)[-1].threads == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_an_older_versions_kernel_is_revalidated_not_orphaned(
+    relu_task: Task, tmp_path: Path
+) -> None:
+    target = ScriptedTarget()
+    target.latencies[AGENT_KERNEL] = [40.0]
+    store = ExperienceStore(tmp_path / "store")
+    assert hardware_of(OLD_TARGET_KEY) == hardware_of(TARGET_KEY)
+    old = TaskRecord(
+        "old-" + relu_task.key,
+        relu_task.op,
+        relu_task.label,
+        relu_task.workload,
+        [],
+        [],
+        "cpu",
+        OLD_TARGET_KEY,
+    )
+    store.add_task(old)
+    first = agent_attempt(relu_task, 45.0, QUALITY_CLEAN, task=old.key)
+    store.add_attempt(first, AGENT_KERNEL)
+    confirmed = agent_attempt(relu_task, 45.0, QUALITY_CLEAN, task=old.key, confirms=first.id)
+    store.add_attempt(confirmed, AGENT_KERNEL)
+
+    choice = choose(relu_task, target, store, "auto")
+    assert choice.kernel == "agent" and choice.kernel_us == 40.0
+    moved = next(a for a in store.attempts(relu_task.key) if a.transferred_from)
+    # It names the record that pinned the kernel under the older key: its confirmation.
+    assert moved.transferred_from == confirmed.id and moved.source == SOURCE_AGENT
+    assert store.has_edge(moved.id, confirmed.id, TRANSFERRED_FROM)
+    assert any(a.confirms == moved.id for a in store.attempts(relu_task.key))
+    # reference vs eager, the old kernel re-validated, then confirmed
+    assert target.calls == [relu_task.payload, AGENT_KERNEL, AGENT_KERNEL]
+
+
+def test_the_eager_call_survives_the_store(relu_task: Task, tmp_path: Path) -> None:
+    encoded = eager_json(relu_task.spec.eager)
+    assert encoded is not None and json.loads(json.dumps(encoded)) == encoded
+    assert eager_from_json(encoded) == relu_task.spec.eager
+    store = store_with(tmp_path, relu_task, ScriptedTarget())
+    rebuilt = task_from_record(store.task(relu_task.key), relu_task.payload)
+    assert rebuilt is not None and rebuilt.spec == relu_task.spec
+
+
+def test_memory_remeasure_replaces_a_contaminated_figure(
+    relu_task: Task, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    target = ScriptedTarget(reference_us=50.0)
+    target.quality = TIMING_CONTAMINATED
+    store = store_with(tmp_path, relu_task, target)
+    assert choose(relu_task, target, store, "auto").kernel == "eager"
+    target.quality = TIMING_CLEAN
+    monkeypatch.setattr("kope.compiler.target_for", lambda *args: target)
+    assert main(["memory", "remeasure", relu_task.key[:12], "--store", str(store.root)]) == 0
+    out = capsys.readouterr().out
+    assert "re-measured 1 of 1 tasks" in out and "reference" in out
+    again = ExperienceStore(store.root)
+    latest = again.attempts(relu_task.key)[-1]
+    assert latest.confirms is not None and latest.timing_quality == QUALITY_CLEAN
+    assert again.best(relu_task.key).id == latest.id
+
+    assert main(["memory", "show", relu_task.key[:12], "--store", str(store.root)]) == 0
+    shown = capsys.readouterr().out
+    assert "[contaminated 3/15 clean rounds" in shown and "[clean 15/15 clean rounds" in shown
+    assert "~2.00x eager" in shown  # the contaminated figure, marked
