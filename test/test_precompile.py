@@ -46,6 +46,9 @@ REPORT_KEYS = {
     "best_us",
     "speedup_vs_eager",
     "speedup_vs_reference",
+    "timing_quality",
+    "clean_rounds",
+    "rounds",
 }
 SUMMARY_KEYS = {
     "operators",
@@ -97,6 +100,19 @@ def test_precompile_reports_and_resumes(tmp_path: Path) -> None:
     for proc in (first, second):  # stderr is a pipe here: plain lines, no terminal control
         assert "\x1b" not in proc.stderr and "\r" not in proc.stderr
     assert ExperienceStore(store).stats()["attempts"] == attempts  # nothing redone
+
+    # --remeasure re-times every operator's stored choice: new records, each with its quality
+    # (clean or contaminated: this machine may be busy, so the test does not ask which).
+    third = _precompile(*args, "--remeasure")
+    assert third.returncode == 0, third.stderr[-3000:]
+    again = ExperienceStore(store)
+    assert again.stats()["attempts"] > attempts
+    for row in json.loads(report.read_text())["operators"]:
+        assert row["timing_quality"] in ("clean", "contaminated", "unknown")
+        assert 0 <= row["clean_rounds"] <= row["rounds"]
+        latest = again.attempts(row["key"])[-1]
+        assert latest.timing_quality in ("clean", "contaminated", "unknown")
+        assert latest.confirms is not None or latest.source in ("reference", "eager")
 
 
 def test_precompile_names_a_broken_model_file(tmp_path: Path) -> None:
