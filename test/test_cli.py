@@ -103,7 +103,7 @@ def test_bad_option_fails_before_the_model_is_loaded(tmp_path: Path) -> None:
     assert not sentinel.exists()
 
 
-def _task(key: str, kernel: str, calls: int, **kw: float) -> TaskReport:
+def _task(key: str, kernel: str, calls: int, quality: str = "clean", **kw: float) -> TaskReport:
     return TaskReport(
         label=f"aten.op({key})",
         key=key,
@@ -111,6 +111,7 @@ def _task(key: str, kernel: str, calls: int, **kw: float) -> TaskReport:
         kernel=kernel,
         reason="why",
         calls=calls,
+        quality=quality,
         **kw,
     )
 
@@ -131,7 +132,11 @@ def test_table_has_one_row_per_operator_and_shows_what_ran() -> None:
     assert header[header.index("sites") + 1] == "calls"
     body = {r.split()[0]: r.split() for r in rows[2:-1]}
     assert set(body) == {"aten.op(a)", "aten.op(b)"}
-    assert body["aten.op(a)"][1:7] == ["agent", "10.0", "20.0", "2.00x", "3", "8"]
-    assert body["aten.op(b)"][1:7] == ["eager", "8.0", "8.0", "1.00x", "1", "-"]
+    assert body["aten.op(a)"][1:8] == ["agent", "10.0", "20.0", "2.00x", "clean", "3", "8"]
+    assert body["aten.op(b)"][1:8] == ["eager", "8.0", "8.0", "1.00x", "clean", "1", "-"]
+    # A speedup from a figure that is not clean is shown, marked.
+    dirty = _task("c", "agent", 1, quality="contaminated", eager_us=20.0, kernel_us=10.0)
+    table = Report(graphs=[GraphReport(tasks=[dirty])]).format_table()
+    assert "~2.00x" in table and "contaminated" in table
     assert "400.0" not in lines
     assert rows[-1].startswith("4 tasks (2 distinct)")
