@@ -124,7 +124,7 @@ def _trajectory(store: ExperienceStore, key: str, agent: str) -> list[float]:
     """Best-so-far latency (µs) after each agent attempt, inf before a verified one."""
     best, out = math.inf, []
     for attempt in store.attempts(key):
-        if attempt.source != SOURCE_AGENT or attempt.agent != agent:
+        if attempt.source != SOURCE_AGENT or attempt.agent != agent or attempt.confirms:
             continue
         if attempt.verdict == "verified" and attempt.latency_us:
             best = min(best, attempt.latency_us)

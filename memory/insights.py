@@ -68,7 +68,12 @@ def distil_insights(
     family, dtype = op_family(task.op), _dtype(task)
     groups: dict[str, list[AttemptRecord]] = {}
     for attempt in store.attempts(task_key):
-        if attempt.source == SOURCE_AGENT and normalize_decision(attempt.decision):
+        # A confirmation re-times an attempt's kernel: evidence about the figure, not a decision.
+        if (
+            attempt.source == SOURCE_AGENT
+            and attempt.confirms is None
+            and normalize_decision(attempt.decision)
+        ):
             groups.setdefault(normalize_decision(attempt.decision), []).append(attempt)
     updated: list[InsightRecord] = []
     for decision, attempts in sorted(groups.items()):

@@ -77,20 +77,29 @@ def test_untimed_reference_lets_the_agent_run_and_eager_stays_chosen(
     choice = choose(task, untimed_target, store, "auto")
     assert choice.kernel == "eager" and "too slow to time" in choice.reason
 
-    # A timed agent kernel that beats eager is chosen over the untimed reference.
+    # A timed agent kernel that beats eager, cleanly and confirmed, is chosen over the untimed
+    # reference.
     verified = next(a for a in agent if a.verdict == "verified")
     eager = next(a for a in store.attempts(task.key) if a.source == SOURCE_EAGER)
-    faster = AttemptRecord(
-        task=task.key,
+    text = store.get_artifact(verified.artifact)
+    figure = dict(
         source=SOURCE_AGENT,
         verdict="verified",
         latency_us=eager.latency_us / 2,
         eager_us=eager.latency_us,
         speedup_vs_eager=2.0,
-        decision="a timed kernel twice as fast as eager",
+        threads=eager.threads,
+        timing_quality="clean",
+        clean_rounds=15,
+        rounds=15,
     )
-    store.add_attempt(faster, store.get_artifact(verified.artifact))
+    faster = AttemptRecord(task=task.key, decision="a timed kernel twice as fast", **figure)
+    store.add_attempt(faster, text)
+    confirmation = AttemptRecord(
+        task=task.key, decision=f"confirms {faster.id}", confirms=faster.id, **figure
+    )
+    store.add_attempt(confirmation, text)
     choice = choose(task, untimed_target, store, "auto")
     assert choice.kernel == "agent" and choice.source is not None
-    assert store.best(task.key).id == faster.id
+    assert store.best(task.key).id == confirmation.id
     assert [a.source for a in store.attempts(task.key)].count(SOURCE_REFERENCE) == 1
