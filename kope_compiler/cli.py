@@ -423,7 +423,7 @@ def format_report(report: dict[str, Any]) -> str:
     rows = [("operator", "winner", "vs eager", "vs reference", "timing", "attempts", "verdicts")]
     for op in report["operators"]:
         verdicts = " ".join(f"{k}:{v}" for k, v in op["verdicts"].items())
-        quality = op["timing_quality"]
+        quality = op.get("timing_quality", "unknown")
         rows.append(
             (
                 shorten(op["label"], 58),
@@ -436,7 +436,7 @@ def format_report(report: dict[str, Any]) -> str:
             )
         )
     lines = table_lines(rows)
-    if any(op["timing_quality"] != "clean" for op in report["operators"]):
+    if any(op.get("timing_quality") != "clean" for op in report["operators"]):
         lines.append(
             "~: a figure that is not clean (measured under load, or before KOPE judged timings); "
             "it pins no kernel until `kope precompile --remeasure` times it cleanly"

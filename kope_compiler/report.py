@@ -170,7 +170,8 @@ def speedup_text(value: float | None, quality: str = "clean") -> str:
 def timing_text(row: dict[str, Any]) -> str:
     """A report row's timing quality with the clean rounds of all it ran: `clean 15/15`."""
     rounds = f" {row['clean_rounds']}/{row['rounds']}" if row.get("rounds") else ""
-    return f"{row['timing_quality']}{rounds}"
+    # A report written before figures were judged has no quality: say so, don't fail.
+    return f"{row.get('timing_quality', 'unknown')}{rounds}"
 
 
 def _us(value: float | None) -> str:

@@ -816,7 +816,7 @@ def winner(attempts: Sequence[AttemptRecord], threads: int | None = None) -> Sta
     that no longer wins un-pins it, while a contaminated one changes nothing. Among pinned
     kernels the fastest (by its confirmation) runs; with none, eager runs.
 
-    A task none of whose timed figures were judged or confirmed (`unknown` quality: recorded
+    A task none of whose figures were judged or confirmed (`unknown` quality: recorded
     before KOPE judged timings) keeps the older rule, its fastest verified figure with eager
     as 1, and is marked `legacy` so that the next compile re-times it.
     """
@@ -825,9 +825,11 @@ def winner(attempts: Sequence[AttemptRecord], threads: int | None = None) -> Sta
     timed = [a for a in counted if a.latency_us is not None]
     eager = next((a for a in reversed(timed) if a.source == SOURCE_EAGER), None)
     baseline = next((a for a in reversed(counted) if a.source == SOURCE_REFERENCE), None)
-    unjudged = all(a.timing_quality == QUALITY_UNKNOWN and a.confirms is None for a in timed)
-    if timed and unjudged:
-        best = max((a for a in timed if a.verdict == VERIFIED), key=_speedup, default=None)
+    # Judged by what was recorded, timed or not: a hand-made or older store's untimed kernel
+    # still counts under the older rule, while any judged figure brings in the new one.
+    unjudged = all(a.timing_quality == QUALITY_UNKNOWN and a.confirms is None for a in counted)
+    if counted and unjudged:
+        best = max((a for a in counted if a.verdict == VERIFIED), key=_speedup, default=None)
         pinned = best if best is not None and best.source != SOURCE_EAGER else None
         return Standing(pinned, baseline, eager, legacy=True)
     settled: dict[str, AttemptRecord] = {}  # kernel (artifact) -> its latest clean confirmation

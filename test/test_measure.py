@@ -199,16 +199,22 @@ def one_core_shared_with_a_spinner() -> Iterator[int]:
 
 
 def test_real_contention_is_detected(one_core_shared_with_a_spinner: int) -> None:
-    # Sharing a core with a busy process, every 20 ms sample waits for the CPU for several of
-    # the scheduler's millisecond slices: no round is clean, and the figure says so.
+    # Sharing a core with a busy process, a 20 ms sample waits for the CPU for several of the
+    # scheduler's millisecond slices: those rounds are seen and thrown away. A sample right
+    # after a back-off sleep may run undisturbed (the scheduler credits the sleeper), so the
+    # figure is either contaminated or rests on rounds that really were clean.
     # The five planned rounds and their back-off take ~0.5 s; re-runs may go on to ~1.1 s.
     config = MeasureConfig(repeats=5, sample_s=0.02, budget_s=2.0, retry_s=1.0)
     began = time.perf_counter()
     timing = measure_interleaved({"python": lambda: sum(range(100))}, config)["python"]
     assert time.perf_counter() - began < 3.0
-    assert timing.quality == TIMING_CONTAMINATED, timing
-    assert timing.clean_rounds < config.clean_needed(5) and timing.rounds > 5
+    assert timing.rounds > 5 and timing.clean_rounds < timing.rounds, timing
     assert timing.wait_share is not None and timing.wait_share > 0.2, timing
+    needed = config.clean_needed(5)
+    if timing.quality == TIMING_CLEAN:
+        assert timing.clean_rounds >= needed and timing.repeats == timing.clean_rounds
+    else:
+        assert timing.quality == TIMING_CONTAMINATED and timing.clean_rounds < needed
 
 
 def test_timing_inputs_rotate_the_data_operand_only() -> None:
