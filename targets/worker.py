@@ -26,9 +26,15 @@ measured on the machine meanwhile. Three lines of defence, each for what the oth
   worker has threads by then (a native one, from importing `kope`). It waits in poll() until
   the pipe from the parent hangs up (every writer gone: the parent died) or the worker's
   lifeline pipe does (the worker died), and checks each second that the worker's parent is
-  the one that started it; then it kills the worker's process group (its own session): the
-  worker, any compiler the job started, and itself. The signal alone would leave the
+  the one that started it; then it kills the worker's process group: the worker, any
+  compiler the job started, and itself. The signal alone would leave the
   worker's children running.
+- A process group, not a session. The worker leads its own process group, so Ctrl-C in a
+  terminal reaches the parent alone and a kill of the group takes whatever the job started,
+  but it stays in the parent's session: Linux's autogroup scheduling shares the CPU fairly
+  between sessions, and `nice` only orders processes within one, so a worker in a session of
+  its own competed as an equal with every other session's work, and `nice 19` neighbours
+  starved its timings (eager 347 µs quiet, 8545 µs beside four nice-19 spinners).
 - The parent kills. A job past its deadline has its worker's process group killed; a kill is
   followed by a bounded wait, never an open-ended one. `WorkerPool.close` (also at exit) asks
   idle workers to exit, kills those still there after `CLOSE_GRACE_S`, and kills busy ones.
@@ -268,8 +274,7 @@ class Worker:
         if preload:
             argv.append(preload)
         try:
-            # Its own session: Ctrl-C in a terminal reaches the parent alone, and a kill of the
-            # group takes whatever the job started.
+            # Its own process group in the parent's session (see the module docstring).
             self.proc = _STARTER.start(
                 lambda: subprocess.Popen(
                     argv,
@@ -278,7 +283,7 @@ class Worker:
                     stdout=subprocess.DEVNULL,
                     stderr=self.stderr,
                     env=env,
-                    start_new_session=True,
+                    process_group=0,
                 )
             )
         except BaseException:

@@ -262,3 +262,21 @@ def test_worker_outlives_the_thread_that_started_it() -> None:
         assert again.ok and again.value == first[0]
     finally:
         pool.close()
+
+
+def test_worker_shares_the_parents_session_and_cpu_share() -> None:
+    """A worker in a session of its own gets an autogroup of its own, which Linux schedules as
+    an equal of every other session: `nice 19` neighbours in the user's session then starved
+    its timings. It leads its own process group (a kill takes its children; Ctrl-C does not
+    reach it) inside the parent's session."""
+    pool = WorkerPool(1)
+    try:
+        pid = pool.call("test_worker:pid", None, 60).value
+        assert os.getsid(pid) == os.getsid(0)
+        assert os.getpgid(pid) == pid != os.getpgid(0)
+        autogroup = Path(f"/proc/{pid}/autogroup")
+        if autogroup.exists():
+            mine = Path("/proc/self/autogroup").read_text().split()[0]
+            assert autogroup.read_text().split()[0] == mine
+    finally:
+        pool.close()
