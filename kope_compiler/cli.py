@@ -23,6 +23,42 @@ def _default(name: str) -> Any:
     return Options.default(name)
 
 
+_OPTION_HELP = {
+    "target": "hardware target",
+    "store": "experience store directory",
+    "workers": "isolated worker processes for verification",
+    "timeout_s": "limit in seconds for building, verifying and timing one candidate",
+    "agent": "heuristic (offline) or llm (an OpenAI-compatible endpoint)",
+    "budget": "attempts per operator",
+}
+
+
+def _add_option(parser: argparse.ArgumentParser, name: str, help: str | None = None) -> None:
+    """`--name` for the `Options` field `name`: its type and default read from `Options`, its
+    help ending with the default, so the command line and torch.compile cannot drift apart."""
+    default = _default(name)
+    if name == "store":
+        shown = "$KOPE_HOME or ~/.cache/kope"  # None: resolved when the store opens
+    else:
+        shown = f"{default:g}" if isinstance(default, float) else str(default)
+    flag, text = "--" + name.replace("_", "-"), f"{help or _OPTION_HELP[name]} (default: {shown})"
+    if isinstance(default, (int, float)):
+        parser.add_argument(flag, type=type(default), default=default, help=text)
+    else:
+        parser.add_argument(flag, default=default, help=text)
+
+
+def _add_model(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "model",
+        nargs="?",
+        default=DEFAULT_MODEL,
+        help="file.py (defining Model, get_inputs, get_init_inputs), module:factory "
+        "(returning (model, inputs)), or an example: mlp, cnn, transformer_block, "
+        f"encoder_layer, odd_shapes (default: {DEFAULT_MODEL})",
+    )
+
+
 def _compile_command(args: argparse.Namespace) -> int:
     import torch
 
@@ -115,14 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Compile MODEL with torch.compile(backend='kope'), check it against eager, "
         "and print, per operator, the kernel it runs and its latency against eager.",
     )
-    compile_p.add_argument(
-        "model",
-        nargs="?",
-        default=DEFAULT_MODEL,
-        help="file.py (defining Model, get_inputs, get_init_inputs), module:factory "
-        f"(returning (model, inputs)), or an example: mlp, cnn, transformer_block, "
-        f"encoder_layer, odd_shapes (default: {DEFAULT_MODEL})",
-    )
+    _add_model(compile_p)
     compile_p.add_argument(
         "--kernels",
         choices=KERNEL_POLICIES,
@@ -131,22 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
         "lowering wherever it verifies; eager: ATen only "
         f"(default: {_default('kernels')})",
     )
-    compile_p.add_argument(
-        "--target",
-        default=_default("target"),
-        help=f"hardware target (default: {_default('target')})",
-    )
-    compile_p.add_argument(
-        "--store",
-        default=_default("store"),
-        help="experience store directory (default: $KOPE_HOME or ~/.cache/kope)",
-    )
-    compile_p.add_argument(
-        "--workers",
-        type=int,
-        default=_default("workers"),
-        help=f"isolated worker processes for verification (default: {_default('workers')})",
-    )
+    for name in ("target", "store", "workers"):
+        _add_option(compile_p, name)
     compile_p.add_argument(
         "--repeat",
         type=int,
@@ -176,18 +191,8 @@ def _add_memory_remeasure(memory_sub: Any) -> None:
         _memory_remeasure_command,
     )
     p.add_argument("keys", nargs="*", metavar="KEY", help="task keys or prefixes (default: all)")
-    p.add_argument(
-        "--target",
-        default=_default("target"),
-        help=f"hardware target (default: {_default('target')})",
-    )
-    p.add_argument(
-        "--timeout-s",
-        type=float,
-        default=_default("timeout_s"),
-        help="limit in seconds for building, verifying and timing one kernel "
-        f"(default: {_default('timeout_s'):g})",
-    )
+    for name in ("target", "timeout_s"):
+        _add_option(p, name)
 
 
 def _memory_remeasure_command(args: argparse.Namespace, store: Any) -> int:
@@ -241,54 +246,16 @@ def _add_precompile(sub: Any) -> None:
         f"pass rate is {PASS_RATE}. A pipeline that fails is listed with the kope-opt command "
         "that reproduces it.",
     )
-    p.add_argument(
-        "model",
-        nargs="?",
-        default=DEFAULT_MODEL,
-        help="file.py (defining Model, get_inputs, get_init_inputs), module:factory "
-        "(returning (model, inputs)), or an example model name "
-        f"(default: {DEFAULT_MODEL})",
-    )
-    p.add_argument(
-        "--target",
-        default=_default("target"),
-        help=f"hardware target (default: {_default('target')})",
-    )
-    p.add_argument(
-        "--agent",
-        default=_default("agent"),
-        help="heuristic (offline) or llm (an OpenAI-compatible endpoint) "
-        f"(default: {_default('agent')})",
-    )
-    p.add_argument(
-        "--budget",
-        type=int,
-        default=_default("budget"),
-        help=f"attempts per operator (default: {_default('budget')})",
-    )
+    _add_model(p)
+    for name in ("target", "agent", "budget"):
+        _add_option(p, name)
     p.add_argument("--wall-s", type=float, help="wall-clock limit per operator, seconds")
     p.add_argument("--tokens", type=int, help="LLM token limit per operator")
     p.add_argument("--report", help="write the JSON report here")
-    p.add_argument(
-        "--store",
-        default=_default("store"),
-        help="experience store directory (default: $KOPE_HOME or ~/.cache/kope)",
-    )
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=_default("workers"),
-        help="operators optimized at once, each with its own worker "
-        f"(default: {_default('workers')})",
-    )
+    _add_option(p, "store")
+    _add_option(p, "workers", "operators optimized at once, each with its own worker")
     p.add_argument("--seed", type=int, default=0, help="seed of the agent (default: 0)")
-    p.add_argument(
-        "--timeout-s",
-        type=float,
-        default=_default("timeout_s"),
-        help="limit in seconds for building, verifying and timing one candidate "
-        f"(default: {_default('timeout_s'):g})",
-    )
+    _add_option(p, "timeout_s")
     p.add_argument("--llm-base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
     p.add_argument("--llm-model", help="model name (default: $KOPE_LLM_MODEL)")
     p.add_argument(
@@ -328,18 +295,8 @@ def _add_bench(sub: Any) -> None:
     )
     p.add_argument("--store", help="suite store (default: a fresh temporary directory)")
     p.add_argument("--report", help="write the JSON results here")
-    p.add_argument(
-        "--target",
-        default=_default("target"),
-        help=f"hardware target (default: {_default('target')})",
-    )
-    p.add_argument(
-        "--timeout-s",
-        type=float,
-        default=_default("timeout_s"),
-        help="limit in seconds for building, verifying and timing one candidate "
-        f"(default: {_default('timeout_s'):g})",
-    )
+    for name in ("target", "timeout_s"):
+        _add_option(p, name)
     p.set_defaults(run=_bench_command)
 
 
