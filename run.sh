@@ -27,7 +27,7 @@ typecheck() {
   mkdir "$farm/kope"
   ln -s "$PWD"/kope_compiler/*.py "$PWD"/kope_compiler/agents "$PWD"/kope_compiler/testing \
     "$farm/kope/"
-  for room in passes memory targets; do ln -s "$PWD/$room" "$farm/kope/$room"; done
+  for room in passes memory targets vocabulary; do ln -s "$PWD/$room" "$farm/kope/$room"; done
   (cd "$farm" && "$PYTHON" -m mypy --config-file "$OLDPWD/pyproject.toml" \
     --cache-dir "$farm/.cache" -p kope) || rc=$?
   rm -rf "$farm"

@@ -50,7 +50,8 @@ from kope.precompile import precompile, trace_tasks
 from kope.selection import choose
 from kope.suite import OPSET
 from kope.targets import get_target
-from kope.targets.base import Kernel, Target
+from kope.targets.base import Target
+from kope.vocabulary.kernels import Kernel
 from kope.zoo import ZOO
 
 SPINNER = (

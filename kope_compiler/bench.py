@@ -20,7 +20,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kope.memory.schema import SOURCE_AGENT
 from kope.memory.store import ExperienceStore
 from kope.optimize import Budget
 from kope.precompile import geomean, precompile
@@ -28,6 +27,7 @@ from kope.report import PASS_RATE, table_lines, timing_text
 from kope.report import speedup_text as _x
 from kope.suite import ELEMENTWISE, OPSET, SEQUENCE, Example
 from kope.targets.base import Target
+from kope.vocabulary.evidence import SOURCE_AGENT
 
 
 def run_suite(

@@ -197,9 +197,10 @@ def _add_memory_remeasure(memory_sub: Any) -> None:
 
 def _memory_remeasure_command(args: argparse.Namespace, store: Any) -> int:
     from kope.compiler import target_for
+    from kope.eager_json import task_from_record
+    from kope.measuring import remeasure, threads_now
     from kope.memory.cli import resolve_key
-    from kope.memory.schema import SOURCE_REFERENCE
-    from kope.selection import remeasure, task_from_record, threads_now
+    from kope.vocabulary.evidence import SOURCE_REFERENCE
 
     target = target_for(args.target, 1, args.timeout_s)
     keys = [resolve_key(store, k) for k in args.keys] or [t.key for t in store.tasks()]
@@ -332,10 +333,10 @@ def _precompile_command(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from kope.compiler import store_at, target_for
-    from kope.memory.paths import kope_home
     from kope.models import load_model
     from kope.optimize import Budget
     from kope.precompile import precompile, write_report
+    from kope.vocabulary.home import kope_home
 
     # The same checks and messages as the backend's options, before the model is traced.
     check_options(

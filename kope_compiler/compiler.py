@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from kope.measuring import recording
 from kope.memory.store import ExperienceStore
 from kope.options import Options
 from kope.partition import partition
@@ -25,6 +26,7 @@ from kope.selection import choose
 from kope.targets import get_target
 from kope.targets.base import Target
 from kope.task import Task
+from kope.vocabulary.events import ChoiceMade, Events
 
 log = logging.getLogger("kope.compiler")
 
@@ -67,9 +69,10 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
     start = time.perf_counter()
     target = target_for(options.target, options.workers, options.timeout_s)
     store = store_at(options.store_path)
+    events = recording(store)
     part = partition(
         gm,
-        target.key(),
+        target,
         fuse=options.fuse,
         fast_paths=options.kernels == "reference" or options.optimize,
     )
@@ -79,9 +82,9 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
         if e.compute:
             log.info("eager %s: %s", e.op, e.reason)
     if options.optimize and options.kernels == "auto":
-        _optimize_unseen(part.tasks, target, store, options)
+        _optimize_unseen(part.tasks, target, store, options, events)
     for task in part.tasks:
-        choice = choose(task, target, store, options.kernels)
+        choice = choose(task, target, store, options.kernels, events)
         entry = TaskReport(
             label=task.label,
             key=task.key,
@@ -107,6 +110,9 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
                 for inner in reversed(task.nodes[:-1]):  # the rest of a fused chain
                     gm.graph.erase_node(inner)
         log.info("%s -> %s (%s)", task.label, entry.kernel, entry.reason)
+        events.emit(
+            ChoiceMade(task.key, task.label, entry.kernel, entry.reason, None, entry.quality)
+        )
         graph.tasks.append(entry)
     gm.graph.lint()
     gm.recompile()
@@ -116,12 +122,12 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
 
 
 def _optimize_unseen(
-    tasks: list[Task], target: Target, store: ExperienceStore, options: Options
+    tasks: list[Task], target: Target, store: ExperienceStore, options: Options, events: Events
 ) -> None:
     """Run the agent on each distinct operator that has no agent attempts in the store yet."""
     from kope.agents import make_agent
-    from kope.memory.schema import SOURCE_AGENT
     from kope.optimize import Budget, optimize_task
+    from kope.vocabulary.evidence import SOURCE_AGENT
 
     seen: set[str] = set()
     agent = None
@@ -134,7 +140,9 @@ def _optimize_unseen(
             if any(a.source == SOURCE_AGENT for a in store.attempts(task.key)):
                 continue
             agent = agent or make_agent(options.agent)
-            summary = optimize_task(task, target, store, agent, Budget(attempts=options.budget))
+            summary = optimize_task(
+                task, target, store, agent, Budget(attempts=options.budget), events=events
+            )
             log.info("optimized %s: %s (%s)", task.label, summary.winner, summary.stopped)
     finally:
         if agent is not None:

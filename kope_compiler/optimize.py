@@ -16,30 +16,36 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kope.agents.base import Agent, Feedback, Proposal, ProposalRequest, Rejected, TaskView
 from kope.errors import KopeError
-from kope.memory.schema import (
-    QUALITY_UNKNOWN,
-    REFINES,
-    SOURCE_AGENT,
-    SOURCE_EAGER,
-    TRANSFERRED_FROM,
-    AttemptRecord,
-)
-from kope.memory.store import ExperienceStore
-from kope.selection import (
+from kope.measuring import (
+    announce,
     confirm,
     known_reference,
-    record_evaluation,
+    oracle_for,
+    recording,
     seed_for,
     threads_now,
 )
-from kope.targets.base import COMPILE_ERROR, VERDICTS, Kernel, Target
+from kope.memory.schema import AttemptRecord
+from kope.memory.store import ExperienceStore
+from kope.options import Options
+from kope.targets.base import Target
 from kope.task import Task
+from kope.vocabulary.events import AttemptEvaluated, ChoiceMade, Events
+from kope.vocabulary.evidence import (
+    COMPILE_ERROR,
+    SOURCE_AGENT,
+    SOURCE_EAGER,
+    TIMING_UNKNOWN,
+    VERDICTS,
+    VERIFIED,
+    Evaluation,
+)
+from kope.vocabulary.kernels import Kernel
 
 log = logging.getLogger("kope.optimize")
 
@@ -52,7 +58,7 @@ CONFIRMATIONS = 2
 class Budget:
     """When to stop optimizing one operator; None means no limit of that kind."""
 
-    attempts: int = 16
+    attempts: int = field(default_factory=lambda: Options.default("budget"))
     wall_s: float | None = None
     tokens: int | None = None
     context_tokens: int = 2000  # experience injected per proposal
@@ -78,7 +84,7 @@ class TaskSummary:
     stopped: str = ""
     best_decision: str = ""
     # The quality of the figures the choice rests on (clean | contaminated | unknown).
-    timing_quality: str = QUALITY_UNKNOWN
+    timing_quality: str = TIMING_UNKNOWN
     clean_rounds: int = 0
     rounds: int = 0
 
@@ -87,6 +93,7 @@ class TaskSummary:
 
 
 def task_view(task: Task, target: Target) -> TaskView:
+    """The operator as an agent sees it, with what the target builds and how it says so."""
     return TaskView(
         key=task.key,
         op=task.op,
@@ -96,6 +103,8 @@ def task_view(task: Task, target: Target) -> TaskView:
         outputs=task.spec.outputs,
         target=target.name,
         capabilities=target.capabilities(),
+        kernel_forms=target.kernel_forms,
+        description=target.describe(task.spec),
     )
 
 
@@ -107,11 +116,15 @@ def optimize_task(
     budget: Budget = Budget(),
     *,
     seed: int = 0,
-    on_attempt: Callable[[int, AttemptRecord], None] | None = None,
+    events: Events | None = None,
 ) -> TaskSummary:
-    """Run the loop on one operator and summarise what the store now knows about it."""
-    reference = known_reference(task, target, store)
-    if reference.verdict != "verified":
+    """Run the loop on one operator and summarise what the store now knows about it.
+
+    Every evaluation and the choice made are announced to `events` (by default, the store's
+    recorder alone); the loop reads the store, and writes it only through them."""
+    events = recording(store, events)
+    reference = known_reference(task, target, store, events)
+    if reference.verdict != VERIFIED:
         log.warning(
             "%s: the reference lowering is %s; nothing to verify candidates against",
             task.label,
@@ -159,7 +172,7 @@ def optimize_task(
             stopped = "agent stopped"
             break
         tokens += proposal.tokens_in + proposal.tokens_out
-        attempt = _attempt(task, target, store, agent, proposal, seed + index + 1)
+        attempt = _attempt(task, target, store, events, agent, proposal, seed + index + 1)
         history.append(_feedback(attempt))
         log.info(
             "%s attempt %d: %s -> %s%s",
@@ -169,18 +182,30 @@ def optimize_task(
             attempt.verdict,
             f" {attempt.speedup_vs_eager:.2f}x eager" if attempt.speedup_vs_eager else "",
         )
-        if on_attempt is not None:
-            on_attempt(index, attempt)
-    confirm_winner(task, target, store)
+    confirm_winner(task, target, store, events)
     _distil(store, task.key)
-    return summarize(task, store, stopped=stopped, tokens=tokens)
+    summary = summarize(task, store, stopped=stopped, tokens=tokens)
+    pinned = store.standing(task.key, threads_now()).pinned
+    events.emit(
+        ChoiceMade(
+            task.key,
+            task.label,
+            summary.winner,
+            f"{summary.winner} after {summary.attempts} attempts ({stopped})",
+            pinned.id if pinned is not None else None,
+            summary.timing_quality,
+        )
+    )
+    return summary
 
 
-def confirm_winner(task: Task, target: Target, store: ExperienceStore) -> None:
+def confirm_winner(
+    task: Task, target: Target, store: ExperienceStore, events: Events | None = None
+) -> None:
     """Confirm the candidate whose figure says it wins (a few, while they do not reproduce)."""
     for _ in range(CONFIRMATIONS):
         challenger = store.standing(task.key, threads_now()).challenger
-        if challenger is None or confirm(task, target, store, challenger) is None:
+        if challenger is None or confirm(task, target, store, challenger, events) is None:
             return
 
 
@@ -188,10 +213,12 @@ def _attempt(
     task: Task,
     target: Target,
     store: ExperienceStore,
+    events: Events,
     agent: Agent,
     proposal: Proposal | Rejected,
     seed: int,
 ) -> AttemptRecord:
+    """Evaluate one proposal (a refused one is a failed attempt that never ran) and announce it."""
     meta: dict[str, Any] = dict(
         agent=agent.name,
         model=proposal.model,
@@ -199,38 +226,32 @@ def _attempt(
         tokens_out=proposal.tokens_out,
     )
     if isinstance(proposal, Rejected):
-        attempt = AttemptRecord(
-            task=task.key,
-            source=SOURCE_AGENT,
-            verdict=COMPILE_ERROR,
-            error=f"rejected without running: {proposal.reason}",
+        refused = Evaluation(COMPILE_ERROR, error=f"rejected without running: {proposal.reason}")
+        event = AttemptEvaluated(
+            task.key,
+            SOURCE_AGENT,
+            refused,
+            None,
             decision=proposal.decision or "answer rejected",
             **meta,
         )
-        store.add_attempt(attempt)
-        return attempt
+        return announce(events, event, store)
+    kernel = Kernel(proposal.source, proposal.form or target.kernel_forms[0])
     evaluation = target.evaluate(
-        task.spec,
-        Kernel(proposal.source),
-        oracle=Kernel(task.payload),
-        seed=seed_for(task.key) + seed,
+        task.spec, kernel, oracle=oracle_for(task, target), seed=seed_for(task.key) + seed
     )
-    attempt = record_evaluation(
-        store,
+    event = AttemptEvaluated(
         task.key,
-        evaluation,
         SOURCE_AGENT,
-        proposal.source,
+        evaluation,
+        kernel,
         decision=proposal.decision,
         config=proposal.config,
+        parent=proposal.parent,
+        transferred_from=proposal.transferred_from,
         **meta,
     )
-    if proposal.parent:
-        attempt.parent = proposal.parent
-        store.add_edge(attempt.id, proposal.parent, REFINES)
-    if proposal.transferred_from:
-        store.add_edge(attempt.id, proposal.transferred_from, TRANSFERRED_FROM)
-    return attempt
+    return announce(events, event, store)
 
 
 def _feedback(attempt: AttemptRecord) -> Feedback:
@@ -269,14 +290,14 @@ def summarize(
     figures = pinned or standing.baseline
     winner = pinned.source if pinned is not None else SOURCE_EAGER
     eager_us = figures.eager_us if figures else None
-    ref_us = figures.reference_us if figures and figures.verdict == "verified" else None
+    ref_us = figures.reference_us if figures and figures.verdict == VERIFIED else None
     best_us = pinned.latency_us if pinned is not None else eager_us
     return TaskSummary(
         key=task.key,
         op=task.op,
         label=task.label,
         winner=winner,
-        verified=verdicts.get("verified", 0) > 0,
+        verified=verdicts.get(VERIFIED, 0) > 0,
         attempts=len(agent_attempts),
         eager_us=eager_us,
         reference_us=ref_us,
@@ -289,7 +310,7 @@ def summarize(
         else sum(a.tokens_in + a.tokens_out for a in agent_attempts),
         stopped=stopped,
         best_decision=pinned.decision if pinned is not None and winner == SOURCE_AGENT else "",
-        timing_quality=figures.timing_quality if figures else QUALITY_UNKNOWN,
+        timing_quality=figures.timing_quality if figures else TIMING_UNKNOWN,
         clean_rounds=figures.clean_rounds if figures else 0,
         rounds=figures.rounds if figures else 0,
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kope.errors import OptionError
-from kope.memory.paths import kope_home
+from kope.vocabulary.home import kope_home
 
 KERNEL_POLICIES = ("auto", "reference", "eager")
 

@@ -23,23 +23,12 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_map
 
 from kope.decompositions import FAST_PATHS, decomposition_table
+from kope.targets.base import Target
 from kope.task import LoweringError, Task, make_task, op_name
 
 log = logging.getLogger("kope.compiler")
 
 MAX_REFINE_DEPTH = 4
-SUPPORTED_DTYPES = {
-    torch.float64,
-    torch.float32,
-    torch.float16,
-    torch.bfloat16,
-    torch.int64,
-    torch.int32,
-    torch.int16,
-    torch.int8,
-    torch.uint8,
-    torch.bool,
-}
 _ALLOCATIONS = ("empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided")
 _VIEW_LIKE = ("_unsafe_view", "alias", "lift_fresh")  # views in all but schema
 
@@ -77,16 +66,16 @@ def _has_symbols(value: Any) -> bool:
     return False
 
 
-def eager_reason(node: fx.Node) -> tuple[str, bool] | None:
+def eager_reason(node: fx.Node, target: Target) -> tuple[str, bool] | None:
     """Why `node` (a call of an ATen operator) must run eagerly, and whether it is compute;
-    None if it can be a Task."""
-    target = node.target
-    assert isinstance(target, torch._ops.OpOverload), target
-    name = op_name(target)
-    schema = target._schema
+    None if it can be a Task on `target` (which says what tensors it takes)."""
+    op = node.target
+    assert isinstance(op, torch._ops.OpOverload), op
+    name = op_name(op)
+    schema = op._schema
     if schema.is_mutable:
         return f"{name} mutates its arguments in place", True
-    if torch.Tag.nondeterministic_seeded in target.tags:
+    if torch.Tag.nondeterministic_seeded in op.tags:
         return f"{name} draws random numbers; its results cannot be verified", True
     val = node.meta.get("val")
     if val is None:
@@ -106,12 +95,9 @@ def eager_reason(node: fx.Node) -> tuple[str, bool] | None:
     if not node.all_input_nodes:
         return f"{name} creates a tensor from constants (not a compute operator)", False
     for t in tensors:
-        if t.device.type != "cpu":
-            return f"{name} runs on {t.device}; this target takes CPU tensors", True
-        if t.dtype not in SUPPORTED_DTYPES:
-            return f"{name} uses dtype {t.dtype}, which KOPE kernels do not support", True
-        if t.layout != torch.strided:
-            return f"{name} uses layout {t.layout}", True
+        refused = target.refuses(t)
+        if refused is not None:
+            return f"{name} {refused}", True
     return None
 
 
@@ -177,27 +163,27 @@ def drop_unused_outputs(gm: fx.GraphModule) -> int:
     return rewritten
 
 
-def _fusible(node: fx.Node) -> bool:
+def _fusible(node: fx.Node, target: Target) -> bool:
     return (
         node.op == "call_function"
         and isinstance(node.target, torch._ops.OpOverload)
         and torch.Tag.pointwise in node.target.tags
         and isinstance(node.meta.get("val"), torch.Tensor)
-        and eager_reason(node) is None
+        and eager_reason(node, target) is None
     )
 
 
-def elementwise_chains(gm: fx.GraphModule) -> list[list[fx.Node]]:
+def elementwise_chains(gm: fx.GraphModule, target: Target) -> list[list[fx.Node]]:
     """Maximal chains of elementwise nodes, each feeding only the next: one kernel each."""
     chains: list[list[fx.Node]] = []
     taken: set[fx.Node] = set()
     for node in gm.graph.nodes:
-        if node in taken or not _fusible(node):
+        if node in taken or not _fusible(node, target):
             continue
         chain = [node]
         while len(chain[-1].users) == 1:
             user = next(iter(chain[-1].users))
-            if user in taken or not _fusible(user):
+            if user in taken or not _fusible(user, target):
                 break
             chain.append(user)
         if len(chain) >= 2:
@@ -207,17 +193,18 @@ def elementwise_chains(gm: fx.GraphModule) -> list[list[fx.Node]]:
 
 
 def partition(
-    gm: fx.GraphModule, target_key: str, fuse: bool = True, fast_paths: bool = True
+    gm: fx.GraphModule, target: Target, fuse: bool = True, fast_paths: bool = True
 ) -> Partition:
-    """Make Tasks of `gm`'s compute nodes: chains of elementwise nodes fused into one Task,
-    other nodes one Task each, decomposing nodes torch-mlir cannot lower. With `fast_paths`
-    False, a fused eager fast path (e.g. nn.TransformerEncoderLayer's) is not decomposed: one
-    native kernel beats its parts run one by one, so it runs eagerly as a whole."""
+    """Make Tasks of `gm`'s compute nodes for `target`: chains of elementwise nodes fused into
+    one Task, other nodes one Task each, decomposing nodes torch-mlir cannot lower. With
+    `fast_paths` False, a fused eager fast path (e.g. nn.TransformerEncoderLayer's) is not
+    decomposed: one native kernel beats its parts run one by one, so it runs eagerly whole."""
     result = Partition()
     table = decomposition_table(fast_paths)
     drop_unused_outputs(gm)
+    target_key = target.key()
     fused: set[fx.Node] = set()
-    for chain in elementwise_chains(gm) if fuse else []:
+    for chain in elementwise_chains(gm, target) if fuse else []:
         try:
             result.tasks.append(make_task(chain, target_key))
         except LoweringError as err:
@@ -242,7 +229,7 @@ def partition(
         if node.target._opname in _ALLOCATIONS:
             result.eager.append(EagerNode(node, name, "allocates without computing", False))
             continue
-        refusal = eager_reason(node)
+        refusal = eager_reason(node, target)
         if refusal is not None:
             failure, compute = refusal
             if not (compute and node.target._schema.is_mutable and node.target in table):

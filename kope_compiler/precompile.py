@@ -30,27 +30,30 @@ from tqdm import tqdm
 
 from kope.agents import make_agent
 from kope.errors import ModelLoadError
-from kope.memory.schema import SOURCE_AGENT, AttemptRecord
+from kope.measuring import remeasure as remeasure_choice
+from kope.memory.recorder import Recorder, attempt_of
+from kope.memory.schema import AttemptRecord
 from kope.memory.store import ExperienceStore
 from kope.optimize import Budget, TaskSummary, optimize_task, summarize
 from kope.options import Options
 from kope.partition import partition
 from kope.passes.pipeline import REPRO_MARKER
 from kope.report import shorten, speedup_text
-from kope.selection import remeasure as remeasure_choice
 from kope.targets.base import Target
 from kope.task import Task
+from kope.vocabulary.events import AttemptEvaluated, Event, Events
+from kope.vocabulary.evidence import SOURCE_AGENT
 
 log = logging.getLogger("kope.precompile")
 
 
-def trace_tasks(model: torch.nn.Module, inputs: Sequence[Any], target_key: str) -> list[Task]:
+def trace_tasks(model: torch.nn.Module, inputs: Sequence[Any], target: Target) -> list[Task]:
     """The distinct Tasks the backend would make of `model` on `inputs` (in graph order)."""
     found: dict[str, Task] = {}
 
     def forward_compiler(gm: fx.GraphModule, _inputs: Sequence[Any]) -> Callable[..., Any]:
         # As the backend partitions by default: fused eager fast paths stay whole.
-        for task in partition(gm, target_key, fast_paths=False).tasks:
+        for task in partition(gm, target, fast_paths=False).tasks:
             found.setdefault(task.key, task)
         return make_boxed_func(gm.forward)
 
@@ -114,13 +117,13 @@ class Progress:
             self.bar.close()
 
 
+def _proposal(attempt: AttemptRecord, agent: str) -> bool:
+    """Whether `attempt` is one of `agent`'s proposals (not a confirmation of one)."""
+    return attempt.source == SOURCE_AGENT and attempt.agent == agent and attempt.confirms is None
+
+
 def already_done(store: ExperienceStore, key: str, agent: str, budget: Budget) -> bool:
-    attempts = [
-        a
-        for a in store.attempts(key)
-        if a.source == SOURCE_AGENT and a.agent == agent and a.confirms is None
-    ]
-    return len(attempts) >= budget.attempts
+    return len([a for a in store.attempts(key) if _proposal(a, agent)]) >= budget.attempts
 
 
 def precompile(
@@ -142,11 +145,11 @@ def precompile(
 
     `budget` defaults to `Options().budget` attempts per operator. Progress goes to `stream`
     (default stderr) unless `progress` is false. With `remeasure`, each operator's stored
-    choice is re-timed against eager first (`kope.selection.remeasure`).
+    choice is re-timed against eager first (`kope.measuring.remeasure`).
     """
     start = time.monotonic()
-    budget = budget or Budget(attempts=Options.default("budget"))
-    tasks = trace_tasks(model, inputs, target.key())
+    budget = budget or Budget()
+    tasks = trace_tasks(model, inputs, target)
     bar = Progress(len(tasks), stream=stream, enabled=progress)
     summaries: dict[str, TaskSummary] = {}
     repro: dict[str, list[str]] = {}
@@ -162,19 +165,24 @@ def precompile(
             return
         before = {a.id for a in store.attempts(task.key)}
         agent = make_agent(agent_name, seed=seed, **(agent_config or {}))
-        try:
+        proposals = len([a for a in store.attempts(task.key) if _proposal(a, agent_name)])
 
-            def on_attempt(index: int, attempt: Any) -> None:
-                speed = (
-                    f"{attempt.speedup_vs_eager:.2f}x"
-                    if attempt.speedup_vs_eager
-                    else attempt.verdict
-                )
-                bar.update(task.label, f"attempt {index + 1}/{budget.attempts}: {speed}")
-
-            summary = optimize_task(
-                task, target, store, agent, budget, seed=seed, on_attempt=on_attempt
+        def progress(event: Event) -> None:  # a listener beside the store's recorder
+            nonlocal proposals
+            if not isinstance(event, AttemptEvaluated) or event.source != SOURCE_AGENT:
+                return
+            if event.confirms is not None:
+                return
+            proposals += 1
+            attempt = attempt_of(event)
+            speed = (
+                f"{attempt.speedup_vs_eager:.2f}x" if attempt.speedup_vs_eager else attempt.verdict
             )
+            bar.update(task.label, f"attempt {proposals}/{budget.attempts}: {speed}")
+
+        try:
+            events = Events(Recorder(store), progress)
+            summary = optimize_task(task, target, store, agent, budget, seed=seed, events=events)
         finally:
             agent.close()
         summaries[task.key] = summary

@@ -22,7 +22,8 @@ from torch_mlir.extras.fx_importer import FxImporter
 
 from kope.passes.keys import canonicalize_module_text, task_key, workload_digest
 from kope.passes.pipeline import PipelineError, run_pipeline
-from kope.targets.base import InputRef, OpCall, Program, StepRef, TaskSpec, TensorSpec
+from kope.vocabulary.kernels import FORM_MLIR, Kernel
+from kope.vocabulary.specs import InputRef, OpCall, Program, StepRef, TaskSpec, TensorSpec
 
 log = logging.getLogger("kope.compiler")
 
@@ -61,6 +62,11 @@ class Task:
     @property
     def label(self) -> str:
         return self.spec.label
+
+    @property
+    def reference(self) -> Kernel:
+        """The reference lowering as a kernel: the oracle and baseline where a target runs it."""
+        return Kernel(self.payload, FORM_MLIR)
 
 
 def op_name(target: Any) -> str:

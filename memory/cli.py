@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from kope.memory.paths import kope_home
-from kope.memory.schema import QUALITY_CLEAN, AttemptRecord, TaskRecord
+from kope.memory.schema import AttemptRecord, TaskRecord
 from kope.memory.store import TASK, ExperienceStore
+from kope.vocabulary.evidence import TIMING_CLEAN
+from kope.vocabulary.home import kope_home
 
 
 class MemoryCommandError(Exception):
@@ -218,7 +219,7 @@ def _line(a: AttemptRecord) -> str:
     """One attempt: id, source, verdict, latency, speedup and the timing's quality (`~` marks
     a speedup from a figure that is not clean), the attempt it confirms, its decision."""
     latency = f"{a.latency_us:.1f} us" if a.latency_us is not None else "-"
-    mark = "" if a.timing_quality == QUALITY_CLEAN else "~"
+    mark = "" if a.timing_quality == TIMING_CLEAN else "~"
     speed = f" {mark}{a.speedup_vs_eager:.2f}x eager" if a.speedup_vs_eager is not None else ""
     quality = ""
     if a.latency_us is not None:

@@ -24,9 +24,7 @@ import time
 
 from kope.memory.schema import (
     CONTRADICTS,
-    SOURCE_AGENT,
     SUPPORTS,
-    VERIFIED,
     AttemptRecord,
     EdgeRecord,
     InsightRecord,
@@ -34,6 +32,7 @@ from kope.memory.schema import (
 )
 from kope.memory.similarity import normalize_decision, op_family
 from kope.memory.store import ExperienceStore
+from kope.vocabulary.evidence import SOURCE_AGENT, VERIFIED
 
 log = logging.getLogger("kope.memory")
 

@@ -33,18 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from kope.memory.schema import (
-    QUALITY_CONTAMINATED,
-    SOURCE_AGENT,
-    SOURCES,
-    VERDICTS,
-    AttemptRecord,
-    InsightRecord,
-    TaskRecord,
-)
+from kope.memory.schema import AttemptRecord, InsightRecord, TaskRecord
 from kope.memory.similarity import W_FAMILY, decision_hash, distances, features
 from kope.memory.store import INSIGHT, ExperienceStore
 from kope.memory.tokens import TokenCounter, default_counter
+from kope.vocabulary.evidence import SOURCE_AGENT, SOURCES, TIMING_CONTAMINATED, VERDICTS
 
 LEVELS = ("full", "summary", "line")
 _AGENT = SOURCES.index(SOURCE_AGENT)
@@ -446,7 +439,7 @@ def _outcome(a: AttemptRecord) -> str:
         parts.append(f"{a.speedup_vs_eager:.2f}x vs eager")
     if a.speedup_vs_reference is not None:
         parts.append(f"{a.speedup_vs_reference:.1f}x vs reference")
-    if a.latency_us is not None and a.timing_quality == QUALITY_CONTAMINATED:
+    if a.latency_us is not None and a.timing_quality == TIMING_CONTAMINATED:
         parts.append("timed under load (contaminated)")
     return ", ".join(parts)
 
@@ -456,7 +449,7 @@ def _short(a: AttemptRecord) -> str:
         return a.verdict
     if a.speedup_vs_eager is None:
         return "verified"
-    mark = "~" if a.timing_quality == QUALITY_CONTAMINATED else ""  # a figure not to trust
+    mark = "~" if a.timing_quality == TIMING_CONTAMINATED else ""  # a figure not to trust
     return f"{mark}{a.speedup_vs_eager:.2f}x"
 
 

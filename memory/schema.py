@@ -4,7 +4,7 @@ Records are plain data with stable string ids (never rustworkx indices, which ar
 after removal). They are stored as JSON; `SCHEMA_VERSION` changes when a field's meaning
 does, and `MIGRATIONS` brings older records forward. A field added with a default needs no
 new version: an older record loads with the default (a timing recorded before KOPE judged
-timings loads as `QUALITY_UNKNOWN`), and an older KOPE ignores the fields it does not know.
+timings loads as `TIMING_UNKNOWN`), and an older KOPE ignores the fields it does not know.
 
 Edges, by kind (direction src -> dst):
 - `attempt`: task -> attempt (implied by `AttemptRecord.task`, never written on its own)
@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from kope.vocabulary.events import new_id
+from kope.vocabulary.evidence import TIMING_UNKNOWN
+from kope.vocabulary.kernels import FORM_MLIR
 
 SCHEMA_VERSION = 2
 
@@ -38,26 +41,6 @@ CONTRADICTS = "contradicts"  # insight -> attempt
 CONFIRMS = "confirms"  # attempt -> the attempt whose figure it re-measured
 # New kinds go at the end: snapshots store a kind as its index in this tuple.
 EDGE_KINDS = (HAS_ATTEMPT, REFINES, TRANSFERRED_FROM, SIMILAR, SUPPORTS, CONTRADICTS, CONFIRMS)
-
-# Where an attempt's kernel came from.
-SOURCE_EAGER = "eager"
-SOURCE_REFERENCE = "reference"
-SOURCE_AGENT = "agent"
-SOURCES = (SOURCE_EAGER, SOURCE_REFERENCE, SOURCE_AGENT)
-
-# How far a recorded timing can be trusted: the names the targets give `Timing.quality`,
-# stored as plain strings (memory knows nothing of targets). Only a clean figure pins a choice.
-QUALITY_CLEAN = "clean"
-QUALITY_CONTAMINATED = "contaminated"
-QUALITY_UNKNOWN = "unknown"  # measured before KOPE judged timings (records without the field)
-
-VERIFIED = "verified"
-VERDICTS = (VERIFIED, "compile_error", "runtime_error", "timeout", "mismatch")
-
-
-def new_id(prefix: str) -> str:
-    """A fresh stable id; random, so that processes writing at once never collide."""
-    return f"{prefix}-{uuid.uuid4().hex}"
 
 
 def hardware_of(target_key: str) -> str:
@@ -110,6 +93,7 @@ class AttemptRecord:
     verdict: str
     id: str = field(default_factory=lambda: new_id("attempt"))
     artifact: str | None = None  # sha256 of the kernel text in the artifact store
+    form: str = FORM_MLIR  # the form of that text (`kope.vocabulary.kernels`)
     decision: str = ""  # what changed and why
     agent: str = ""
     model: str = ""
@@ -133,7 +117,7 @@ class AttemptRecord:
     config: dict[str, Any] | None = None  # the decision in machine-readable form (an agent's)
     # The quality of the figures above (latency and the eager / reference timed beside it):
     # clean | contaminated | unknown (older records), with the rounds it rests on.
-    timing_quality: str = QUALITY_UNKNOWN
+    timing_quality: str = TIMING_UNKNOWN
     clean_rounds: int = 0
     rounds: int = 0
     wait_share: float | None = None  # run-queue wait / wall time of the measuring threads

@@ -37,16 +37,9 @@ from kope.memory.schema import (
     CONFIRMS,
     EDGE_KINDS,
     HAS_ATTEMPT,
-    QUALITY_CLEAN,
-    QUALITY_UNKNOWN,
     REFINES,
     SCHEMA_VERSION,
-    SOURCE_EAGER,
-    SOURCE_REFERENCE,
-    SOURCES,
     TRANSFERRED_FROM,
-    VERDICTS,
-    VERIFIED,
     AttemptRecord,
     EdgeRecord,
     InsightRecord,
@@ -55,6 +48,15 @@ from kope.memory.schema import (
     to_json,
 )
 from kope.memory.similarity import SHAPE_DIMS, Features, decision_hash, features
+from kope.vocabulary.evidence import (
+    SOURCE_EAGER,
+    SOURCE_REFERENCE,
+    SOURCES,
+    TIMING_CLEAN,
+    TIMING_UNKNOWN,
+    VERDICTS,
+    VERIFIED,
+)
 
 log = logging.getLogger("kope.memory")
 
@@ -767,9 +769,10 @@ class Standing:
 
     `pinned` is the attempt whose figures the chosen kernel rests on (None: eager runs);
     `baseline` the latest reference attempt, whose figures show eager against the reference
-    lowering; `challenger` a candidate whose figure says it wins but that no clean
-    confirmation has settled (it is what to re-measure); `legacy` marks a task with no judged
-    timing at all (an older store). `clean` says the choice rests on clean figures.
+    lowering (or, on a target that cannot run it, the latest eager timing); `challenger` a
+    candidate whose figure says it wins but that no clean confirmation has settled (it is what
+    to re-measure); `legacy` marks a task with no judged timing at all (an older store).
+    `clean` says the choice rests on clean figures.
     """
 
     pinned: AttemptRecord | None = None
@@ -791,7 +794,7 @@ class Standing:
         # Eager runs: settled when eager beat the reference on a clean figure, or when the
         # reference could not be timed at all (then no figure would change the choice).
         return self.baseline is not None and (
-            self.baseline.latency_us is None or self.baseline.timing_quality == QUALITY_CLEAN
+            self.baseline.latency_us is None or self.baseline.timing_quality == TIMING_CLEAN
         )
 
 
@@ -824,17 +827,21 @@ def winner(attempts: Sequence[AttemptRecord], threads: int | None = None) -> Sta
     counted = [a for a in attempts if threads is None or a.threads in (threads, 0)]
     timed = [a for a in counted if a.latency_us is not None]
     eager = next((a for a in reversed(timed) if a.source == SOURCE_EAGER), None)
+    # The baseline is the latest reference attempt; a target that cannot run the reference
+    # lowering has eager timed alone as its baseline instead.
     baseline = next((a for a in reversed(counted) if a.source == SOURCE_REFERENCE), None)
+    if baseline is None:
+        baseline = next((a for a in reversed(counted) if a.source == SOURCE_EAGER), None)
     # Judged by what was recorded, timed or not: a hand-made or older store's untimed kernel
     # still counts under the older rule, while any judged figure brings in the new one.
-    unjudged = all(a.timing_quality == QUALITY_UNKNOWN and a.confirms is None for a in counted)
+    unjudged = all(a.timing_quality == TIMING_UNKNOWN and a.confirms is None for a in counted)
     if counted and unjudged:
         best = max((a for a in counted if a.verdict == VERIFIED), key=_speedup, default=None)
         pinned = best if best is not None and best.source != SOURCE_EAGER else None
         return Standing(pinned, baseline, eager, legacy=True)
     settled: dict[str, AttemptRecord] = {}  # kernel (artifact) -> its latest clean confirmation
     for a in timed:
-        if a.confirms is not None and a.artifact and a.timing_quality == QUALITY_CLEAN:
+        if a.confirms is not None and a.artifact and a.timing_quality == TIMING_CLEAN:
             settled[a.artifact] = a
     pinned = max((c for c in settled.values() if wins(c)), key=_speedup, default=None)
     floor = _speedup(pinned) if pinned is not None else 1.0 + WIN_MARGIN

@@ -163,7 +163,7 @@ class PipelinePass(ModulePass):
 
 def check_target(pass_name: str, target: str) -> None:
     """Raise `ValueError` naming the known targets unless `target` is one of them."""
-    from kope.targets import target_names
+    from kope.vocabulary.registry import target_names
 
     if target not in target_names():
         raise ValueError(

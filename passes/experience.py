@@ -20,9 +20,10 @@ from pathlib import Path
 
 from torch_mlir import ir
 
-from kope.memory import ExperienceStore, kope_home
+from kope.memory import ExperienceStore
 from kope.passes.base import ModulePass, PassError
 from kope.passes.keys import KEY_ATTR
+from kope.vocabulary.home import kope_home
 
 log = logging.getLogger("kope.passes")
 

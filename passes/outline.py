@@ -58,7 +58,7 @@ class OutlineOperators(ModulePass):
         check_target(self.name, self.target)
 
     def run(self, module: ir.Operation) -> None:
-        from kope.targets import target_key as key_of_target
+        from kope.vocabulary.registry import target_key as key_of_target
 
         target_key = key_of_target(self.target)
         body = module.regions[0].blocks[0]

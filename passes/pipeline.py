@@ -162,7 +162,7 @@ def run_pipeline(
     repro_dir: Path | None = None,
 ) -> None:
     """Run `elements` on `module` in place; on failure raise `PipelineError` with a repro file."""
-    from kope.memory.paths import kope_home
+    from kope.vocabulary.home import kope_home
 
     before = module.operation.get_asm(enable_debug_info=True)
     context = module.context

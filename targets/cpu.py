@@ -1,71 +1,29 @@
 """The CPU target: MLIR → LLVM through `kope-lower-cpu`, JIT by the ExecutionEngine in torch-mlir.
 
-Candidates are built, verified and timed in isolated worker processes (`WorkerPool`); only
-verified kernels are loaded into the calling process. Eager ATen is timed with the thread
-count of the calling process (`torch.get_num_threads()`); kernels are single-threaded unless
-their schedule runs parallel loops, which use OpenMP with that same thread count.
+This module supplies what is CPU-specific: the kernel screen (which dialects a kernel may
+use), parsing and lowering, the JIT build, OpenMP threads in the worker, and the account of
+the MLIR kernel forms for the LLM agent's prompt. Building, verifying and timing candidates in
+isolated workers is the evaluation every target shares (`kope.targets.evaluation`).
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch_mlir import ir
 
-from kope.targets import verify
-from kope.targets.base import (
-    COMPILE_ERROR,
-    MISMATCH,
-    RUNTIME_ERROR,
-    TIMEOUT,
-    TIMING_CONTAMINATED,
-    VERIFIED,
-    Evaluation,
-    Kernel,
-    Target,
-    TaskSpec,
-    TensorSpec,
-    Timing,
-)
+from kope.targets.base import BuildError, Target
 from kope.targets.host import cpu_fingerprint, cpu_target_key
 from kope.targets.jit import ENTRY, JitKernel, openmp_library, set_openmp_threads
-from kope.targets.measure import (
-    MeasureConfig,
-    Work,
-    estimate_work,
-    evaluation_limit_s,
-    measure_interleaved,
-    recheck_implausible,
-    rotating,
-)
-from kope.targets.worker import WorkerPool
+from kope.vocabulary.kernels import FORM_MLIR, Kernel
+from kope.vocabulary.specs import DTYPES, TaskSpec, TensorSpec
 
 log = logging.getLogger("kope.targets.cpu")
 
-KERNEL_THREADS = 1
-_MLIR_ELEMENT = {
-    "float64": "f64",
-    "float32": "f32",
-    "float16": "f16",
-    "bfloat16": "bf16",
-    "int64": "i64",
-    "int32": "i32",
-    "int16": "i16",
-    "int8": "i8",
-    "uint8": "i8",
-    "bool": "i1",
-}
-
-
-class BuildError(Exception):
-    """A kernel that does not parse, does not fit the operator, or does not lower."""
+# MLIR's element types: the short dtype names, but MLIR integers are signless.
+_MLIR_ELEMENT = {**DTYPES, "uint8": "i8"}
 
 
 # What a kernel may be written in. Anything else (llvm, gpu, omp, ...) could reach outside the
@@ -186,291 +144,30 @@ def build_kernel(task: TaskSpec, kernel: Kernel) -> JitKernel:
         raise BuildError(f"JIT compilation failed: {err}") from None
 
 
-# -- evaluation (inside a worker) ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EvalJob:
-    """One candidate to build, verify against `oracle` (eager when None) and maybe time.
-
-    `reduction` is the length of the operator's longest reduction, which widens the verifier's
-    tolerance (`verify.tolerance`)."""
-
-    task: TaskSpec
-    kernel: Kernel
-    oracle: Kernel | None
-    measure: bool
-    seed: int
-    eager_threads: int
-    config: MeasureConfig = MeasureConfig()
-    reduction: int = 1
-
-
-_BUILT: dict[tuple[str, str], JitKernel] = {}
-
-
-def _cached_build(task: TaskSpec, kernel: Kernel) -> JitKernel:
-    key = (task.label + repr(task.inputs) + repr(task.outputs), kernel.digest)
-    if key not in _BUILT:
-        _BUILT[key] = build_kernel(task, kernel)
-    return _BUILT[key]
-
-
-def evaluate_job(job: EvalJob, phase: Callable[[str], None]) -> Evaluation:
-    """Build, verify and time one candidate. Runs in a worker; may crash it."""
-    start = time.perf_counter()
-    torch.set_num_threads(job.eager_threads)
-    set_openmp_threads(job.eager_threads)
-    phase("build")
-    try:
-        kernel = _cached_build(job.task, job.kernel)
-        oracle_kernel = _cached_build(job.task, job.oracle) if job.oracle else None
-    except BuildError as err:
-        return Evaluation(COMPILE_ERROR, error=str(err), wall_s=time.perf_counter() - start)
-    phase("verify")
-    calls: dict[str, float] = {}
-    result = _verify(job, kernel, oracle_kernel, calls)
-    if result.verified and job.measure:
-        phase("measure")
-        result = _measure(job, kernel, oracle_kernel, calls, result)
-    result.wall_s = time.perf_counter() - start
-    return result
-
-
-def _measure(
-    job: EvalJob,
-    kernel: JitKernel,
-    oracle_kernel: JitKernel | None,
-    calls: dict[str, float],
-    result: Evaluation,
-    measure: Callable[..., dict[str, Timing]] = measure_interleaved,
-) -> Evaluation:
-    """Time eager, the kernel and the reference on rotating input sets, then check what the
-    kernel's timed calls returned; `result` (verified) gets the timings, or becomes the
-    failure found after timing. `measure` is `measure_interleaved` unless a test fakes it.
-
-    Input sets are made before anything is timed; all candidates see the same rotation, so a
-    data operand fresh in cache (or not) falls on all of them alike."""
-    sets = verify.timing_inputs(job.task.inputs, job.seed, job.config.input_sets)
-    copies: dict[int, torch.Tensor] = {}  # the shared inputs are copied once
-    for tensor in (t for inputs in sets for t in inputs):
-        if id(tensor) not in copies:
-            copies[id(tensor)] = tensor.clone()
-    pristine = [[copies[id(t)] for t in inputs] for inputs in sets]
-    fns: dict[str, Callable[[], Any]] = {}
-    latest: dict[str, list[Any]] = {}
-    fns["eager"], _ = rotating([job.task.eager.bind(inputs) for inputs in sets])
-    threads = {"eager": job.eager_threads}
-    candidates = {"kernel": kernel}
-    if oracle_kernel is not None:
-        candidates["reference"] = oracle_kernel
-    for name, candidate in candidates.items():
-        # A candidate this slow cannot win, and timing it would take several of its calls:
-        # it stays verified, untimed (no speedup), and the loop goes on without it.
-        if calls[name] > job.config.max_call_s:
-            result.notes.append(
-                f"{name} too slow to time: one call took {calls[name]:.3g} s "
-                f"(limit {job.config.max_call_s:g} s)"
-            )
-            continue
-        fns[name], latest[name] = rotating([partial(candidate, *inputs) for inputs in sets])
-        threads[name] = _threads(candidate, job)
-    timings = measure(fns, job.config, threads)
-    if "kernel" in fns:
-        pair = {name: fns[name] for name in ("eager", "kernel")}
-        timings = recheck_implausible(
-            timings, lambda: measure(pair, job.config, threads), result.notes
-        )
-    result.kernel, result.eager = timings.get("kernel"), timings["eager"]
-    result.reference = timings.get("reference")
-    for name, timing in timings.items():
-        if timing.quality == TIMING_CONTAMINATED:
-            result.notes.append(
-                f"{name} timing {timing.quality}: {timing.clean_rounds} of {timing.rounds} "
-                f"rounds undisturbed (run-queue wait {_share(timing.wait_share)} of the time, "
-                f"load {_load(timing.load)})"
-            )
-    if "kernel" in fns:
-        # A reference too slow to time is too slow to run once per input set again (minutes
-        # for the largest operators); eager ATen, the oracle of every kernel without one, is not.
-        checker = oracle_kernel if "reference" in fns else None
-        failure = _check_after_timing(job, checker, sets, pristine, latest["kernel"])
-        if failure is not None:
-            failure.notes = result.notes + failure.notes
-            failure.trials = result.trials
-            return failure
-    return result
-
-
-def _share(share: float | None) -> str:
-    return "unknown" if share is None else f"{share:.1%}"
-
-
-def _load(load: float | None) -> str:
-    return "unknown" if load is None else f"{load:.2f}"
-
-
-def _check_after_timing(
-    job: EvalJob,
-    oracle_kernel: JitKernel | None,
-    sets: Sequence[Sequence[torch.Tensor]],
-    pristine: Sequence[Sequence[torch.Tensor]],
-    outputs: Sequence[Any],
-) -> Evaluation | None:
-    """None when the kernel's timed calls returned the oracle's outputs on every input set and
-    left the inputs as they were; else the failure. A kernel that kept a result from an earlier
-    call, or skipped work once it had passed verification, is caught here."""
-    oracle_name = "reference lowering" if oracle_kernel else "eager ATen (float64 where it runs)"
-    for index, (inputs, before) in enumerate(zip(sets, pristine, strict=True)):
-        damage = verify.inputs_unchanged(before, inputs)
-        if damage:
-            return Evaluation(
-                RUNTIME_ERROR,
-                error=f"after timing, input set {index}: {damage}",
-                oracle=oracle_name,
-            )
-    for index, (inputs, got) in enumerate(zip(sets, outputs, strict=True)):
-        if got is None:
-            continue  # not called on this set (no candidate is timed with fewer calls than sets)
-        expected = _oracle_outputs(job.task, oracle_kernel, inputs)
-        failed, max_abs, max_rel = _compare_outputs(job, got, expected)
-        if failed is not None:
-            return Evaluation(
-                MISMATCH,
-                error=(
-                    f"wrong after timing: on timing input set {index} of {len(sets)} the timed "
-                    f"calls returned other outputs than verification accepted ({failed.message}); "
-                    "a kernel must compute every call, never reuse an earlier result"
-                ),
-                max_abs_err=max_abs,
-                max_rel_err=max_rel,
-                oracle=oracle_name,
-            )
-    return None
-
-
-def _threads(kernel: JitKernel, job: EvalJob) -> int:
-    return job.eager_threads if kernel.parallel else KERNEL_THREADS
-
-
-def _verify(
-    job: EvalJob,
-    kernel: JitKernel,
-    oracle_kernel: JitKernel | None,
-    calls: dict[str, float] | None = None,
-) -> Evaluation:
-    """Run the kernel and its oracle once per trial and compare; `calls` gets the fastest call
-    of the kernel ("kernel") and of an oracle kernel ("reference") seen, for timing decisions."""
-    task = job.task
-    calls = {} if calls is None else calls
-    oracle_name = "reference lowering" if oracle_kernel else "eager ATen (float64 where it runs)"
-    max_abs = max_rel = 0.0
-    notes: list[str] = []
-    trials = 0
-    for trial in verify.trials_for(job.seed):
-        inputs = verify.make_inputs(task.inputs, trial)
-        try:
-            began = time.perf_counter()
-            expected = _oracle_outputs(task, oracle_kernel, inputs)
-            if oracle_kernel is not None:
-                _fastest(calls, "reference", time.perf_counter() - began)
-        except Exception as err:  # the oracle itself rejects these inputs
-            if trial.kind == "random":
-                return Evaluation(
-                    RUNTIME_ERROR,
-                    error=f"the oracle ({oracle_name}) failed on random inputs: {err}",
-                    oracle=oracle_name,
-                )
-            reason = str(err).splitlines()[0][:120]
-            notes.append(f"{trial.kind} trial skipped: the oracle rejects it ({reason})")
-            continue
-        pristine = [t.clone() for t in inputs]
-        outputs = verify.GuardedOutputs(task.outputs)
-        began = time.perf_counter()
-        kernel.run(inputs, outputs.views)
-        _fastest(calls, "kernel", time.perf_counter() - began)
-        trials += 1
-        damage = outputs.check() or verify.inputs_unchanged(pristine, inputs)
-        if damage:
-            return Evaluation(
-                RUNTIME_ERROR,
-                error=f"{trial.kind} trial: {damage}",
-                oracle=oracle_name,
-                trials=trials,
-            )
-        failed, trial_abs, trial_rel = _compare_outputs(job, outputs.views, expected)
-        if failed is not None:
-            return Evaluation(
-                MISMATCH,
-                error=f"{trial.kind} trial (seed {trial.seed}): {failed.message}",
-                max_abs_err=failed.max_abs_err,
-                max_rel_err=failed.max_rel_err,
-                oracle=oracle_name,
-                trials=trials,
-            )
-        max_abs, max_rel = max(max_abs, trial_abs), max(max_rel, trial_rel)
-    return Evaluation(
-        VERIFIED,
-        max_abs_err=max_abs,
-        max_rel_err=max_rel,
-        oracle=oracle_name,
-        trials=trials,
-        notes=notes,
-    )
-
-
-def _compare_outputs(
-    job: EvalJob, got: Sequence[torch.Tensor], expected: Sequence[torch.Tensor]
-) -> tuple[verify.Comparison | None, float, float]:
-    """The first output of `got` that fails against `expected` (None if all pass), and the
-    largest absolute and relative errors seen up to there."""
-    largest_input = max((math.prod(s.shape) for s in job.task.inputs), default=0)
-    max_abs = max_rel = 0.0
-    for index, (out, want) in enumerate(zip(got, expected, strict=True)):
-        # An output smaller than the largest input summarizes it: a statistics output.
-        statistic = out.numel() < largest_input
-        cmp = verify.compare(out, want, index, reduction=job.reduction, statistic=statistic)
-        max_abs, max_rel = max(max_abs, cmp.max_abs_err), max(max_rel, cmp.max_rel_err)
-        if not cmp.ok:
-            return cmp, max_abs, max_rel
-    return None, max_abs, max_rel
-
-
-def _fastest(calls: dict[str, float], name: str, seconds: float) -> None:
-    calls[name] = min(seconds, calls.get(name, seconds))
-
-
-def _oracle_outputs(
-    task: TaskSpec, oracle_kernel: JitKernel | None, inputs: Sequence[torch.Tensor]
-) -> tuple[torch.Tensor, ...]:
-    """The expected outputs: the oracle kernel's, else eager ATen's in float64 where the op has
-    a float64 kernel (the verifier rounds them to the output dtype before comparing)."""
-    if oracle_kernel is not None:
-        return oracle_kernel(*inputs)
-    if any(t.is_floating_point() for t in inputs):
-        try:
-            return verify.run_oracle(task.eager, verify.upcast(inputs))
-        except Exception:  # the op has no float64 kernel: fall back to its own dtype
-            pass
-    return verify.run_oracle(task.eager, inputs)
-
-
 # -- the target -----------------------------------------------------------------------------------
 
 
 class CpuTarget(Target):
-    """MLIR on the host CPU: lowered by `kope-lower-cpu`, JIT-compiled at opt_level 3."""
+    """MLIR on the host CPU: lowered by `kope-lower-cpu`, JIT-compiled at opt_level 3.
+
+    Eager ATen is timed with the calling process's thread count; kernels are single-threaded
+    unless their schedule runs parallel loops, which use OpenMP with that same count."""
 
     name = "cpu"
-
-    def __init__(self, workers: int = 1, timeout_s: float = 60.0):
-        self.workers = workers
-        self.timeout_s = timeout_s
-        self._pool: WorkerPool | None = None
-        self._loaded: dict[tuple[str, str], JitKernel] = {}
+    kernel_forms = (FORM_MLIR,)
+    dtypes: ClassVar[frozenset[str]] = frozenset(_MLIR_ELEMENT)
 
     def key(self) -> str:
         return cpu_target_key()
+
+    @classmethod
+    def build(cls, task: TaskSpec, kernel: Kernel) -> JitKernel:
+        return build_kernel(task, kernel)
+
+    @classmethod
+    def prepare_worker(cls, eager_threads: int) -> None:
+        torch.set_num_threads(eager_threads)
+        set_openmp_threads(eager_threads)
 
     def capabilities(self) -> dict[str, Any]:
         flags = cpu_fingerprint().split("|")[1].split("+")
@@ -480,84 +177,48 @@ class CpuTarget(Target):
             "isa": flags,
             "threads": torch.get_num_threads(),
             "openmp": openmp_library() is not None,
-            "kernel_form": (
-                "linalg-on-tensors @main plus a transform schedule, or @kope_kernel on memrefs"
-            ),
         }
 
-    @property
-    def pool(self) -> WorkerPool:
-        if self._pool is None:
-            self._pool = WorkerPool(self.workers, preload="kope.targets.cpu")
-        return self._pool
-
-    # How candidates are timed; a test or a caller may set a stricter one on an instance.
-    measure_config: MeasureConfig = MeasureConfig()
-
-    def evaluate(
-        self,
-        task: TaskSpec,
-        kernel: Kernel,
-        *,
-        oracle: Kernel | None = None,
-        measure: bool = True,
-        seed: int = 0,
-        config: MeasureConfig | None = None,
-    ) -> Evaluation:
-        """Build, verify and time `kernel` in a worker, within a time limit scaled to its work.
-
-        `timeout_s` covers building, start-up and an ordinary operator's runs. An operator
-        whose estimated runs (the kernel and its oracle once per trial, then timing:
-        `evaluation_limit_s`) need more than half of it gets those plus half of `timeout_s`
-        for the rest, so a large operator's reference lowering is verified, not timed out."""
-        config = config or self.measure_config
-        # The reference payload describes the operator's loops; an agent kernel may not parse
-        # as one (a memref @kope_kernel), so the oracle's text is read when there is one.
-        work: Work = estimate_work(task, (oracle or kernel).source)
-        trials = len(verify.trials_for(seed))
-        runs_s = evaluation_limit_s(work, trials, measure, config)
-        limit_s = max(self.timeout_s, self.timeout_s / 2 + runs_s)
-        job = EvalJob(
-            task,
-            kernel,
-            oracle,
-            measure,
-            seed,
-            torch.get_num_threads(),
-            config,
-            reduction=work.reduction,
-        )
-        start = time.perf_counter()
-        outcome = self.pool.call("kope.targets.cpu:evaluate_job", job, limit_s)
-        if outcome.ok:
-            result: Evaluation = outcome.value
-            return result
-        in_build = outcome.phase in ("start", "build")
-        if outcome.failure == "timeout":
-            verdict = TIMEOUT
-        elif in_build:
-            verdict = COMPILE_ERROR
-        else:
-            verdict = RUNTIME_ERROR
-        what = {"crash": "crashed", "timeout": "timed out", "error": "raised"}[
-            outcome.failure or "error"
-        ]
-        return Evaluation(
-            verdict,
-            error=f"the worker {what} during {outcome.phase}: {outcome.detail}",
-            wall_s=time.perf_counter() - start,
+    def describe(self, task: TaskSpec | None = None) -> str:
+        return KERNEL_FORMS_PROMPT.format(
+            signature=kernel_signature(task), dialects=", ".join(KERNEL_DIALECTS)
         )
 
-    def load(self, task: TaskSpec, kernel: Kernel) -> JitKernel:
-        key = (repr((task.inputs, task.outputs)), kernel.digest)
-        if key not in self._loaded:
-            self._loaded[key] = build_kernel(task, kernel)
-        return self._loaded[key]
 
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+# The memref signature and the dialects are rendered from what the build checks (`screen_kernel`,
+# `memref_type`, `kope-destination-abi`), so the prompt cannot offer what the build refuses.
+KERNEL_FORMS_PROMPT = """\
+Answer with ONE ```mlir code block holding a complete MLIR module in one of these forms:
+1. The payload `func.func @main` (you may rewrite it; keep its signature) plus a transform
+   schedule beside it: `module attributes {{transform.with_named_sequence}} {{ func.func @main
+   ... transform.named_sequence @__transform_main(%root: !transform.any_op {{transform.readonly}})
+   {{ ... transform.yield }} }}`. The schedule is applied to the payload, then KOPE bufferizes and
+   lowers to LLVM. Useful ops: transform.structured.tile_using_for / tile_using_forall (forall
+   loops run on OpenMP threads), fuse_into_containing_op, vectorize_children_and_apply_patterns,
+   apply_patterns with vector.lower_contraction, transform.loop.hoist_loop_invariant_subsets.
+2. A kernel on memrefs, with exactly this signature:
+   `{signature}`
+   Its arguments are the inputs, then one memref per output, which it must fill completely;
+   it returns nothing and needs no attributes (KOPE gives it its C calling convention).
+   Write loops or linalg ops on the memrefs, or tensor code between
+   `bufferization.to_tensor %in restrict` and
+   `bufferization.materialize_in_destination %result in restrict writable %out`.
+Only these dialects are allowed: {dialects}.
+No declarations of external functions, no indirect calls; the module may hold helper
+functions that it defines."""
 
 
-__all__ = ["BuildError", "CpuTarget", "MISMATCH", "VERIFIED", "build_kernel", "cpu_fingerprint"]
+def kernel_signature(task: TaskSpec | None) -> str:
+    """The signature the memref form must have for `task`: inputs, then output destinations."""
+    if task is None:
+        return f"func.func @{ENTRY}(inputs..., outputs...)"
+    try:
+        params = [f"%in{i}: {memref_type(s)}" for i, s in enumerate(task.inputs)]
+        params += [f"%out{j}: {memref_type(s)}" for j, s in enumerate(task.outputs)]
+    except BuildError:
+        # A dtype with no memref element: only the payload form can describe this operator.
+        return f"func.func @{ENTRY}(...) (not available for these dtypes)"
+    return f"func.func @{ENTRY}({', '.join(params)})"
+
+
+__all__ = ["BuildError", "CpuTarget", "build_kernel", "cpu_fingerprint", "screen_kernel"]

@@ -18,7 +18,7 @@ from torch_mlir.execution_engine import ExecutionEngine
 
 # One name for the entry point, where the calling convention is made; re-exported for callers.
 from kope.passes.abi import ENTRY as ENTRY
-from kope.targets.base import TensorSpec
+from kope.vocabulary.specs import TensorSpec
 
 # `llvm.emit_c_interface` (set by `kope-destination-abi`) names the wrapper that takes one
 # pointer per memref descriptor; the packed form of that wrapper is what a call enters.

@@ -28,13 +28,8 @@ import torch
 from torch_mlir import ir
 
 from kope.passes.analysis import analyze
-from kope.targets.base import (
-    TIMING_CLEAN,
-    TIMING_CONTAMINATED,
-    TIMING_UNKNOWN,
-    TaskSpec,
-    Timing,
-)
+from kope.vocabulary.evidence import TIMING_CLEAN, TIMING_CONTAMINATED, TIMING_UNKNOWN, Timing
+from kope.vocabulary.specs import TaskSpec
 
 log = logging.getLogger("kope.targets.measure")
 

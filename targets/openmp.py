@@ -55,7 +55,7 @@ def _libgomp() -> str | None:
 
 
 def _build_shim(gomp: str) -> str | None:
-    from kope.memory.paths import kope_home
+    from kope.vocabulary.home import kope_home
 
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:

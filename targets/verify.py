@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kope.targets.base import TensorSpec
+from kope.vocabulary.specs import TensorSpec
 
 # (rtol, atol): |got - want| <= atol * max(1, max|want|) + rtol * |want|, elementwise.
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
@@ -147,16 +147,17 @@ def upcast(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 class GuardedOutputs:
-    """Output buffers poisoned inside, canaries outside; `check` reports any damage."""
+    """Output buffers poisoned inside, canaries outside, in `device` memory; `check` reports
+    any damage."""
 
-    def __init__(self, specs: Sequence[TensorSpec]):
+    def __init__(self, specs: Sequence[TensorSpec], device: str = "cpu"):
         self.specs = list(specs)
         self.buffers: list[torch.Tensor] = []
         self.views: list[torch.Tensor] = []
         for spec in self.specs:
             dtype = spec.torch_dtype
             nbytes = math.prod(spec.shape) * _itemsize(dtype)
-            buf = torch.full((GUARD_BYTES * 2 + nbytes,), CANARY, dtype=torch.uint8)
+            buf = torch.full((GUARD_BYTES * 2 + nbytes,), CANARY, dtype=torch.uint8, device=device)
             body = buf[GUARD_BYTES : GUARD_BYTES + nbytes]
             if dtype.is_floating_point:
                 body.view(dtype).fill_(math.nan)
@@ -166,7 +167,7 @@ class GuardedOutputs:
             view = (
                 body.view(dtype).view(spec.shape)
                 if nbytes
-                else torch.empty(spec.shape, dtype=dtype)
+                else torch.empty(spec.shape, dtype=dtype, device=device)
             )
             self.views.append(view)
 

@@ -18,8 +18,8 @@ from kope.memory.store import ExperienceStore
 from kope.optimize import Budget, optimize_task, task_view
 from kope.partition import partition
 from kope.passes.analysis import analyze, prepare_payload
-from kope.targets.base import Kernel
 from kope.targets.cpu import CpuTarget
+from kope.vocabulary.kernels import Kernel
 
 OPERATORS = {
     "mm": (torch.mm, (torch.randn(48, 40), torch.randn(40, 64))),
@@ -51,7 +51,7 @@ def target():
 
 def _task(name: str):
     fn, args = OPERATORS[name]
-    tasks = partition(make_fx(fn, tracing_mode="fake")(*args), CpuTarget().key()).tasks
+    tasks = partition(make_fx(fn, tracing_mode="fake")(*args), CpuTarget()).tasks
     assert len(tasks) == 1, [t.label for t in tasks]
     return tasks[0]
 

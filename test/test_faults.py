@@ -14,12 +14,14 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kope.memory.schema import SOURCE_AGENT
+from kope.memory.recorder import Recorder
 from kope.memory.store import ExperienceStore
 from kope.partition import partition
-from kope.selection import record_evaluation
-from kope.targets.base import InputRef, Kernel, OpCall, TaskSpec, TensorSpec
 from kope.targets.cpu import CpuTarget
+from kope.vocabulary.events import AttemptEvaluated
+from kope.vocabulary.evidence import SOURCE_AGENT
+from kope.vocabulary.kernels import Kernel
+from kope.vocabulary.specs import InputRef, OpCall, TaskSpec, TensorSpec
 
 KERNELS = Path(__file__).parent / "kernels"
 # Long enough for a build under load, short enough that a hang costs seconds.
@@ -94,8 +96,9 @@ def test_nan_never_passes(target: CpuTarget) -> None:
 
 def test_wrong_axis_is_a_mismatch(target: CpuTarget) -> None:
     x = torch.randn(8, 16)
-    right = partition(make_fx(lambda t: torch.softmax(t, -1), tracing_mode="fake")(x), "k").tasks[0]
-    wrong = partition(make_fx(lambda t: torch.softmax(t, 0), tracing_mode="fake")(x), "k").tasks[0]
+    right = partition(make_fx(lambda t: torch.softmax(t, -1), tracing_mode="fake")(x), target)
+    wrong = partition(make_fx(lambda t: torch.softmax(t, 0), tracing_mode="fake")(x), target)
+    right, wrong = right.tasks[0], wrong.tasks[0]
     assert right.key != wrong.key
     result = target.evaluate(right.spec, Kernel(wrong.payload))
     assert result.verdict == "mismatch"
@@ -128,7 +131,7 @@ def test_failures_are_recorded_and_the_store_carries_on(target: CpuTarget, tmp_p
     names = ["relu_segfault.mlir", "relu_oob_write.mlir", "relu_nan.mlir", "relu_good.mlir"]
     for name in names:
         evaluation = target.evaluate(RELU, kernel(name))
-        record_evaluation(store, "relu-key", evaluation, SOURCE_AGENT, kernel(name).source)
+        Recorder(store)(AttemptEvaluated("relu-key", SOURCE_AGENT, evaluation, kernel(name)))
     reopened = ExperienceStore(tmp_path)
     verdicts = [a.verdict for a in reopened.attempts("relu-key") if a.source == SOURCE_AGENT]
     assert verdicts == ["runtime_error", "runtime_error", "mismatch", "verified"]

@@ -10,15 +10,15 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch_mlir import ir
 
 from kope.partition import partition
-from kope.targets.base import Kernel
-from kope.targets.cpu import BuildError, build_kernel
+from kope.targets.cpu import BuildError, CpuTarget, build_kernel
 from kope.targets.jit import JitKernel
+from kope.vocabulary.kernels import Kernel
 
 KERNELS = Path(__file__).parent / "kernels"
 
 
 def _task(fn, *args):
-    tasks = partition(make_fx(fn, tracing_mode="fake")(*args), "test").tasks
+    tasks = partition(make_fx(fn, tracing_mode="fake")(*args), CpuTarget()).tasks
     assert len(tasks) == 1, "each case must be a single operator"
     return tasks[0]
 

@@ -17,8 +17,9 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kope.partition import partition
-from kope.targets.base import Kernel, TaskSpec
 from kope.targets.cpu import CpuTarget
+from kope.vocabulary.kernels import Kernel
+from kope.vocabulary.specs import TaskSpec
 
 KERNELS = Path(__file__).parent / "kernels"
 # Long enough for a build under load, short enough that a hang costs seconds.
@@ -29,7 +30,7 @@ HANG_TIMEOUT_S = 4.0
 def rowsum() -> tuple[TaskSpec, Kernel]:
     """The row sum of an 8x16 matrix: its spec and its reference lowering (the oracle)."""
     graph = make_fx(lambda x: x.sum(1), tracing_mode="fake")(torch.randn(8, 16))
-    task = partition(graph, "test").tasks[0]
+    task = partition(graph, CpuTarget()).tasks[0]
     return task.spec, Kernel(task.payload)
 
 

@@ -3,6 +3,7 @@ scripted answers: good, broken, hostile, failing and slow."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 from pathlib import Path
@@ -20,6 +21,7 @@ from kope.optimize import Budget, optimize_task, task_view
 from kope.partition import partition
 from kope.targets.cpu import CpuTarget
 from kope.testing import Reply, ScriptedOpenAIServer
+from kope.vocabulary.kernels import FORM_TRITON
 
 SECRET = "sk-test-must-never-be-stored-4242"
 
@@ -34,7 +36,7 @@ def target():
 @pytest.fixture(scope="module")
 def task():
     return partition(
-        make_fx(torch.relu, tracing_mode="fake")(torch.randn(16, 32)), CpuTarget().key()
+        make_fx(torch.relu, tracing_mode="fake")(torch.randn(16, 32)), CpuTarget()
     ).tasks[0]
 
 
@@ -204,3 +206,29 @@ def test_unknown_model_is_a_clear_error(task, target) -> None:
             agent.propose(ProposalRequest(task_view(task, target)))
         agent.close()
     assert "'scripted'" in str(err.value) and SECRET not in str(err.value)
+
+
+def test_the_prompt_and_the_accepted_forms_are_the_targets(task, target) -> None:
+    """The agent asks the target: its description is the prompt's account of kernels, a
+    Python (Triton) kernel is taken for a target that builds that form, and refused, in the
+    target's words, for one that does not."""
+    triton_kernel = (
+        "import triton\nimport triton.language as tl\n\n@triton.jit\n"
+        "def relu(x, y, n, BLOCK: tl.constexpr):\n    pass\n"
+    )
+    answer = f"Decision: one program per block\n```python\n{triton_kernel}```\n"
+    mlir_view = task_view(task, target)
+    triton_view = dataclasses.replace(
+        mlir_view, target="gpu", kernel_forms=(FORM_TRITON,), description="Write Triton."
+    )
+    with ScriptedOpenAIServer([Reply(content=answer)] * 2) as server:
+        agent = _agent(server)
+        taken = agent.propose(ProposalRequest(triton_view))
+        refused = agent.propose(ProposalRequest(mlir_view))
+        system = agent.messages(ProposalRequest(triton_view))[0]["content"]
+        agent.close()
+    assert not isinstance(taken, Rejected) and taken is not None
+    assert taken.form == FORM_TRITON and "@triton.jit" in taken.source
+    assert isinstance(refused, Rejected)
+    assert refused.reason == "the cpu target takes mlir kernels, not triton"
+    assert "Write Triton." in str(system) and "```mlir" not in str(system)

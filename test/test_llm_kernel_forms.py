@@ -19,10 +19,10 @@ from kope.agents.screen import screen_mlir
 from kope.memory.store import ExperienceStore
 from kope.optimize import Budget, optimize_task
 from kope.partition import partition
-from kope.targets.base import Kernel
 from kope.targets.cpu import KERNEL_DIALECTS, BuildError, CpuTarget, lower_kernel
 from kope.task import Task
 from kope.testing import Reply, ScriptedOpenAIServer
+from kope.vocabulary.kernels import Kernel
 
 KERNELS = Path(__file__).parent / "kernels"
 GOOD = (KERNELS / "rowsum_memref_good.mlir").read_text()
@@ -31,7 +31,7 @@ GOOD = (KERNELS / "rowsum_memref_good.mlir").read_text()
 @pytest.fixture(scope="module")
 def rowsum() -> Task:
     graph = make_fx(lambda x: x.sum(1), tracing_mode="fake")(torch.randn(8, 16))
-    return partition(graph, CpuTarget().key()).tasks[0]
+    return partition(graph, CpuTarget()).tasks[0]
 
 
 @pytest.fixture(scope="module")

@@ -17,21 +17,9 @@ from typing import Any
 import pytest
 import torch
 
-from kope.targets import cpu, verify
-from kope.targets.base import (
-    MISMATCH,
-    TIMING_CLEAN,
-    TIMING_CONTAMINATED,
-    VERIFIED,
-    Evaluation,
-    InputRef,
-    Kernel,
-    OpCall,
-    TaskSpec,
-    TensorSpec,
-    Timing,
-)
-from kope.targets.cpu import CpuTarget, EvalJob, build_kernel
+from kope.targets import evaluation, verify
+from kope.targets.cpu import CpuTarget, build_kernel
+from kope.targets.evaluation import EvalJob
 from kope.targets.measure import (
     IMPLAUSIBLE_SPEEDUP,
     MeasureConfig,
@@ -40,6 +28,16 @@ from kope.targets.measure import (
     recheck_implausible,
     rotating,
 )
+from kope.vocabulary.evidence import (
+    MISMATCH,
+    TIMING_CLEAN,
+    TIMING_CONTAMINATED,
+    VERIFIED,
+    Evaluation,
+    Timing,
+)
+from kope.vocabulary.kernels import Kernel
+from kope.vocabulary.specs import InputRef, OpCall, TaskSpec, TensorSpec
 
 KERNELS = Path(__file__).parent / "kernels"
 RELU = TaskSpec(
@@ -321,7 +319,7 @@ def test_an_implausible_speedup_that_does_not_reproduce_is_contaminated(
 def test_evaluation_measures_a_fake_50x_win_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """The measure phase of a real evaluation, with measurement faked: 50x, then 2x."""
     kernel = build_kernel(RELU, Kernel((KERNELS / "relu_good.mlir").read_text()))
-    job = EvalJob(RELU, Kernel(""), None, True, 0, torch.get_num_threads(), FAST)
+    job = EvalJob(CpuTarget, RELU, Kernel(""), None, True, 0, torch.get_num_threads(), FAST)
     figures = iter([(50.0, 1.0), (50.0, 25.0)])
     measured: list[list[str]] = []
 
@@ -333,7 +331,7 @@ def test_evaluation_measures_a_fake_50x_win_again(monkeypatch: pytest.MonkeyPatc
         eager_us, kernel_us = next(figures)
         return {"eager": _timing(eager_us), "kernel": _timing(kernel_us)}
 
-    result = cpu._measure(
+    result = evaluation._measure(
         job, kernel, None, {"kernel": 1e-5}, Evaluation(VERIFIED, trials=4), fake_measure
     )
     assert result.verdict == VERIFIED, result.error

@@ -64,9 +64,8 @@ def test_pipeline_errors_name_the_problem(text: str, message: str) -> None:
 
 def test_outlined_matmul_has_the_backend_key(tmp_path: Path) -> None:
     """`kope-outline-operators` on a file and the backend's Task agree on a matmul's key."""
-    target_key = get_target("cpu").key()
     x, w = torch.randn(4, 16), torch.randn(16, 8)
-    task = partition(make_fx(torch.mm, tracing_mode="fake")(x, w), target_key).tasks[0]
+    task = partition(make_fx(torch.mm, tracing_mode="fake")(x, w), get_target("cpu")).tasks[0]
     source = tmp_path / "mm.mlir"
     source.write_text(
         "func.func @f(%x: tensor<4x16xf32>, %w: tensor<16x8xf32>) -> tensor<4x8xf32> {\n"

@@ -29,10 +29,11 @@ from kope.passes import pass_class
 from kope.passes.lower_cpu import LowerCpu
 from kope.passes.pipeline import parse_pipeline, run_pipeline
 from kope.targets import get_target
-from kope.targets.base import Kernel, TensorSpec
 from kope.targets.cpu import CpuTarget, lower_kernel
 from kope.targets.jit import JitKernel
 from kope.task import Task
+from kope.vocabulary.kernels import Kernel
+from kope.vocabulary.specs import TensorSpec
 
 # A tile + vectorize schedule (`transform.named_sequence @__transform_main`), as the agents
 # write for CPU matmuls. The tile sizes must divide the matmul's M, N and K.
@@ -50,7 +51,7 @@ SCHEDULE = """
 def mm_task(m: int, k: int, n: int) -> Task:
     """The Task the backend makes of `torch.mm` on (m, k) x (k, n) float32 inputs."""
     gm = make_fx(torch.mm, tracing_mode="fake")(torch.empty(m, k), torch.empty(k, n))
-    tasks = partition(gm, get_target("cpu").key()).tasks
+    tasks = partition(gm, get_target("cpu")).tasks
     assert len(tasks) == 1
     return tasks[0]
 
@@ -224,7 +225,7 @@ def _amax(x: torch.Tensor) -> torch.Tensor:
 def test_task_key_is_the_outlined_key(fn: object, shapes: list[tuple[int, ...]]) -> None:
     """Outlining a Task's own payload (one linalg operator) gives back the Task's key."""
     gm = make_fx(fn, tracing_mode="fake")(*[torch.empty(s) for s in shapes])
-    task = partition(gm, get_target("cpu").key()).tasks[0]
+    task = partition(gm, get_target("cpu")).tasks[0]
     module = ir.Module.parse(task.payload, ir.Context())
     run_pipeline(module, parse_pipeline("kope-outline-operators"), description="outline a payload")
     keys = [

@@ -15,7 +15,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kope.agents import make_agent
-from kope.memory.schema import SOURCE_AGENT, SOURCE_EAGER, SOURCE_REFERENCE, AttemptRecord
+from kope.memory.schema import AttemptRecord
 from kope.memory.store import ExperienceStore
 from kope.optimize import Budget, optimize_task
 from kope.partition import partition
@@ -23,10 +23,11 @@ from kope.selection import choose, known_reference
 from kope.targets.cpu import CpuTarget
 from kope.targets.measure import MeasureConfig, Work, estimate_work, evaluation_limit_s
 from kope.task import Task
+from kope.vocabulary.evidence import SOURCE_AGENT, SOURCE_EAGER, SOURCE_REFERENCE
 
 
 def _task(fn, *args: torch.Tensor) -> Task:
-    (task,) = partition(make_fx(fn, tracing_mode="fake")(*args), CpuTarget().key()).tasks
+    (task,) = partition(make_fx(fn, tracing_mode="fake")(*args), CpuTarget()).tasks
     return task
 
 

@@ -17,8 +17,8 @@ from kope.agents.base import Feedback, ProposalRequest
 from kope.agents.heuristic import HeuristicAgent
 from kope.optimize import task_view
 from kope.partition import partition
-from kope.targets.base import Kernel
 from kope.targets.cpu import CpuTarget
+from kope.vocabulary.kernels import Kernel
 
 ATTEMPTS = 3  # proposals checked per operator: the agent's first choices, in its own order
 
@@ -83,7 +83,7 @@ def target() -> CpuTarget:
 
 
 def _proposals_verify(name: str, fn: Callable[..., Any], args: tuple, target: CpuTarget) -> None:
-    tasks = partition(make_fx(fn, tracing_mode="fake")(*args), target.key()).tasks
+    tasks = partition(make_fx(fn, tracing_mode="fake")(*args), target).tasks
     assert len(tasks) == 1, [t.label for t in tasks]
     task = tasks[0]
     view = task_view(task, target)

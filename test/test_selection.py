@@ -9,7 +9,7 @@ a test sets, so the rules are tested without the noise of real timings.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,35 +17,29 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kope import selection
+from kope import measuring
 from kope.cli import main
-from kope.memory.schema import (
-    CONFIRMS,
-    QUALITY_CLEAN,
-    QUALITY_CONTAMINATED,
-    QUALITY_UNKNOWN,
-    SOURCE_AGENT,
-    SOURCE_REFERENCE,
-    TRANSFERRED_FROM,
-    AttemptRecord,
-    TaskRecord,
-    hardware_of,
-)
+from kope.eager_json import eager_from_json, eager_json, task_from_record
+from kope.measuring import task_seen
+from kope.memory.recorder import Recorder
+from kope.memory.schema import CONFIRMS, TRANSFERRED_FROM, AttemptRecord, TaskRecord, hardware_of
 from kope.memory.store import ExperienceStore, winner
 from kope.optimize import summarize
 from kope.partition import partition
-from kope.selection import choose, eager_from_json, eager_json, task_from_record, task_record
-from kope.targets.base import (
+from kope.selection import choose
+from kope.targets.base import Target
+from kope.task import Task
+from kope.vocabulary.evidence import (
+    SOURCE_AGENT,
+    SOURCE_REFERENCE,
     TIMING_CLEAN,
     TIMING_CONTAMINATED,
     TIMING_UNKNOWN,
     Evaluation,
-    Kernel,
-    Target,
-    TaskSpec,
     Timing,
 )
-from kope.task import Task
+from kope.vocabulary.kernels import Kernel
+from kope.vocabulary.specs import TaskSpec
 
 HARDWARE = "cpu|Scripted CPU avx512f 2c"
 TARGET_KEY = f"{HARDWARE}|torch-2.13.0|torch-mlir-20261001|kope-9.0.0"
@@ -74,12 +68,14 @@ class ScriptedTarget(Target):
     def evaluate(
         self,
         task: TaskSpec,
-        kernel: Kernel,
+        kernel: Kernel | None,
         *,
         oracle: Kernel | None = None,
         measure: bool = True,
         seed: int = 0,
+        config: Any = None,
     ) -> Evaluation:
+        assert kernel is not None, "the cpu target runs the reference lowering"
         self.calls.append(kernel.source)
         scripted = self.latencies.get(kernel.source)
         us = (scripted.pop(0) if len(scripted) > 1 else scripted[0]) if scripted else None
@@ -96,29 +92,30 @@ class ScriptedTarget(Target):
         clean = 15 if quality == TIMING_CLEAN else 3
         return Timing(us, us * 0.01, clean, torch.get_num_threads(), 15, clean, 0.01, 0.5, quality)
 
-    def load(self, task: TaskSpec, kernel: Kernel) -> Callable[..., tuple[torch.Tensor, ...]]:
-        raise NotImplementedError("scripted target: nothing to load")
+    @classmethod
+    def build(cls, task: TaskSpec, kernel: Kernel) -> Any:
+        raise NotImplementedError("scripted target: nothing to build")
 
 
 @pytest.fixture(autouse=True)
 def fresh_process() -> Iterator[None]:
     """Each test is a fresh process as far as `once per process` re-measuring goes."""
-    selection._MEASURED.clear()
+    measuring.MEASURED.clear()
     yield
-    selection._MEASURED.clear()
+    measuring.MEASURED.clear()
 
 
 @pytest.fixture
 def relu_task() -> Task:
     (task,) = partition(
-        make_fx(torch.relu, tracing_mode="fake")(torch.randn(8, 16)), TARGET_KEY
+        make_fx(torch.relu, tracing_mode="fake")(torch.randn(8, 16)), ScriptedTarget()
     ).tasks
     return task
 
 
 def store_with(tmp_path: Path, task: Task, target: Target) -> ExperienceStore:
     store = ExperienceStore(tmp_path / "store")
-    store.add_task(task_record(task, target))
+    Recorder(store)(task_seen(task, target))
     return store
 
 
@@ -133,14 +130,14 @@ def agent_attempt(of: Task, us: float, quality: str, **fields: Any) -> AttemptRe
         threads=torch.get_num_threads(),
         timing_quality=quality,
         rounds=15,
-        clean_rounds=15 if quality == QUALITY_CLEAN else 3,
+        clean_rounds=15 if quality == TIMING_CLEAN else 3,
         agent="heuristic",
         **fields,
     )
 
 
 def test_memory_uses_the_targets_quality_names() -> None:
-    assert (QUALITY_CLEAN, QUALITY_CONTAMINATED, QUALITY_UNKNOWN) == (
+    assert (TIMING_CLEAN, TIMING_CONTAMINATED, TIMING_UNKNOWN) == (
         TIMING_CLEAN,
         TIMING_CONTAMINATED,
         TIMING_UNKNOWN,
@@ -154,20 +151,20 @@ def test_a_contaminated_figure_never_pins_and_a_clean_confirmation_does(
     target.quality = TIMING_CONTAMINATED
     store = store_with(tmp_path, relu_task, target)
     choice = choose(relu_task, target, store, "auto")
-    assert choice.kernel == "eager" and choice.quality == QUALITY_CONTAMINATED
+    assert choice.kernel == "eager" and choice.quality == TIMING_CONTAMINATED
     attempts = store.attempts(relu_task.key)
     first = next(a for a in attempts if a.source == SOURCE_REFERENCE and a.confirms is None)
-    assert first.timing_quality == QUALITY_CONTAMINATED and first.clean_rounds == 3
+    assert first.timing_quality == TIMING_CONTAMINATED and first.clean_rounds == 3
     # The win was re-measured at once (and was contaminated too): recorded, not taken.
     (confirmation,) = [a for a in attempts if a.confirms == first.id]
     assert store.has_edge(confirmation.id, first.id, CONFIRMS)
     assert len(target.calls) == 2
 
     # A later process on a quiet machine re-measures it once, and then it pins.
-    selection._MEASURED.clear()
+    measuring.MEASURED.clear()
     target.quality = TIMING_CLEAN
     choice = choose(relu_task, target, store, "auto")
-    assert choice.kernel == "reference" and choice.quality == QUALITY_CLEAN
+    assert choice.kernel == "reference" and choice.quality == TIMING_CLEAN
     assert "confirmed" in choice.reason and len(target.calls) == 3
     again = choose(relu_task, target, store, "auto")  # settled: nothing measured
     assert again.kernel == "reference" and len(target.calls) == 3
@@ -178,14 +175,14 @@ def test_stored_contaminated_agent_figures_leave_eager_until_a_clean_confirmatio
 ) -> None:
     target = ScriptedTarget()
     store = store_with(tmp_path, relu_task, target)
-    selection.measure_reference(relu_task, target, store)  # clean: eager beats the reference
-    claimed = agent_attempt(relu_task, 25.0, QUALITY_CONTAMINATED)
+    measuring.measure_reference(relu_task, target, store)  # clean: eager beats the reference
+    claimed = agent_attempt(relu_task, 25.0, TIMING_CONTAMINATED)
     store.add_attempt(claimed, AGENT_KERNEL)
     standing = store.standing(relu_task.key, torch.get_num_threads())
     assert standing.pinned is None and standing.challenger == claimed and not standing.clean
     assert store.best(relu_task.key).source == "eager"
     # A clean confirmation that still wins pins the kernel.
-    confirmed = agent_attempt(relu_task, 50.0, QUALITY_CLEAN, confirms=claimed.id)
+    confirmed = agent_attempt(relu_task, 50.0, TIMING_CLEAN, confirms=claimed.id)
     store.add_attempt(confirmed, AGENT_KERNEL)
     standing = store.standing(relu_task.key, torch.get_num_threads())
     assert standing.pinned == confirmed and standing.clean
@@ -197,9 +194,9 @@ def test_stored_contaminated_agent_figures_leave_eager_until_a_clean_confirmatio
     )
     # A later contaminated re-measurement changes nothing; a clean one that no longer wins
     # un-pins it.
-    store.add_attempt(agent_attempt(relu_task, 200.0, QUALITY_CONTAMINATED, confirms=claimed.id))
+    store.add_attempt(agent_attempt(relu_task, 200.0, TIMING_CONTAMINATED, confirms=claimed.id))
     assert store.standing(relu_task.key).pinned == confirmed
-    late = agent_attempt(relu_task, 99.5, QUALITY_CLEAN, confirms=claimed.id)
+    late = agent_attempt(relu_task, 99.5, TIMING_CLEAN, confirms=claimed.id)
     store.add_attempt(late, AGENT_KERNEL)
     assert store.standing(relu_task.key).pinned is None
     assert winner(store.attempts(relu_task.key)).clean
@@ -209,15 +206,15 @@ def test_a_win_that_does_not_reproduce_is_not_taken(relu_task: Task, tmp_path: P
     target = ScriptedTarget()
     target.latencies[AGENT_KERNEL] = [101.0]  # the re-measurement: no faster than eager
     store = store_with(tmp_path, relu_task, target)
-    selection.measure_reference(relu_task, target, store)
-    store.add_attempt(agent_attempt(relu_task, 40.0, QUALITY_CLEAN), AGENT_KERNEL)
+    measuring.measure_reference(relu_task, target, store)
+    store.add_attempt(agent_attempt(relu_task, 40.0, TIMING_CLEAN), AGENT_KERNEL)
     choice = choose(relu_task, target, store, "auto")  # the unconfirmed win is confirmed now
     assert choice.kernel == "eager"
     confirmation = store.attempts(relu_task.key)[-1]
-    assert confirmation.confirms is not None and confirmation.timing_quality == QUALITY_CLEAN
+    assert confirmation.confirms is not None and confirmation.timing_quality == TIMING_CLEAN
     assert confirmation.latency_us == 101.0
     summary = summarize(relu_task, store)
-    assert summary.winner == "eager" and summary.timing_quality == QUALITY_CLEAN
+    assert summary.winner == "eager" and summary.timing_quality == TIMING_CLEAN
     assert (summary.clean_rounds, summary.rounds) == (15, 15)
     assert summary.attempts == 1  # a confirmation is not another attempt of the agent
 
@@ -230,10 +227,10 @@ def test_a_choice_is_reused_only_under_the_threads_it_was_measured_with(
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        selection.measure_reference(relu_task, target, store)
-        claimed = agent_attempt(relu_task, 50.0, QUALITY_CLEAN)
+        measuring.measure_reference(relu_task, target, store)
+        claimed = agent_attempt(relu_task, 50.0, TIMING_CLEAN)
         store.add_attempt(claimed, AGENT_KERNEL)
-        confirmed = agent_attempt(relu_task, 50.0, QUALITY_CLEAN, confirms=claimed.id)
+        confirmed = agent_attempt(relu_task, 50.0, TIMING_CLEAN, confirms=claimed.id)
         store.add_attempt(confirmed, AGENT_KERNEL)
         assert choose(relu_task, target, store, "auto").kernel == "agent"
         calls = len(target.calls)
@@ -265,9 +262,9 @@ def test_an_older_versions_kernel_is_revalidated_not_orphaned(
         OLD_TARGET_KEY,
     )
     store.add_task(old)
-    first = agent_attempt(relu_task, 45.0, QUALITY_CLEAN, task=old.key)
+    first = agent_attempt(relu_task, 45.0, TIMING_CLEAN, task=old.key)
     store.add_attempt(first, AGENT_KERNEL)
-    confirmed = agent_attempt(relu_task, 45.0, QUALITY_CLEAN, task=old.key, confirms=first.id)
+    confirmed = agent_attempt(relu_task, 45.0, TIMING_CLEAN, task=old.key, confirms=first.id)
     store.add_attempt(confirmed, AGENT_KERNEL)
 
     choice = choose(relu_task, target, store, "auto")
@@ -304,7 +301,7 @@ def test_memory_remeasure_replaces_a_contaminated_figure(
     assert "re-measured 1 of 1 tasks" in out and "reference" in out
     again = ExperienceStore(store.root)
     latest = again.attempts(relu_task.key)[-1]
-    assert latest.confirms is not None and latest.timing_quality == QUALITY_CLEAN
+    assert latest.confirms is not None and latest.timing_quality == TIMING_CLEAN
     assert again.best(relu_task.key).id == latest.id
 
     assert main(["memory", "show", relu_task.key[:12], "--store", str(store.root)]) == 0

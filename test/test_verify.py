@@ -11,9 +11,11 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from kope.partition import partition
 from kope.targets import verify
-from kope.targets.base import Kernel, TensorSpec
-from kope.targets.cpu import CpuTarget, EvalJob, _verify, build_kernel
+from kope.targets.cpu import CpuTarget, build_kernel
+from kope.targets.evaluation import EvalJob, _verify
 from kope.targets.measure import estimate_work
+from kope.vocabulary.kernels import Kernel
+from kope.vocabulary.specs import TensorSpec
 
 
 def test_close_values_pass_and_far_ones_fail() -> None:
@@ -169,7 +171,7 @@ def test_the_real_reference_sum_of_2m_floats_verifies() -> None:
     """The reference lowering's float32 sum of 1024x2048 against the float64 oracle: on this
     seed it is 2.4e-4 off relative to the result, past the elementwise float32 tolerance."""
     graph = make_fx(lambda x: x.sum(), tracing_mode="fake")(torch.randn(1024, 2048))
-    (task,) = partition(graph, CpuTarget().key()).tasks
+    (task,) = partition(graph, CpuTarget()).tasks
     work = estimate_work(task.spec, task.payload)
     assert work.reduction == 1024 * 2048
     kernel = build_kernel(task.spec, Kernel(task.payload))
@@ -178,6 +180,8 @@ def test_the_real_reference_sum_of_2m_floats_verifies() -> None:
     got = kernel(*inputs)[0]
     want = task.spec.eager(verify.upcast(inputs))[0]
     assert not verify.compare(got, want).ok  # the rule before the reduction length counted
-    job = EvalJob(task.spec, Kernel(task.payload), None, False, 11, 1, reduction=work.reduction)
+    job = EvalJob(
+        CpuTarget, task.spec, Kernel(task.payload), None, False, 11, 1, reduction=work.reduction
+    )
     result = _verify(job, kernel, None)
     assert result.verified, result.error

@@ -1,12 +1,11 @@
 """Agents by name: `heuristic` (offline, the default) and `llm` (any OpenAI-compatible endpoint).
 
-Third parties add agents under the `kope.agents` entry point group.
+KOPE's own and third parties' agents are entry points of the `kope.agents` group
+(`kope.vocabulary.registry.AGENTS`).
 """
 
 from __future__ import annotations
 
-from importlib import import_module
-from importlib.metadata import entry_points
 from typing import Any
 
 from kope.agents.base import (
@@ -18,30 +17,15 @@ from kope.agents.base import (
     Rejected,
     TaskView,
 )
-
-_BUILTIN = {
-    "heuristic": "kope.agents.heuristic:HeuristicAgent",
-    "llm": "kope.agents.llm:LLMAgent",
-}
-
-
-def _registry() -> dict[str, str]:
-    found = dict(_BUILTIN)
-    for ep in entry_points(group="kope.agents"):
-        found.setdefault(ep.name, ep.value)
-    return found
+from kope.vocabulary.registry import AGENTS
 
 
 def agent_names() -> list[str]:
-    return sorted(_registry())
+    return AGENTS.names()
 
 
 def agent_class(name: str) -> type[Agent]:
-    registry = _registry()
-    if name not in registry:
-        raise KeyError(f"unknown agent {name!r}; known agents: {', '.join(sorted(registry))}")
-    module, _, attr = registry[name].partition(":")
-    cls: type[Agent] = getattr(import_module(module), attr)
+    cls: type[Agent] = AGENTS.load(name)
     return cls
 
 

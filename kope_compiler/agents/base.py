@@ -1,9 +1,9 @@
 """The agent interface: what an agent is shown, and what it proposes.
 
 An agent proposes one candidate kernel at a time for one operator (a Task), with the decision
-it made and why. It is shown the operator's reference lowering, the target's capabilities,
-the relevant experience retrieved from memory (ACMI), and the feedback of its previous
-attempts on this operator. It never builds, runs or times anything: the loop does.
+it made and why. It is shown the operator's reference lowering, the target's capabilities and
+kernel forms, the relevant experience retrieved from memory (ACMI), and the feedback of its
+previous attempts on this operator. It never builds, runs or times anything: the loop does.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from kope.targets.base import TensorSpec
+from kope.vocabulary.kernels import FORM_MLIR
+from kope.vocabulary.specs import TensorSpec
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class TaskView:
     outputs: tuple[TensorSpec, ...]
     target: str
     capabilities: dict[str, Any]
+    kernel_forms: tuple[str, ...] = (FORM_MLIR,)  # what the target builds, preferred first
+    description: str = ""  # the target's own account of its kernel forms, for prompts
 
 
 @dataclass(frozen=True)
@@ -74,10 +77,11 @@ class ProposalRequest:
 
 @dataclass
 class Proposal:
-    """A candidate kernel (MLIR text) and the decision behind it."""
+    """A candidate kernel (its text, in `form`) and the decision behind it."""
 
     source: str
     decision: str
+    form: str | None = None  # one of the target's kernel forms; None: the first of them
     config: dict[str, Any] | None = None
     parent: str | None = None  # the attempt this one refines
     transferred_from: str | None = None  # an attempt of another operator it reuses

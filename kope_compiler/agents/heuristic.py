@@ -42,6 +42,7 @@ from kope.agents.schedules import (
     render,
 )
 from kope.passes.analysis import PayloadInfo, analyze, prepare_payload
+from kope.vocabulary.kernels import FORM_MLIR
 
 APPROXIMABLE = {"math.exp", "math.erf", "math.tanh"}
 BIG_WORK = 1 << 16  # iterations above which threads are expected to pay off
@@ -247,6 +248,8 @@ class HeuristicAgent(Agent):
         return self._prepared[key]
 
     def propose(self, request: ProposalRequest) -> Proposal | None:
+        if FORM_MLIR not in request.task.kernel_forms:
+            return None  # its schedules are MLIR transform scripts; this target builds none
         info = analyze(self._payload(request, False))
         space = candidate_space(info, request.task.capabilities)
         if not space:

@@ -15,13 +15,13 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from kope.agents.base import Agent, Feedback, Proposal, ProposalRequest, Rejected, TaskView
+from kope.agents.base import Agent, Feedback, Proposal, ProposalRequest, Rejected
 from kope.agents.screen import screen_mlir, screen_python
 from kope.errors import KopeError
-from kope.passes.abi import ENTRY
-from kope.targets.cpu import KERNEL_DIALECTS, BuildError, memref_type
+from kope.vocabulary.kernels import FORM_MLIR, FORM_TRITON
 
 if TYPE_CHECKING:  # the client is imported when an LLM agent is made, not with kope.agents
     from openai.types.chat import ChatCompletionMessageParam
@@ -33,59 +33,49 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 _FENCE = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.S)
 _DECISION = re.compile(r"^\s*(?:decision|why)\s*:\s*(.+)$", re.I | re.M)
 
-# The memref signature and the dialects are rendered from what the build checks
-# (`kope.targets.cpu`, `kope-destination-abi`), so the prompt cannot offer what it refuses.
+# The frame of every prompt; what kernels look like is the target's to say (`Target.describe`),
+# so a prompt cannot offer a form, a signature or a dialect that the target's build refuses.
 SYSTEM_PROMPT = """\
 You optimize one operator of a PyTorch model for a {target} target ({capabilities}).
 You are given its reference lowering: MLIR linalg-on-tensors, one `func.func @main`.
-Answer with ONE ```mlir code block holding a complete MLIR module in one of these forms:
-1. The payload `func.func @main` (you may rewrite it; keep its signature) plus a transform
-   schedule beside it: `module attributes {{transform.with_named_sequence}} {{ func.func @main
-   ... transform.named_sequence @__transform_main(%root: !transform.any_op {{transform.readonly}})
-   {{ ... transform.yield }} }}`. The schedule is applied to the payload, then KOPE bufferizes and
-   lowers to LLVM. Useful ops: transform.structured.tile_using_for / tile_using_forall (forall
-   loops run on OpenMP threads), fuse_into_containing_op, vectorize_children_and_apply_patterns,
-   apply_patterns with vector.lower_contraction, transform.loop.hoist_loop_invariant_subsets.
-2. A kernel on memrefs, with exactly this signature:
-   `{signature}`
-   Its arguments are the inputs, then one memref per output, which it must fill completely;
-   it returns nothing and needs no attributes (KOPE gives it its C calling convention).
-   Write loops or linalg ops on the memrefs, or tensor code between
-   `bufferization.to_tensor %in restrict` and
-   `bufferization.materialize_in_destination %result in restrict writable %out`.
-Only these dialects are allowed: {dialects}.
-No declarations of external functions, no indirect calls; the module may hold helper
-functions that it defines.
+{description}
 Every kernel is verified against the reference on random and edge inputs (NaN, Inf, -0).
 Start your answer with one line `Decision: <what you changed and why>`."""
 
-
-def kernel_signature(task: TaskView) -> str:
-    """The signature the memref form must have for `task`: inputs, then output destinations."""
-    try:
-        params = [f"%in{i}: {memref_type(s)}" for i, s in enumerate(task.inputs)]
-        params += [f"%out{j}: {memref_type(s)}" for j, s in enumerate(task.outputs)]
-    except BuildError:
-        # A dtype with no memref element: only the payload form can describe this operator.
-        return f"func.func @{ENTRY}(...) (not available for these dtypes)"
-    return f"func.func @{ENTRY}({', '.join(params)})"
+# The fence languages that hold each kernel form, and the screen each must pass before build.
+_FENCES = {FORM_MLIR: ("mlir", ""), FORM_TRITON: ("python", "py", "triton")}
+_SCREENS: dict[str, Callable[[str], str | None]] = {
+    FORM_MLIR: screen_mlir,
+    FORM_TRITON: screen_python,
+}
 
 
 def extract_kernel(content: str) -> tuple[str | None, str]:
     """(kernel text or None, decision text) from a model's answer."""
+    kernel, _, decision = extract_form(content)
+    return kernel, decision
+
+
+def extract_form(content: str) -> tuple[str | None, str | None, str]:
+    """(kernel text or None, its form, decision text) from a model's answer: the first block
+    in a fence of a known form (MLIR first), else an unfenced MLIR module."""
     decision_match = _DECISION.search(content)
     decision = decision_match.group(1).strip() if decision_match else ""
     blocks = _FENCE.findall(content)
-    for language, body in blocks:
-        if language.lower() in ("mlir", ""):
-            return body.strip(), decision or _prose(content)
-    for language, body in blocks:
-        if language.lower() in ("python", "py", "triton"):
-            return body.strip(), decision or _prose(content)
+    for form, languages in _FENCES.items():
+        for language, body in blocks:
+            if language.lower() in languages:
+                return body.strip(), _form_of(body, form), decision or _prose(content)
     stripped = content.strip()
     if stripped.startswith(("module", "func.func", "#map")):
-        return stripped, decision
-    return None, decision or _prose(content)
+        return stripped, FORM_MLIR, decision
+    return None, None, decision or _prose(content)
+
+
+def _form_of(body: str, fenced: str) -> str:
+    """The form a block is written in: Python in an MLIR fence is still Python."""
+    python_like = "@triton.jit" in body or body.lstrip().startswith(("import", "from", "def"))
+    return FORM_TRITON if python_like else fenced
 
 
 def _prose(content: str) -> str:
@@ -187,37 +177,40 @@ class LLMAgent(Agent):
         content = ""
         if getattr(response, "choices", None):
             content = response.choices[0].message.content or ""
-        kernel, decision = extract_kernel(content)
+        kernel, form, decision = extract_form(content)
         meta: dict[str, Any] = dict(model=self.model, tokens_in=tokens_in, tokens_out=tokens_out)
-        if kernel is None:
+        forms = request.task.kernel_forms
+        if kernel is None or form is None:
+            fences = " or ".join(f"```{_FENCES[f][0]}" for f in forms if f in _FENCES)
             return Rejected(
-                "the answer holds no kernel (no ```mlir block)", decision=decision, **meta
+                f"the answer holds no kernel (no {fences or 'code'} block)",
+                decision=decision,
+                **meta,
             )
-        python_like = "@triton.jit" in kernel or kernel.lstrip().startswith(
-            ("import", "from", "def")
-        )
-        if python_like:
-            refused = screen_python(kernel)
-            reason = refused or f"the {request.task.target} target takes MLIR kernels, not Python"
-            return Rejected(reason, decision=decision, **meta)
-        refused = screen_mlir(kernel)
+        screen = _SCREENS.get(form)
+        refused = screen(kernel) if screen is not None else None
+        if refused is None and form not in forms:
+            refused = (
+                f"the {request.task.target} target takes {', '.join(forms)} kernels, not {form}"
+            )
         if refused:
             return Rejected(refused, decision=decision, **meta)
         parent = request.history[-1].attempt_id if request.history else None
         return Proposal(
-            source=kernel, decision=decision or "rewritten by the model", parent=parent, **meta
+            source=kernel,
+            decision=decision or "rewritten by the model",
+            form=form,
+            parent=parent,
+            **meta,
         )
 
     def messages(self, request: ProposalRequest) -> list[ChatCompletionMessageParam]:
         task = request.task
-        capabilities = ", ".join(
-            f"{k}={v}" for k, v in sorted(task.capabilities.items()) if k != "kernel_form"
-        )
+        capabilities = ", ".join(f"{k}={v}" for k, v in sorted(task.capabilities.items()))
         system = SYSTEM_PROMPT.format(
             target=task.target,
             capabilities=capabilities,
-            signature=kernel_signature(task),
-            dialects=", ".join(KERNEL_DIALECTS),
+            description=task.description or f"Kernel forms: {', '.join(task.kernel_forms)}.",
         )
         parts = [
             f"Operator: {task.label}",

@@ -1,4 +1,5 @@
-"""Where KOPE keeps its files: `$KOPE_HOME`, else `~/.cache/kope`."""
+"""Where KOPE keeps its files: `$KOPE_HOME`, else `~/.cache/kope` (the store, the OpenMP shim,
+pipeline repros)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,259 @@
+"""The figures selection needs, measured when they are missing: the reference lowering against
+eager, confirmations of winning figures, re-validation of an older version's kernel.
+
+Each evaluation is announced as an event (`kope.vocabulary.events`); the experience store's
+`Recorder` is the listener that records it, so nothing here writes memory. What the store then
+says a task runs is `kope.memory.store.winner`'s rule, read by `kope.selection`.
+
+A figure means the thread count it was measured with (`threads_now()`): under another count
+the Task is measured again, as if unseen. A confirmation re-measures a candidate head to head
+against eager in a fresh evaluation; only a clean one that still beats eager pins it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from kope.eager_json import eager_json
+from kope.memory.recorder import attempt_of
+from kope.memory.schema import AttemptRecord, hardware_of
+from kope.memory.store import ExperienceStore, wins
+from kope.targets.base import Target
+from kope.task import Task
+from kope.vocabulary.events import AttemptEvaluated, Events, TaskSeen
+from kope.vocabulary.evidence import (
+    SOURCE_AGENT,
+    SOURCE_EAGER,
+    SOURCE_REFERENCE,
+    TIMING_CLEAN,
+    VERIFIED,
+    Evaluation,
+)
+from kope.vocabulary.kernels import Kernel
+
+log = logging.getLogger("kope.compiler")
+
+CONFIRM_SEED = 7919  # a confirmation times fresh inputs, not those of the figure it checks
+
+# (task key, threads) measured in this process: a Task whose figures are not clean is
+# re-measured once per process, not at every graph that holds it.
+MEASURED: set[tuple[str, int]] = set()
+
+
+def threads_now() -> int:
+    """The thread count figures are measured with, and reused only under."""
+    return torch.get_num_threads()
+
+
+def seed_for(key: str) -> int:
+    return int(key[:8], 16)
+
+
+def recording(store: ExperienceStore, events: Events | None = None) -> Events:
+    """`events`, or the listeners of a plain run: the store's recorder alone."""
+    if events is not None:
+        return events
+    from kope.memory.recorder import Recorder
+
+    return Events(Recorder(store))
+
+
+def task_seen(task: Task, target: Target) -> TaskSeen:
+    spec = task.spec
+    return TaskSeen(
+        key=task.key,
+        op=task.op,
+        label=task.label,
+        workload=task.workload,
+        inputs=tuple((s.shape, s.dtype) for s in spec.inputs),
+        outputs=tuple((s.shape, s.dtype) for s in spec.outputs),
+        target=target.name,
+        target_key=target.key(),
+        eager=eager_json(spec.eager),
+    )
+
+
+def announce(events: Events, event: AttemptEvaluated, store: ExperienceStore) -> AttemptRecord:
+    """Emit `event`; returns the attempt it is recorded as, as stored when a listener stored it
+    (with its artifact's digest), for the caller's decisions."""
+    events.emit(event)
+    stored = store.record(event.id)
+    return stored if isinstance(stored, AttemptRecord) else attempt_of(event)
+
+
+def oracle_for(task: Task, target: Target) -> Kernel | None:
+    """What an agent kernel for `task` is verified against on `target`: the reference
+    lowering where the target runs it, else eager ATen (None)."""
+    return task.reference if target.builds(task.reference) else None
+
+
+def measure_reference(
+    task: Task, target: Target, store: ExperienceStore, events: Events | None = None
+) -> AttemptRecord:
+    """Verify and time the reference lowering against eager; announce both (the eager
+    baseline rides on the reference's event), and confirm the reference when its figure says
+    it beats eager. A target that cannot run the reference lowering times eager alone: that
+    is the task's baseline there.
+
+    A reference too slow to time (a large operator's naive loops) is recorded verified with no
+    latency: it stays the oracle of the agent's candidates, and it never wins selection."""
+    events = recording(store, events)
+    kernel = oracle_for(task, target)
+    evaluation = target.evaluate(task.spec, kernel, seed=seed_for(task.key))
+    if kernel is None:
+        decision = f"eager ATen baseline: the {target.name} target does not run the reference"
+        event = AttemptEvaluated(task.key, SOURCE_EAGER, evaluation, None, decision=decision)
+        return announce(events, event, store)
+    decision = "; ".join(evaluation.notes)
+    event = AttemptEvaluated(task.key, SOURCE_REFERENCE, evaluation, kernel, decision=decision)
+    reference = announce(events, event, store)
+    if wins(reference):
+        confirm(task, target, store, reference, events)
+    return reference
+
+
+def confirm(
+    task: Task,
+    target: Target,
+    store: ExperienceStore,
+    candidate: AttemptRecord,
+    events: Events | None = None,
+) -> AttemptRecord | None:
+    """Re-measure `candidate`'s kernel head to head against eager in a fresh evaluation and
+    announce it as an attempt that `confirms` the candidate; None if its kernel text is lost.
+
+    Whether the confirmation pins the kernel is `winner`'s to say: only a clean one that
+    still beats eager beyond noise does."""
+    events = recording(store, events)
+    if candidate.source == SOURCE_REFERENCE:
+        kernel: Kernel | None = task.reference
+    else:
+        text = store.get_artifact(candidate.artifact) if candidate.artifact else None
+        kernel = Kernel(text, candidate.form) if text is not None else None
+    if kernel is None:
+        log.warning("%s: attempt %s has lost its kernel text", task.label, candidate.id)
+        return None
+    # The reference is checked against eager; an agent kernel against the reference lowering,
+    # which is timed beside it, so all of a confirmation's figures come from one run.
+    oracle = None if candidate.source == SOURCE_REFERENCE else oracle_for(task, target)
+    evaluation = target.evaluate(
+        task.spec, kernel, oracle=oracle, measure=True, seed=seed_for(task.key) + CONFIRM_SEED
+    )
+    event = AttemptEvaluated(
+        task.key,
+        candidate.source,
+        evaluation,
+        kernel,
+        decision=f"confirms {candidate.id}: {candidate.decision}",
+        agent=candidate.agent,
+        model=candidate.model,
+        config=candidate.config,
+        confirms=candidate.id,
+        baseline=False,
+    )
+    attempt = announce(events, event, store)
+    held = attempt.timing_quality == TIMING_CLEAN and wins(attempt)
+    log.info(
+        "%s: %s kernel %s (%s, first figure %.2fx, now %s)",
+        task.label,
+        candidate.source,
+        "confirmed" if held else "not confirmed",
+        attempt.timing_quality,
+        candidate.speedup_vs_eager or 0.0,
+        f"{attempt.speedup_vs_eager:.2f}x" if attempt.speedup_vs_eager else attempt.verdict,
+    )
+    return attempt
+
+
+def transfer_from_older(
+    task: Task, target: Target, store: ExperienceStore, events: Events | None = None
+) -> AttemptRecord | None:
+    """Re-validate the pinned agent kernel of the same workload on the same hardware under an
+    older target key (another KOPE, torch or torch-mlir version): evaluate it now, announce it
+    under this key with a `transferred_from` link, and confirm it if it wins."""
+    events = recording(store, events)
+    hardware = hardware_of(target.key())
+    for other in store.tasks_with_workload(task.workload, hardware):
+        if other.key == task.key:
+            continue
+        old = store.best(other.key)
+        if old is None or old.source != SOURCE_AGENT or not old.artifact:
+            continue
+        text = store.get_artifact(old.artifact)
+        if text is None:
+            continue
+        kernel = Kernel(text, old.form)
+        evaluation: Evaluation = target.evaluate(
+            task.spec, kernel, oracle=oracle_for(task, target), seed=seed_for(task.key)
+        )
+        event = AttemptEvaluated(
+            task.key,
+            SOURCE_AGENT,
+            evaluation,
+            kernel,
+            decision=f"re-validated from {other.target_key}: {old.decision}",
+            agent=old.agent,
+            model=old.model,
+            config=old.config,
+            transferred_from=old.id,
+        )
+        attempt = announce(events, event, store)
+        log.info(
+            "%s: re-validated the kernel of an older version (%s): %s",
+            task.label,
+            other.target_key,
+            attempt.verdict,
+        )
+        if wins(attempt):
+            confirm(task, target, store, attempt, events)
+        return attempt
+    return None
+
+
+def known_reference(
+    task: Task, target: Target, store: ExperienceStore, events: Events | None = None
+) -> AttemptRecord:
+    """The task's baseline attempt under this process's thread count (its reference lowering,
+    or eager where the target cannot run it): from the store, or measured now. A task with no
+    attempts at all first looks for its workload under an older target key."""
+    events = recording(store, events)
+    store.refresh()
+    events.emit(task_seen(task, target))
+    threads = threads_now()
+    reference = store.standing(task.key, threads).baseline
+    if reference is not None:
+        return reference
+    first_seen = not store.attempts(task.key)
+    MEASURED.add((task.key, threads))
+    reference = measure_reference(task, target, store, events)
+    if first_seen and reference.verdict == VERIFIED:
+        transfer_from_older(task, target, store, events)
+    return reference
+
+
+def remeasure(
+    task: Task, target: Target, store: ExperienceStore, events: Events | None = None
+) -> list[AttemptRecord]:
+    """Re-time the task's stored choice now; returns the new attempts.
+
+    The candidate that wins on an unconfirmed figure is confirmed; else the pinned kernel is
+    re-confirmed (its new confirmation replaces the stale figure); with eager chosen, the
+    baseline is measured against eager again (and confirmed if it now wins)."""
+    events = recording(store, events)
+    store.refresh()
+    events.emit(task_seen(task, target))
+    threads = threads_now()
+    MEASURED.add((task.key, threads))
+    before = {a.id for a in store.attempts(task.key)}
+    standing = store.standing(task.key, threads)
+    candidate = standing.challenger or standing.pinned
+    if candidate is not None:
+        if candidate.confirms is not None:  # re-confirm the kernel, naming its first figure
+            first = store.record(candidate.confirms)
+            candidate = first if isinstance(first, AttemptRecord) else candidate
+        confirm(task, target, store, candidate, events)
+    else:
+        measure_reference(task, target, store, events)
+    return [a for a in store.attempts(task.key) if a.id not in before]

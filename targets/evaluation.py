@@ -1,0 +1,445 @@
+"""The evaluation every target shares: build → verify → measure → verdict.
+
+`evaluate` runs in the calling process: it checks the kernel's form, sizes the time limit to
+the operator's work, hands an `EvalJob` to one of the target's isolated workers, and maps a
+crash, a hang or an exception there to a verdict. `evaluate_job` runs in the worker: it builds
+the candidate (and the oracle kernel) with the target's `build`, verifies it on fresh random
+and edge inputs in the target's device buffers (poisoned outputs inside canaries, inputs
+checked unchanged), times it interleaved with eager ATen (the target's `synchronize` after
+each call), and checks what the timed calls returned. A target supplies only its `Target`
+hooks; nothing here knows which target it runs for.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kope.targets import verify
+from kope.targets.base import BuildError, BuiltKernel
+from kope.targets.measure import (
+    MeasureConfig,
+    Work,
+    estimate_work,
+    evaluation_limit_s,
+    measure_interleaved,
+    recheck_implausible,
+    rotating,
+)
+from kope.vocabulary.evidence import (
+    COMPILE_ERROR,
+    MISMATCH,
+    RUNTIME_ERROR,
+    TIMEOUT,
+    TIMING_CONTAMINATED,
+    VERIFIED,
+    Evaluation,
+    Timing,
+)
+from kope.vocabulary.kernels import FORM_MLIR, Kernel
+from kope.vocabulary.specs import TaskSpec
+
+if TYPE_CHECKING:
+    from kope.targets.base import Target
+
+EAGER_ORACLE = "eager ATen (float64 where it runs)"
+REFERENCE_ORACLE = "reference lowering"
+
+
+# -- in the calling process ---------------------------------------------------------------------
+def evaluate(
+    target: Target,
+    task: TaskSpec,
+    kernel: Kernel | None,
+    *,
+    oracle: Kernel | None = None,
+    measure: bool = True,
+    seed: int = 0,
+    config: MeasureConfig | None = None,
+) -> Evaluation:
+    """Build, verify and time `kernel` on `target` in a worker, within a time limit scaled to
+    its work (see `Target.evaluate`).
+
+    `target.timeout_s` covers building, start-up and an ordinary operator's runs. An operator
+    whose estimated runs (the kernel and its oracle once per trial, then timing:
+    `evaluation_limit_s`) need more than half of it gets those plus half of `timeout_s` for
+    the rest, so a large operator's reference lowering is verified, not timed out."""
+    config = config or target.measure_config or MeasureConfig()
+    if kernel is not None and not target.builds(kernel):
+        return Evaluation(
+            COMPILE_ERROR,
+            error=(
+                f"the {target.name} target builds {', '.join(target.kernel_forms)} kernels, "
+                f"not {kernel.form}"
+            ),
+        )
+    notes: list[str] = []
+    if oracle is not None and not target.builds(oracle):
+        notes.append(
+            f"the {target.name} target cannot run the {oracle.form} oracle; verified against "
+            f"{EAGER_ORACLE}"
+        )
+        oracle = None
+    # The reference payload describes the operator's loops; an agent kernel may not parse as
+    # one (a memref @kope_kernel, a Triton kernel), so the oracle's MLIR is read when there is.
+    text = next((k.source for k in (oracle, kernel) if k is not None and k.form == FORM_MLIR), None)
+    work: Work = estimate_work(task, text)
+    trials = len(verify.trials_for(seed))
+    runs_s = evaluation_limit_s(work, trials, measure, config)
+    limit_s = max(target.timeout_s, target.timeout_s / 2 + runs_s)
+    job = EvalJob(
+        type(target),
+        task,
+        kernel,
+        oracle,
+        measure,
+        seed,
+        torch.get_num_threads(),
+        config,
+        reduction=work.reduction,
+    )
+    start = time.perf_counter()
+    outcome = target.pool.call("kope.targets.evaluation:evaluate_job", job, limit_s)
+    if outcome.ok:
+        result: Evaluation = outcome.value
+        result.notes[:0] = notes
+        return result
+    in_build = outcome.phase in ("start", "build")
+    if outcome.failure == "timeout":
+        verdict = TIMEOUT
+    elif in_build:
+        verdict = COMPILE_ERROR
+    else:
+        verdict = RUNTIME_ERROR
+    what = {"crash": "crashed", "timeout": "timed out", "error": "raised"}[
+        outcome.failure or "error"
+    ]
+    return Evaluation(
+        verdict,
+        error=f"the worker {what} during {outcome.phase}: {outcome.detail}",
+        wall_s=time.perf_counter() - start,
+        notes=notes,
+    )
+
+
+# -- in the worker -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EvalJob:
+    """One candidate to build with `target.build`, verify against `oracle` (eager when None)
+    and maybe time.
+
+    `reduction` is the length of the operator's longest reduction, which widens the verifier's
+    tolerance (`verify.tolerance`)."""
+
+    target: type[Target]  # pickled by name: the worker imports the target's module
+    task: TaskSpec
+    kernel: Kernel | None  # None: time eager ATen alone
+    oracle: Kernel | None
+    measure: bool
+    seed: int
+    eager_threads: int
+    config: MeasureConfig = MeasureConfig()
+    reduction: int = 1
+
+
+_BUILT: dict[tuple[str, str, str], BuiltKernel] = {}
+
+
+def _cached_build(target: type[Target], task: TaskSpec, kernel: Kernel) -> BuiltKernel:
+    key = (target.name, task.label + repr(task.inputs) + repr(task.outputs), kernel.digest)
+    if key not in _BUILT:
+        _BUILT[key] = target.build(task, kernel)
+    return _BUILT[key]
+
+
+def evaluate_job(job: EvalJob, phase: Callable[[str], None]) -> Evaluation:
+    """Build, verify and time one candidate. Runs in a worker; may crash it."""
+    start = time.perf_counter()
+    job.target.prepare_worker(job.eager_threads)
+    if job.kernel is None:
+        phase("measure")
+        result = _measure_eager(job)
+        result.wall_s = time.perf_counter() - start
+        return result
+    phase("build")
+    try:
+        kernel = _cached_build(job.target, job.task, job.kernel)
+        oracle_kernel = _cached_build(job.target, job.task, job.oracle) if job.oracle else None
+    except BuildError as err:
+        return Evaluation(COMPILE_ERROR, error=str(err), wall_s=time.perf_counter() - start)
+    phase("verify")
+    calls: dict[str, float] = {}
+    result = _verify(job, kernel, oracle_kernel, calls)
+    if result.verified and job.measure:
+        phase("measure")
+        result = _measure(job, kernel, oracle_kernel, calls, result)
+    result.wall_s = time.perf_counter() - start
+    return result
+
+
+def _measure(
+    job: EvalJob,
+    kernel: BuiltKernel,
+    oracle_kernel: BuiltKernel | None,
+    calls: dict[str, float],
+    result: Evaluation,
+    measure: Callable[..., dict[str, Timing]] = measure_interleaved,
+) -> Evaluation:
+    """Time eager, the kernel and the reference on rotating input sets, then check what the
+    kernel's timed calls returned; `result` (verified) gets the timings, or becomes the
+    failure found after timing. `measure` is `measure_interleaved` unless a test fakes it.
+
+    Input sets are made before anything is timed; all candidates see the same rotation, so a
+    data operand fresh in cache (or not) falls on all of them alike."""
+    sets = [
+        _on_device(inputs, job)
+        for inputs in verify.timing_inputs(job.task.inputs, job.seed, job.config.input_sets)
+    ]
+    copies: dict[int, torch.Tensor] = {}  # the shared inputs are copied once
+    for tensor in (t for inputs in sets for t in inputs):
+        if id(tensor) not in copies:
+            copies[id(tensor)] = tensor.clone()
+    pristine = [[copies[id(t)] for t in inputs] for inputs in sets]
+    fns: dict[str, Callable[[], Any]] = {}
+    latest: dict[str, list[Any]] = {}
+    fns["eager"], _ = rotating([_synced(job.task.eager.bind(inputs), job) for inputs in sets])
+    threads = {"eager": job.eager_threads}
+    candidates = {"kernel": kernel}
+    if oracle_kernel is not None:
+        candidates["reference"] = oracle_kernel
+    for name, candidate in candidates.items():
+        # A candidate this slow cannot win, and timing it would take several of its calls:
+        # it stays verified, untimed (no speedup), and the loop goes on without it.
+        if calls[name] > job.config.max_call_s:
+            result.notes.append(
+                f"{name} too slow to time: one call took {calls[name]:.3g} s "
+                f"(limit {job.config.max_call_s:g} s)"
+            )
+            continue
+        fns[name], latest[name] = rotating(
+            [_synced(partial(candidate, *inputs), job) for inputs in sets]
+        )
+        threads[name] = job.target.kernel_threads(candidate, job.eager_threads)
+    timings = measure(fns, job.config, threads)
+    if "kernel" in fns:
+        pair = {name: fns[name] for name in ("eager", "kernel")}
+        timings = recheck_implausible(
+            timings, lambda: measure(pair, job.config, threads), result.notes
+        )
+    result.kernel, result.eager = timings.get("kernel"), timings["eager"]
+    result.reference = timings.get("reference")
+    _note_contamination(timings, result)
+    if "kernel" in fns:
+        # A reference too slow to time is too slow to run once per input set again (minutes
+        # for the largest operators); eager ATen, the oracle of every kernel without one, is not.
+        checker = oracle_kernel if "reference" in fns else None
+        failure = _check_after_timing(job, checker, sets, pristine, latest["kernel"])
+        if failure is not None:
+            failure.notes = result.notes + failure.notes
+            failure.trials = result.trials
+            return failure
+    return result
+
+
+def _share(share: float | None) -> str:
+    return "unknown" if share is None else f"{share:.1%}"
+
+
+def _load(load: float | None) -> str:
+    return "unknown" if load is None else f"{load:.2f}"
+
+
+def _check_after_timing(
+    job: EvalJob,
+    oracle_kernel: BuiltKernel | None,
+    sets: Sequence[Sequence[torch.Tensor]],
+    pristine: Sequence[Sequence[torch.Tensor]],
+    outputs: Sequence[Any],
+) -> Evaluation | None:
+    """None when the kernel's timed calls returned the oracle's outputs on every input set and
+    left the inputs as they were; else the failure. A kernel that kept a result from an earlier
+    call, or skipped work once it had passed verification, is caught here."""
+    oracle_name = REFERENCE_ORACLE if oracle_kernel else EAGER_ORACLE
+    for index, (inputs, before) in enumerate(zip(sets, pristine, strict=True)):
+        damage = verify.inputs_unchanged(before, inputs)
+        if damage:
+            return Evaluation(
+                RUNTIME_ERROR,
+                error=f"after timing, input set {index}: {damage}",
+                oracle=oracle_name,
+            )
+    for index, (inputs, got) in enumerate(zip(sets, outputs, strict=True)):
+        if got is None:
+            continue  # not called on this set (no candidate is timed with fewer calls than sets)
+        expected = _oracle_outputs(job.task, oracle_kernel, inputs)
+        failed, max_abs, max_rel = _compare_outputs(job, got, expected)
+        if failed is not None:
+            return Evaluation(
+                MISMATCH,
+                error=(
+                    f"wrong after timing: on timing input set {index} of {len(sets)} the timed "
+                    f"calls returned other outputs than verification accepted ({failed.message}); "
+                    "a kernel must compute every call, never reuse an earlier result"
+                ),
+                max_abs_err=max_abs,
+                max_rel_err=max_rel,
+                oracle=oracle_name,
+            )
+    return None
+
+
+def _on_device(inputs: Sequence[torch.Tensor], job: EvalJob) -> list[torch.Tensor]:
+    """Inputs made on the host, in the target's device memory."""
+    device = job.target.device
+    return [t if t.device.type == device else t.to(device) for t in inputs]
+
+
+def _synced(call: Callable[[], Any], job: EvalJob) -> Callable[[], Any]:
+    """`call`, returning only when the device has done its work (as is, on the CPU)."""
+    sync = job.target.synchronize
+    if sync is None:
+        return call
+
+    def synced() -> Any:
+        result = call()
+        sync()
+        return result
+
+    return synced
+
+
+def _measure_eager(job: EvalJob) -> Evaluation:
+    """Time eager ATen alone: the baseline of a target that cannot run the reference."""
+    sets = [
+        _on_device(inputs, job)
+        for inputs in verify.timing_inputs(job.task.inputs, job.seed, job.config.input_sets)
+    ]
+    eager, _ = rotating([_synced(job.task.eager.bind(inputs), job) for inputs in sets])
+    timing = measure_interleaved({"eager": eager}, job.config, {"eager": job.eager_threads})
+    result = Evaluation(VERIFIED, kernel=timing["eager"], eager=timing["eager"], oracle="itself")
+    _note_contamination(timing, result)
+    return result
+
+
+def _note_contamination(timings: dict[str, Timing], result: Evaluation) -> None:
+    for name, timing in timings.items():
+        if timing.quality == TIMING_CONTAMINATED:
+            result.notes.append(
+                f"{name} timing {timing.quality}: {timing.clean_rounds} of {timing.rounds} "
+                f"rounds undisturbed (run-queue wait {_share(timing.wait_share)} of the time, "
+                f"load {_load(timing.load)})"
+            )
+
+
+def _verify(
+    job: EvalJob,
+    kernel: BuiltKernel,
+    oracle_kernel: BuiltKernel | None,
+    calls: dict[str, float] | None = None,
+) -> Evaluation:
+    """Run the kernel and its oracle once per trial and compare; `calls` gets the fastest call
+    of the kernel ("kernel") and of an oracle kernel ("reference") seen, for timing decisions."""
+    task = job.task
+    calls = {} if calls is None else calls
+    oracle_name = REFERENCE_ORACLE if oracle_kernel else EAGER_ORACLE
+    max_abs = max_rel = 0.0
+    notes: list[str] = []
+    trials = 0
+    for trial in verify.trials_for(job.seed):
+        inputs = _on_device(verify.make_inputs(task.inputs, trial), job)
+        try:
+            began = time.perf_counter()
+            expected = _oracle_outputs(task, oracle_kernel, inputs)
+            if oracle_kernel is not None:
+                _fastest(calls, "reference", time.perf_counter() - began)
+        except Exception as err:  # the oracle itself rejects these inputs
+            if trial.kind == "random":
+                return Evaluation(
+                    RUNTIME_ERROR,
+                    error=f"the oracle ({oracle_name}) failed on random inputs: {err}",
+                    oracle=oracle_name,
+                )
+            reason = str(err).splitlines()[0][:120]
+            notes.append(f"{trial.kind} trial skipped: the oracle rejects it ({reason})")
+            continue
+        pristine = [t.clone() for t in inputs]
+        outputs = verify.GuardedOutputs(task.outputs, job.target.device)
+        began = time.perf_counter()
+        kernel.run(inputs, outputs.views)
+        if job.target.synchronize is not None:
+            job.target.synchronize()
+        _fastest(calls, "kernel", time.perf_counter() - began)
+        trials += 1
+        damage = outputs.check() or verify.inputs_unchanged(pristine, inputs)
+        if damage:
+            return Evaluation(
+                RUNTIME_ERROR,
+                error=f"{trial.kind} trial: {damage}",
+                oracle=oracle_name,
+                trials=trials,
+            )
+        failed, trial_abs, trial_rel = _compare_outputs(job, outputs.views, expected)
+        if failed is not None:
+            return Evaluation(
+                MISMATCH,
+                error=f"{trial.kind} trial (seed {trial.seed}): {failed.message}",
+                max_abs_err=failed.max_abs_err,
+                max_rel_err=failed.max_rel_err,
+                oracle=oracle_name,
+                trials=trials,
+            )
+        max_abs, max_rel = max(max_abs, trial_abs), max(max_rel, trial_rel)
+    return Evaluation(
+        VERIFIED,
+        max_abs_err=max_abs,
+        max_rel_err=max_rel,
+        oracle=oracle_name,
+        trials=trials,
+        notes=notes,
+    )
+
+
+def _compare_outputs(
+    job: EvalJob, got: Sequence[torch.Tensor], expected: Sequence[torch.Tensor]
+) -> tuple[verify.Comparison | None, float, float]:
+    """The first output of `got` that fails against `expected` (None if all pass), and the
+    largest absolute and relative errors seen up to there."""
+    largest_input = max((math.prod(s.shape) for s in job.task.inputs), default=0)
+    max_abs = max_rel = 0.0
+    for index, (out, want) in enumerate(zip(got, expected, strict=True)):
+        # An output smaller than the largest input summarizes it: a statistics output.
+        statistic = out.numel() < largest_input
+        cmp = verify.compare(
+            out.cpu(), want.cpu(), index, reduction=job.reduction, statistic=statistic
+        )
+        max_abs, max_rel = max(max_abs, cmp.max_abs_err), max(max_rel, cmp.max_rel_err)
+        if not cmp.ok:
+            return cmp, max_abs, max_rel
+    return None, max_abs, max_rel
+
+
+def _fastest(calls: dict[str, float], name: str, seconds: float) -> None:
+    calls[name] = min(seconds, calls.get(name, seconds))
+
+
+def _oracle_outputs(
+    task: TaskSpec, oracle_kernel: BuiltKernel | None, inputs: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, ...]:
+    """The expected outputs: the oracle kernel's, else eager ATen's in float64 where the op has
+    a float64 kernel (the verifier rounds them to the output dtype before comparing)."""
+    if oracle_kernel is not None:
+        return oracle_kernel(*inputs)
+    if any(t.is_floating_point() for t in inputs):
+        try:
+            return verify.run_oracle(task.eager, verify.upcast(inputs))
+        except Exception:  # the op has no float64 kernel: fall back to its own dtype
+            pass
+    return verify.run_oracle(task.eager, inputs)

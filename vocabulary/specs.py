@@ -1,0 +1,145 @@
+"""What an operator is to every room: tensor specs, the eager call, the task spec, a kernel.
+
+Plain data, so that it crosses into worker processes and into the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# The dtypes KOPE's tasks may carry, with the short names labels and MLIR element types use.
+# A target accepts a subset (`Target.dtypes`); uint8 is "u8" here, "i8" to MLIR.
+DTYPES = {
+    "float64": "f64",
+    "float32": "f32",
+    "float16": "f16",
+    "bfloat16": "bf16",
+    "int64": "i64",
+    "int32": "i32",
+    "int16": "i16",
+    "int8": "i8",
+    "uint8": "u8",
+    "bool": "i1",
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape and dtype of one kernel argument; kernels are specialised on static shapes."""
+
+    shape: tuple[int, ...]
+    dtype: str  # a torch dtype name: "float32", "int64", "bool", ...
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> TensorSpec:
+        return cls(tuple(int(s) for s in t.shape), dtype_name(t.dtype))
+
+    def __str__(self) -> str:
+        dims = "x".join(str(s) for s in self.shape)
+        short = DTYPES.get(self.dtype, self.dtype)
+        return f"{dims}x{short}" if dims else short
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The name `TensorSpec.dtype` and `DTYPES` use for a torch dtype ("float32", ...)."""
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class InputRef:
+    """Stands for the kernel's i-th input inside an `OpCall`'s arguments."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class OpCall:
+    """How to run an operator eagerly: an ATen overload by name, tensor arguments as `InputRef`s.
+
+    This is the baseline every kernel is timed against and the oracle of the reference lowering.
+    It is plain data so that it can cross into a worker process.
+    """
+
+    op: str  # e.g. "aten.mm.default"
+    args: tuple[Any, ...]
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+    def resolve(self) -> Callable[..., Any]:
+        namespace, name, overload = self.op.split(".")
+        return getattr(getattr(getattr(torch.ops, namespace), name), overload)
+
+    def bind(self, inputs: Sequence[torch.Tensor]) -> Callable[[], Any]:
+        """A zero-argument callable running the op on `inputs` (for timing loops)."""
+        fn = self.resolve()
+        args = _substitute(self.args, inputs)
+        kwargs = {k: _substitute(v, inputs) for k, v in self.kwargs}
+        return lambda: fn(*args, **kwargs)
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        out = self.bind(inputs)()
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+@dataclass(frozen=True)
+class StepRef:
+    """Stands for the result of an earlier step of a `Program` (its `index`-th, if several)."""
+
+    step: int
+    index: int | None = None
+
+
+@dataclass(frozen=True)
+class Program:
+    """A few ATen calls in order: the eager baseline of a fused group of operators."""
+
+    steps: tuple[OpCall, ...]
+    outputs: tuple[StepRef, ...]
+
+    @property
+    def op(self) -> str:
+        return "+".join(step.op for step in self.steps)
+
+    def bind(self, inputs: Sequence[torch.Tensor]) -> Callable[[], Any]:
+        calls = [(step.resolve(), step) for step in self.steps]
+
+        def run() -> tuple[torch.Tensor, ...]:
+            values: list[Any] = []
+            for fn, step in calls:
+                args = _substitute(step.args, inputs, values)
+                kwargs = {k: _substitute(v, inputs, values) for k, v in step.kwargs}
+                values.append(fn(*args, **kwargs))
+            return tuple(_substitute(ref, inputs, values) for ref in self.outputs)
+
+        return run
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        return self.bind(inputs)()
+
+
+def _substitute(value: Any, inputs: Sequence[torch.Tensor], values: Sequence[Any] = ()) -> Any:
+    if isinstance(value, InputRef):
+        return inputs[value.index]
+    if isinstance(value, StepRef):
+        result = values[value.step]
+        return result if value.index is None else result[value.index]
+    if isinstance(value, (list, tuple)):
+        return type(value)(_substitute(v, inputs, values) for v in value)
+    return value
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One operator as a target sees it: its signature and its eager baseline."""
+
+    label: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    eager: OpCall | Program
