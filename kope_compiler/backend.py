@@ -17,7 +17,7 @@ from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import aot_export_joint_simple
 
-from kope.compiler import compile_graph
+from kope.compiler import compile_graph, settle_graph
 from kope.errors import UnsupportedGraphError
 from kope.options import Options
 
@@ -65,6 +65,11 @@ def _compile(
     assert isinstance(aten_gm, fx.GraphModule)  # typed as a callable; a graph in fact
     compiled, report = compile_graph(aten_gm, opts)
     if not any(task.jit for task in report.tasks):
+        return gm.forward
+    # Under `auto`, the compiled graph must beat eager's as a whole; `reference` forces kernels.
+    if opts.kernels == "auto" and not settle_graph(
+        gm.forward, compiled, report, example_inputs, opts
+    ):
         return gm.forward
     return compiled.forward
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,19 +32,29 @@ log = logging.getLogger("kope.compiler")
 
 
 class KernelCall:
-    """A graph node's callable that runs a JIT kernel and counts its calls."""
+    """A graph node's callable that runs a JIT kernel and counts its calls; switched off
+    (`enabled`) by the whole-graph check, it runs the operator's eager call instead."""
 
     def __init__(
-        self, kernel: Callable[..., tuple[torch.Tensor, ...]], single: bool, report: TaskReport
+        self,
+        kernel: Callable[..., tuple[torch.Tensor, ...]],
+        single: bool,
+        report: TaskReport,
+        eager: Callable[[Sequence[torch.Tensor]], tuple[torch.Tensor, ...]],
     ):
         self.kernel = kernel
         self.single = single
         self.report = report
+        self.eager = eager
+        self.enabled = True
         self.__name__ = "kope_kernel"
 
     def __call__(self, *inputs: torch.Tensor) -> Any:
-        self.report.calls += 1
-        outputs = self.kernel(*inputs)
+        if self.enabled:
+            self.report.calls += 1
+            outputs = self.kernel(*inputs)
+        else:
+            outputs = self.eager(inputs)
         return outputs[0] if self.single else outputs
 
 
@@ -76,7 +86,7 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
         fuse=options.fuse,
         fast_paths=options.kernels == "reference" or options.optimize,
     )
-    graph = GraphReport(views=part.views, policy=options.kernels)
+    graph = GraphReport(views=part.views, policy=options.kernels, code=gm.code)
     graph.eager = [EagerReport(e.op, e.reason, e.compute) for e in part.eager]
     for e in part.eager:
         if e.compute:
@@ -104,7 +114,7 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
                 entry.kernel, entry.reason = "eager", f"kernel failed to load: {err}"
             else:
                 single = len(task.spec.outputs) == 1 and not _is_multi(task.node)
-                task.node.target = KernelCall(kernel, single, entry)
+                task.node.target = KernelCall(kernel, single, entry, task.spec.eager)
                 task.node.args = tuple(task.input_nodes)
                 task.node.kwargs = {}
                 for inner in reversed(task.nodes[:-1]):  # the rest of a fused chain
@@ -119,6 +129,43 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
     graph.compile_s = time.perf_counter() - start
     add_graph(graph)
     return gm, graph
+
+
+def settle_graph(
+    eager_graph: Callable[..., Any],
+    compiled: fx.GraphModule,
+    report: GraphReport,
+    inputs: Sequence[Any],
+    options: Options,
+) -> bool:
+    """Whether the compiled graph should run instead of `eager_graph`, by timing them against
+    each other (`kope.whole_graph`); the kernels that do not pay inside it are switched off."""
+    from kope.whole_graph import settle
+
+    if any(isinstance(x, torch._subclasses.FakeTensor) for x in inputs):
+        log.info("the graph was compiled on fake inputs; its kernels run untimed as a whole")
+        return True
+    calls = [n.target for n in compiled.graph.nodes if isinstance(n.target, KernelCall)]
+    counted = [c.report.calls for c in calls]
+    store = store_at(options.store_path)
+    target = target_for(options.target, options.workers, options.timeout_s)
+    try:
+        with torch.no_grad():
+            decision = settle(
+                eager_graph,
+                compiled.forward,
+                calls,
+                inputs,
+                code=report.code,
+                store=store,
+                target=target,
+                events=recording(store),
+                report=report,
+            )
+    finally:
+        for call, count in zip(calls, counted, strict=True):
+            call.report.calls = count  # the timing's calls are not the model's
+    return decision.compiled
 
 
 def _optimize_unseen(

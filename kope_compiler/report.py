@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kope.vocabulary.evidence import Timing
+
 PASS_RATE = "the share of operators with at least one verified agent kernel"
 """What `pass rate` (`summary.pass_rate` of the reports) means wherever KOPE prints it."""
 
@@ -56,12 +58,45 @@ class EagerReport:
 
 
 @dataclass
+class GraphDecision:
+    """Whether a compiled graph runs, or the eager graph, and the timings (one interleaved run
+    in the calling process) it rests on (`kope.whole_graph`)."""
+
+    compiled: bool  # False: the eager graph runs
+    reason: str
+    kope: Timing | None = None
+    eager: Timing | None = None
+    recorded_us: tuple[float | None, float | None] | None = None  # a decision reused
+    disturbed: bool = False  # a step of the search was not clean: the decision is not kept
+
+    @property
+    def clean(self) -> bool:
+        return (
+            self.kope is not None
+            and self.eager is not None
+            and self.kope.clean
+            and self.eager.clean
+        )
+
+    @property
+    def speedup(self) -> float | None:
+        if self.kope is not None and self.eager is not None:
+            return self.eager.median_us / self.kope.median_us
+        if self.recorded_us is not None and all(self.recorded_us):
+            kope_us, eager_us = self.recorded_us
+            return (eager_us or 0.0) / (kope_us or 1.0)
+        return None
+
+
+@dataclass
 class GraphReport:
     tasks: list[TaskReport] = field(default_factory=list)
     eager: list[EagerReport] = field(default_factory=list)
     views: int = 0
     compile_s: float = 0.0
     policy: str = "auto"
+    whole: GraphDecision | None = None  # the whole-graph check, where it ran
+    code: str = field(default="", repr=False)  # the aten graph's code: what the graph key hashes
 
     @property
     def compute_ops(self) -> int:
@@ -145,6 +180,16 @@ class Report:
             f"{sum(1 for t in self.tasks if t.jit)} on JIT kernels; "
             f"JIT share of compute operators that ran: {self.jit_share():.0%}"
         )
+        for index, graph in enumerate(self.graphs):
+            whole = graph.whole
+            if whole is None:
+                continue
+            ran = "compiled" if whole.compiled else "eager"
+            quality = "clean" if whole.clean else "reused" if whole.recorded_us else "not clean"
+            speed = speedup_text(whole.speedup, "clean" if whole.clean else "unknown")
+            lines.append(
+                f"graph {index}: {ran} runs; compiled {speed} eager ({quality}): {whole.reason}"
+            )
         return "\n".join(lines)
 
 

@@ -17,11 +17,12 @@ TIMEOUT = "timeout"
 MISMATCH = "mismatch"
 VERDICTS = (VERIFIED, COMPILE_ERROR, RUNTIME_ERROR, TIMEOUT, MISMATCH)
 
-# Where a candidate kernel came from. Snapshots store it as its index in `SOURCES`.
+# Where a candidate came from. Snapshots store it as its index in `SOURCES`: new ones go at the end.
 SOURCE_EAGER = "eager"  # eager ATen: the baseline
 SOURCE_REFERENCE = "reference"  # the reference lowering (torch-mlir)
 SOURCE_AGENT = "agent"  # an agent's rewrite
-SOURCES = (SOURCE_EAGER, SOURCE_REFERENCE, SOURCE_AGENT)
+SOURCE_GRAPH = "graph"  # a whole compiled graph (its kernel choices), timed against eager's
+SOURCES = (SOURCE_EAGER, SOURCE_REFERENCE, SOURCE_AGENT, SOURCE_GRAPH)
 
 # The quality of a timing: whether the figure rests on rounds no other work disturbed.
 TIMING_CLEAN = "clean"  # enough undisturbed rounds; the figure may pin a choice

@@ -1,0 +1,295 @@
+"""The graph is a candidate too: a compiled graph runs only where it beats eager as a whole.
+
+Per-operator figures are measured in a worker, one operator at a time. Inside a graph a kernel
+can lose what it won there: its inputs come from other kernels, caches are shared, and each
+call pays dispatch. So after the per-operator choices (`kope.selection`), the compiled graph is
+timed against the eager graph (dynamo's own) in the calling process, interleaved, under the
+measurement's clean-round rules (`kope.targets.measure.measure_interleaved`), on the inputs
+the graph was compiled for; its outputs are first checked against eager's.
+
+When the compiled graph does not beat eager beyond noise (`WIN_MARGIN`), its kernels are taken
+back one at a time and added again greedily, the largest gain the per-operator figures promise
+first: each is kept only if the graph with it beats the graph without it, measured head to
+head. What is left runs only if it beats eager; else the eager graph runs. Dropped choices run
+their operator's eager call and say so in `kope.report()`.
+
+A decision that rests on clean timings is recorded in the store (a task of op `kope.graph`,
+one `graph` attempt per decision: the compiled and eager graphs' timings, and in `config` the
+kernels considered and kept), so a process that compiles the same graph with the same choices
+reuses it. A decision whose timings are not clean runs eager and is not recorded: the next
+compile measures again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from kope.measuring import announce, threads_now
+from kope.memory.schema import AttemptRecord
+from kope.memory.store import WIN_MARGIN, ExperienceStore
+from kope.report import GraphDecision, GraphReport, TaskReport
+from kope.targets import verify
+from kope.targets.base import Target
+from kope.targets.measure import MeasureConfig, measure_interleaved
+from kope.vocabulary.events import AttemptEvaluated, Events, TaskSeen
+from kope.vocabulary.evidence import (
+    SOURCE_EAGER,
+    SOURCE_GRAPH,
+    TIMING_CLEAN,
+    VERIFIED,
+    Evaluation,
+    Timing,
+)
+from kope.vocabulary.specs import TensorSpec
+
+log = logging.getLogger("kope.compiler")
+
+GRAPH_OP = "kope.graph"
+# The most kernels the greedy search adds back one by one (each costs one measurement); the
+# rest of a graph whose kernels do not pay together are dropped.
+MAX_GREEDY = 8
+
+
+class Switchable(Protocol):
+    """What a compiled graph node runs: the chosen kernel, or the operator's eager call once
+    the whole-graph check dropped the choice."""
+
+    kernel: Callable[..., Any]
+    eager: Callable[[Sequence[torch.Tensor]], tuple[torch.Tensor, ...]]
+    single: bool
+    report: TaskReport
+    enabled: bool
+
+
+def graph_key(code: str, inputs: Sequence[Any], target_key: str) -> tuple[str, str]:
+    """(key, workload) of a graph: its aten code and input specs, with and without the target."""
+    specs = repr([TensorSpec.of(x) if isinstance(x, torch.Tensor) else x for x in inputs])
+    workload = hashlib.sha256(f"{code}\n{specs}".encode()).hexdigest()
+    return hashlib.sha256(f"{workload}\n{target_key}".encode()).hexdigest(), workload
+
+
+def settle(
+    eager_graph: Callable[..., Any],
+    compiled_graph: Callable[..., Any],
+    calls: Sequence[Switchable],
+    inputs: Sequence[Any],
+    *,
+    code: str,
+    store: ExperienceStore,
+    target: Target,
+    events: Events,
+    report: GraphReport,
+    config: MeasureConfig | None = None,
+) -> GraphDecision:
+    """Decide whether `compiled_graph` runs, and with which of its kernels (`calls` are switched
+    off in place for the choices dropped); the report says what was decided and why."""
+    config = config or MeasureConfig()
+    key, workload = graph_key(code, inputs, target.key())
+    considered = sorted(_entry(c) for c in calls)
+    recorded = _recorded(store, key, considered)
+    if recorded is not None:
+        kept = set(recorded.config["kept"] if recorded.config else [])
+        for call in calls:
+            call.enabled = _entry(call) in kept
+        decision = GraphDecision(bool(kept), f"as measured before: {recorded.decision}")
+        decision.recorded_us = (recorded.latency_us, recorded.eager_us)
+        return _finish(decision, calls, report)
+    failure = _outputs_differ(eager_graph, compiled_graph, inputs)
+    if failure is not None:
+        log.error("the compiled graph's outputs differ from eager's (%s); running eager", failure)
+        for call in calls:
+            call.enabled = False
+        return _finish(GraphDecision(False, f"outputs differ from eager: {failure}"), calls, report)
+
+    def eager() -> Any:
+        return eager_graph(*inputs)
+
+    def compiled() -> Any:
+        return compiled_graph(*inputs)
+
+    threads = {"eager": threads_now(), "kope": threads_now()}
+    first = measure_interleaved({"eager": eager, "kope": compiled}, config, threads)
+    decision = GraphDecision(True, "the compiled graph beats eager", first["kope"], first["eager"])
+    if not decision.clean:
+        decision.compiled = False
+        decision.reason = "its timing against eager was not clean; eager runs until it is"
+    elif not _beats(first["kope"], first["eager"]):
+        decision = _greedy(calls, eager, compiled, config, threads)
+        if decision.kope is None:
+            decision.kope, decision.eager = first["kope"], first["eager"]
+    if not decision.compiled:
+        for call in calls:
+            call.enabled = False
+    if decision.clean and not decision.disturbed:
+        _record(store, events, target, key, workload, considered, calls, decision, report)
+    return _finish(decision, calls, report)
+
+
+def _greedy(
+    calls: Sequence[Switchable],
+    eager: Callable[[], Any],
+    compiled: Callable[[], Any],
+    config: MeasureConfig,
+    threads: dict[str, int],
+) -> GraphDecision:
+    """Add the kernels back one at a time, the largest promised gain first, keeping each that
+    makes the graph faster; then the result must still beat eager."""
+    for call in calls:
+        call.enabled = False
+    order = sorted(calls, key=_promised_gain, reverse=True)
+    pair = {"with": threads["kope"], "without": threads["kope"]}
+    disturbed = 0
+    for call in order[:MAX_GREEDY]:
+        call.enabled = True
+        timed = measure_interleaved(
+            {"with": compiled, "without": _without(call, compiled)}, config, pair
+        )
+        clean = timed["with"].clean and timed["without"].clean
+        disturbed += not clean
+        call.enabled = clean and _beats(timed["with"], timed["without"])
+    kept = sum(c.enabled for c in calls)
+    if not kept:
+        # Resting on the first timing (the whole compiled graph lost), unless a step was
+        # disturbed: then a kernel may have been dropped on noise, and the next compile retries.
+        decision = GraphDecision(False, "no kernel pays inside the graph")
+        decision.disturbed = bool(disturbed)
+        return decision
+    final = measure_interleaved({"eager": eager, "kope": compiled}, config, threads)
+    decision = GraphDecision(
+        True, f"{kept} of {len(calls)} kernels pay inside the graph", final["kope"], final["eager"]
+    )
+    decision.disturbed = bool(disturbed)
+    if decision.clean and _beats(final["kope"], final["eager"]):
+        return decision
+    for call in calls:
+        call.enabled = False
+    decision.compiled = False
+    decision.reason = "the kernels that pay alone do not beat eager together"
+    return decision
+
+
+def _without(call: Switchable, compiled: Callable[[], Any]) -> Callable[[], Any]:
+    """`compiled` with `call` switched off for the duration of one call."""
+
+    def run() -> Any:
+        call.enabled = False
+        try:
+            return compiled()
+        finally:
+            call.enabled = True
+
+    return run
+
+
+def _beats(fast: Timing, slow: Timing) -> bool:
+    return slow.median_us / fast.median_us > 1.0 + WIN_MARGIN
+
+
+def _promised_gain(call: Switchable) -> float:
+    """The µs a kernel's per-operator figures say it saves per call."""
+    report = call.report
+    if report.eager_us is None or report.kernel_us is None:
+        return 0.0
+    return report.eager_us - report.kernel_us
+
+
+def _entry(call: Switchable) -> str:
+    return f"{call.report.key}:{call.report.kernel}"
+
+
+def _outputs_differ(
+    eager_graph: Callable[..., Any], compiled_graph: Callable[..., Any], inputs: Sequence[Any]
+) -> str | None:
+    """None when the compiled graph returns eager's outputs on the compile's inputs."""
+    want = _tensors(eager_graph(*inputs))
+    got = _tensors(compiled_graph(*inputs))
+    if len(want) != len(got):
+        return f"{len(got)} outputs, eager returns {len(want)}"
+    for index, (g, w) in enumerate(zip(got, want, strict=True)):
+        if g.shape != w.shape or g.dtype != w.dtype:
+            return f"output {index} is {TensorSpec.of(g)}, eager's is {TensorSpec.of(w)}"
+        # A graph of several kernels accumulates error: the tolerance of a long reduction.
+        cmp = verify.compare(g.detach(), w.detach(), index, reduction=max(1, w.numel()))
+        if not cmp.ok:
+            return cmp.message
+    return None
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    leaves, _ = torch.utils._pytree.tree_flatten(value)
+    return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+
+
+def _recorded(store: ExperienceStore, key: str, considered: list[str]) -> AttemptRecord | None:
+    """The latest clean decision for this graph under this thread count and these choices."""
+    store.refresh()
+    for attempt in reversed(store.attempts(key)):
+        if attempt.source != SOURCE_GRAPH or attempt.threads != threads_now():
+            continue
+        if attempt.timing_quality == TIMING_CLEAN and attempt.config is not None:
+            if sorted(attempt.config.get("considered", [])) == considered:
+                return attempt
+    return None
+
+
+def _record(
+    store: ExperienceStore,
+    events: Events,
+    target: Target,
+    key: str,
+    workload: str,
+    considered: list[str],
+    calls: Sequence[Switchable],
+    decision: GraphDecision,
+    report: GraphReport,
+) -> None:
+    labels = ", ".join(t.label for t in report.tasks[:3])
+    more = f", +{len(report.tasks) - 3}" if len(report.tasks) > 3 else ""
+    events.emit(
+        TaskSeen(
+            key,
+            GRAPH_OP,
+            f"graph of {len(report.tasks)} tasks ({labels}{more})",
+            workload,
+            (),
+            (),
+            target.name,
+            target.key(),
+        )
+    )
+    evaluation = Evaluation(
+        VERIFIED, kernel=decision.kope, eager=decision.eager, oracle="the eager graph"
+    )
+    kept = sorted(_entry(c) for c in calls if c.enabled) if decision.compiled else []
+    event = AttemptEvaluated(
+        key,
+        SOURCE_GRAPH,
+        evaluation,
+        None,
+        decision=decision.reason,
+        config={"considered": considered, "kept": kept},
+    )
+    announce(events, event, store)
+
+
+def _finish(
+    decision: GraphDecision, calls: Sequence[Switchable], report: GraphReport
+) -> GraphDecision:
+    for call in calls:
+        if not call.enabled and call.report.kernel != SOURCE_EAGER:
+            call.report.reason = (
+                f"dropped: the {call.report.kernel} kernel did not pay inside the graph "
+                f"({decision.reason})"
+            )
+            call.report.kernel = SOURCE_EAGER
+    report.whole = decision
+    speed = f" ({decision.speedup:.2f}x eager)" if decision.speedup else ""
+    log.info(
+        "graph: %s%s: %s", "compiled" if decision.compiled else "eager", speed, decision.reason
+    )
+    return decision

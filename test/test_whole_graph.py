@@ -1,0 +1,89 @@
+"""The graph is a candidate too: a compiled graph whose kernels do not pay runs eagerly, says so,
+and a later compile of the same graph reuses the clean decision instead of timing again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch._dynamo
+
+import kope
+from kope.memory.schema import AttemptRecord
+from kope.memory.store import ExperienceStore
+from kope.precompile import trace_tasks
+from kope.targets.cpu import CpuTarget
+from kope.vocabulary.evidence import SOURCE_EAGER, SOURCE_GRAPH, SOURCE_REFERENCE, TIMING_CLEAN
+
+
+class Softmax(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x, -1)
+
+
+def claim_the_reference_wins(store: ExperienceStore, model: torch.nn.Module, x: torch.Tensor):
+    """A store whose figures say softmax's reference lowering beats eager 6x, confirmed: a
+    false claim (its naive loops run several times slower than eager), as a store measured on
+    other hardware, or under load the probe missed, could hold."""
+    from kope.measuring import task_seen
+    from kope.memory.recorder import Recorder
+
+    target = CpuTarget()
+    (task,) = trace_tasks(model, (x,), target)
+    Recorder(store)(task_seen(task, target))
+    figures = dict(
+        task=task.key,
+        verdict="verified",
+        latency_us=10.0,
+        eager_us=60.0,
+        speedup_vs_eager=6.0,
+        threads=torch.get_num_threads(),
+        timing_quality=TIMING_CLEAN,
+        clean_rounds=15,
+        rounds=15,
+    )
+    store.add_attempt(AttemptRecord(source=SOURCE_EAGER, **{**figures, "latency_us": 60.0}))
+    first = store.add_attempt(AttemptRecord(source=SOURCE_REFERENCE, **figures), task.payload)
+    store.add_attempt(
+        AttemptRecord(source=SOURCE_REFERENCE, confirms=first.id, **figures), task.payload
+    )
+    return task
+
+
+def compile_and_run(model: torch.nn.Module, x: torch.Tensor, store: Path) -> torch.Tensor:
+    torch._dynamo.reset()
+    kope.reset_report()
+    with torch.no_grad():
+        compiled = torch.compile(model, backend="kope", options={"store": str(store)})
+        return compiled(x)
+
+
+def test_kernels_that_do_not_pay_in_the_graph_are_dropped_and_reported(tmp_path: Path) -> None:
+    model, x = Softmax(), torch.randn(64, 1024, generator=torch.Generator().manual_seed(0))
+    store = ExperienceStore(tmp_path / "store")
+    task = claim_the_reference_wins(store, model, x)
+
+    torch.testing.assert_close(compile_and_run(model, x, tmp_path / "store"), model(x))
+    (graph,) = kope.report().graphs
+    (entry,) = graph.tasks
+    assert graph.whole is not None and not graph.whole.compiled, graph.whole
+    assert entry.kernel == SOURCE_EAGER and entry.reason.startswith("dropped: the reference")
+    assert entry.calls == 0  # the timing's calls are not the model's
+    assert "eager runs" in kope.report().format_table()
+
+    store.refresh()
+    graphs = [a for t in store.tasks() for a in store.attempts(t.key) if a.source == SOURCE_GRAPH]
+    if not graph.whole.clean:
+        assert not graphs  # a decision on disturbed timings is not kept
+        return
+    (decision,) = graphs
+    assert decision.config == {"considered": [f"{task.key}:reference"], "kept": []}
+    assert decision.latency_us and decision.eager_us and decision.latency_us > decision.eager_us
+
+    # Another compile of the same graph with the same choices reuses the decision.
+    torch.testing.assert_close(compile_and_run(model, x, tmp_path / "store"), model(x))
+    (again,) = kope.report().graphs
+    assert again.whole is not None and not again.whole.compiled
+    assert again.whole.reason.startswith("as measured before")
+    store.refresh()
+    assert len([a for a in store.attempts(decision.task) if a.source == SOURCE_GRAPH]) == 1
