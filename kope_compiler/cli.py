@@ -8,6 +8,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from kope.errors import KopeError
@@ -57,6 +58,35 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
         "(returning (model, inputs)), or an example: mlp, cnn, transformer_block, "
         f"encoder_layer, odd_shapes (default: {DEFAULT_MODEL})",
     )
+
+
+def _import_command(args: argparse.Namespace) -> int:
+    import torch
+    from torch_mlir import fx as torch_mlir_fx
+
+    from kope.models import load_model
+
+    model, inputs = load_model(args.model)
+    try:
+        with torch.no_grad():
+            module = torch_mlir_fx.export_and_import(
+                model.eval(), *inputs, output_type="linalg-on-tensors"
+            )
+    except Exception as err:  # torch.export or the importer refused the model
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        print(
+            f"kope import: torch-mlir cannot import {args.model} whole "
+            f"({type(err).__name__}: {first[:300]}); `torch.compile(backend='kope')` still "
+            "compiles it operator by operator",
+            file=sys.stderr,
+        )
+        return 1
+    text = str(module)
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 def _compile_command(args: argparse.Namespace) -> int:
@@ -169,6 +199,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="calls timed for the end-to-end comparison (default: 100)",
     )
     compile_p.set_defaults(run=_compile_command)
+    import_p = sub.add_parser(
+        "import",
+        help="write a model as one linalg-on-tensors MLIR module, for kope-opt",
+        description="Import MODEL whole with torch-mlir's FX importer (torch.export, then "
+        "linalg-on-tensors) and write the module: the input of "
+        "`kope-opt --pass-pipeline='builtin.module(kope-outline-operators,kope-optimize,"
+        "kope-apply-kernels,kope-lower-cpu)'`.",
+    )
+    _add_model(import_p)
+    import_p.add_argument("-o", "--output", help="the file to write (default: standard output)")
+    import_p.set_defaults(run=_import_command)
     _add_precompile(sub)
     _add_bench(sub)
     from kope.memory.cli import add_commands

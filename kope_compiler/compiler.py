@@ -114,7 +114,9 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
                 entry.kernel, entry.reason = "eager", f"kernel failed to load: {err}"
             else:
                 single = len(task.spec.outputs) == 1 and not _is_multi(task.node)
-                task.node.target = KernelCall(kernel, single, entry, task.spec.eager)
+                eager = task.spec.eager
+                assert eager is not None  # the partitioner's Tasks are ATen nodes
+                task.node.target = KernelCall(kernel, single, entry, eager)
                 task.node.args = tuple(task.input_nodes)
                 task.node.kwargs = {}
                 for inner in reversed(task.nodes[:-1]):  # the rest of a fused chain

@@ -12,8 +12,11 @@ from kope.task import Task
 from kope.vocabulary.specs import InputRef, OpCall, Program, StepRef, TaskSpec, TensorSpec
 
 
-def eager_json(call: OpCall | Program) -> dict[str, Any] | None:
-    """The eager call as JSON the store can hold, or None if an argument has no encoding."""
+def eager_json(call: OpCall | Program | None) -> dict[str, Any] | None:
+    """The eager call as JSON the store can hold, or None if there is none or an argument has
+    no encoding."""
+    if call is None:
+        return None
     try:
         if isinstance(call, Program):
             return {

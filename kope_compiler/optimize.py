@@ -40,6 +40,7 @@ from kope.vocabulary.evidence import (
     COMPILE_ERROR,
     SOURCE_AGENT,
     SOURCE_EAGER,
+    SOURCE_REFERENCE,
     TIMING_UNKNOWN,
     VERDICTS,
     VERIFIED,
@@ -288,7 +289,9 @@ def summarize(
     verdicts = Counter(a.verdict for a in agent_attempts)
     pinned = standing.pinned
     figures = pinned or standing.baseline
-    winner = pinned.source if pinned is not None else SOURCE_EAGER
+    # What runs when nothing is pinned: eager, or the reference body of an IR-only operator.
+    unpinned = SOURCE_EAGER if task.spec.eager is not None else SOURCE_REFERENCE
+    winner = pinned.source if pinned is not None else unpinned
     eager_us = figures.eager_us if figures else None
     ref_us = figures.reference_us if figures and figures.verdict == VERIFIED else None
     best_us = pinned.latency_us if pinned is not None else eager_us

@@ -57,6 +57,10 @@ class Task:
 
     @property
     def op(self) -> str:
+        """The ATen operator (or `+`-joined operators of a fused group); for an operator known
+        only as IR, the op its label begins with (`linalg.matmul`)."""
+        if self.spec.eager is None:
+            return self.label.split("(", 1)[0]
         return self.spec.eager.op
 
     @property

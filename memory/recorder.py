@@ -20,11 +20,15 @@ from kope.vocabulary.evidence import SOURCE_EAGER, SOURCE_REFERENCE, VERIFIED, q
 def attempt_of(event: AttemptEvaluated) -> AttemptRecord:
     """The attempt an evaluation is recorded as (its artifact digest is set when stored).
 
-    The figure is clean only if the kernel's and eager's timings both are. `threads` is
-    eager's thread count (the measuring process's), which is what the figure means."""
+    The figure is clean only if the kernel's and its baseline's timings both are: eager's, or
+    the reference lowering's for an operator known only as IR (no eager call). `threads` is
+    the baseline's thread count (the measuring process's), which is what the figure means."""
     evaluation = event.evaluation
     kernel, eager, reference = evaluation.kernel, evaluation.eager, evaluation.reference
-    threads = eager.threads if eager else kernel.threads if kernel else 0
+    baseline = eager or reference
+    threads = evaluation.threads or (
+        baseline.threads if baseline else kernel.threads if kernel else 0
+    )
     decision: dict[str, Any] = {
         "decision": event.decision,
         "agent": event.agent,
@@ -57,7 +61,7 @@ def attempt_of(event: AttemptEvaluated) -> AttemptRecord:
         speedup_vs_reference=(
             reference.median_us / kernel.median_us if kernel and reference else None
         ),
-        **{**quality_of(kernel, eager), **decision},
+        **{**quality_of(kernel, baseline), **decision},
     )
     if event.source == SOURCE_REFERENCE and kernel is not None:
         attempt.reference_us = kernel.median_us

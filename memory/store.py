@@ -50,6 +50,7 @@ from kope.memory.schema import (
 from kope.memory.similarity import SHAPE_DIMS, Features, decision_hash, features
 from kope.vocabulary.evidence import (
     SOURCE_EAGER,
+    SOURCE_GRAPH,
     SOURCE_REFERENCE,
     SOURCES,
     TIMING_CLEAN,
@@ -753,8 +754,12 @@ def _nan(value: float | None) -> float:
 
 
 def _speedup(attempt: AttemptRecord) -> float:
+    """The speedup over the task's baseline: eager ATen, else (an operator known only as IR,
+    timed with no eager call) its reference lowering."""
     if attempt.source == SOURCE_EAGER:
         return 1.0
+    if attempt.eager_us is None and attempt.reference_us is not None:
+        return attempt.speedup_vs_reference or 0.0
     return attempt.speedup_vs_eager or 0.0
 
 
@@ -799,12 +804,12 @@ class Standing:
 
 
 def wins(attempt: AttemptRecord) -> bool:
-    """Whether an attempt's figure beats eager beyond noise (WIN_MARGIN)."""
+    """Whether an attempt's figure beats its baseline beyond noise (WIN_MARGIN)."""
     return (
         attempt.verdict == VERIFIED
-        and attempt.source != SOURCE_EAGER
+        and attempt.source not in (SOURCE_EAGER, SOURCE_GRAPH)
         and attempt.latency_us is not None
-        and (attempt.speedup_vs_eager or 0.0) > 1.0 + WIN_MARGIN
+        and _speedup(attempt) > 1.0 + WIN_MARGIN
     )
 
 
@@ -822,6 +827,11 @@ def winner(attempts: Sequence[AttemptRecord], threads: int | None = None) -> Sta
     A task none of whose figures were judged or confirmed (`unknown` quality: recorded
     before KOPE judged timings) keeps the older rule, its fastest verified figure with eager
     as 1, and is marked `legacy` so that the next compile re-times it.
+
+    A task known only as IR (no eager call: `kope-optimize` inside a pipeline) is judged the
+    same way against its reference lowering. Once a task has an eager baseline, figures timed
+    against the reference alone no longer pin anything: a kernel they say wins is a challenger,
+    to be confirmed against eager, until a figure against eager exists for it.
     """
     # A record without a thread count (0: untimed, or written by hand) counts under any.
     counted = [a for a in attempts if threads is None or a.threads in (threads, 0)]
@@ -839,16 +849,21 @@ def winner(attempts: Sequence[AttemptRecord], threads: int | None = None) -> Sta
         best = max((a for a in counted if a.verdict == VERIFIED), key=_speedup, default=None)
         pinned = best if best is not None and best.source != SOURCE_EAGER else None
         return Standing(pinned, baseline, eager, legacy=True)
+    against_eager = any(a.source == SOURCE_EAGER for a in counted)
+    comparable = [a for a in timed if not against_eager or a.eager_us is not None]
     settled: dict[str, AttemptRecord] = {}  # kernel (artifact) -> its latest clean confirmation
-    for a in timed:
+    for a in comparable:
         if a.confirms is not None and a.artifact and a.timing_quality == TIMING_CLEAN:
             settled[a.artifact] = a
     pinned = max((c for c in settled.values() if wins(c)), key=_speedup, default=None)
     floor = _speedup(pinned) if pinned is not None else 1.0 + WIN_MARGIN
     open_ = [
         a
-        for a in timed
+        for a in comparable
         if a.confirms is None and wins(a) and a.artifact not in settled and _speedup(a) > floor
     ]
+    if not open_ and against_eager:  # a kernel found against the reference alone, untried
+        tried = {a.artifact for a in comparable}
+        open_ = [a for a in timed if a.eager_us is None and wins(a) and a.artifact not in tried]
     challenger = max(open_, key=_speedup, default=None)
     return Standing(pinned, baseline, eager, challenger)

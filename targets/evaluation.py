@@ -80,6 +80,15 @@ def evaluate(
             ),
         )
     notes: list[str] = []
+    if task.eager is None and (oracle is None or not target.builds(oracle)):
+        # An operator known only as IR: its reference lowering is its only oracle.
+        return Evaluation(
+            COMPILE_ERROR,
+            error=(
+                f"nothing to verify against: {task.label} has no eager call, and the "
+                f"{target.name} target cannot run its reference lowering"
+            ),
+        )
     if oracle is not None and not target.builds(oracle):
         notes.append(
             f"the {target.name} target cannot run the {oracle.form} oracle; verified against "
@@ -168,6 +177,7 @@ def evaluate_job(job: EvalJob, phase: Callable[[str], None]) -> Evaluation:
         phase("measure")
         result = _measure_eager(job)
         result.wall_s = time.perf_counter() - start
+        result.threads = job.eager_threads
         return result
     phase("build")
     try:
@@ -181,6 +191,7 @@ def evaluate_job(job: EvalJob, phase: Callable[[str], None]) -> Evaluation:
     if result.verified and job.measure:
         phase("measure")
         result = _measure(job, kernel, oracle_kernel, calls, result)
+        result.threads = job.eager_threads
     result.wall_s = time.perf_counter() - start
     return result
 
@@ -210,8 +221,11 @@ def _measure(
     pristine = [[copies[id(t)] for t in inputs] for inputs in sets]
     fns: dict[str, Callable[[], Any]] = {}
     latest: dict[str, list[Any]] = {}
-    fns["eager"], _ = rotating([_synced(job.task.eager.bind(inputs), job) for inputs in sets])
-    threads = {"eager": job.eager_threads}
+    threads: dict[str, int] = {}
+    eager = job.task.eager
+    if eager is not None:
+        fns["eager"], _ = rotating([_synced(eager.bind(inputs), job) for inputs in sets])
+        threads["eager"] = job.eager_threads
     candidates = {"kernel": kernel}
     if oracle_kernel is not None:
         candidates["reference"] = oracle_kernel
@@ -228,19 +242,24 @@ def _measure(
             [_synced(partial(candidate, *inputs), job) for inputs in sets]
         )
         threads[name] = job.target.kernel_threads(candidate, job.eager_threads)
+    # The baseline: eager ATen, else (an operator known only as IR) the reference lowering.
+    baseline = "eager" if eager is not None else "reference"
+    if baseline not in fns:
+        result.notes.append("untimed: no baseline to time the kernel against")
+        return result
     timings = measure(fns, job.config, threads)
-    if "kernel" in fns:
+    if "kernel" in fns and eager is not None:
         pair = {name: fns[name] for name in ("eager", "kernel")}
         timings = recheck_implausible(
             timings, lambda: measure(pair, job.config, threads), result.notes
         )
-    result.kernel, result.eager = timings.get("kernel"), timings["eager"]
+    result.kernel, result.eager = timings.get("kernel"), timings.get("eager")
     result.reference = timings.get("reference")
     _note_contamination(timings, result)
     if "kernel" in fns:
         # A reference too slow to time is too slow to run once per input set again (minutes
         # for the largest operators); eager ATen, the oracle of every kernel without one, is not.
-        checker = oracle_kernel if "reference" in fns else None
+        checker = oracle_kernel if "reference" in fns or eager is None else None
         failure = _check_after_timing(job, checker, sets, pristine, latest["kernel"])
         if failure is not None:
             failure.notes = result.notes + failure.notes
@@ -318,11 +337,13 @@ def _synced(call: Callable[[], Any], job: EvalJob) -> Callable[[], Any]:
 
 def _measure_eager(job: EvalJob) -> Evaluation:
     """Time eager ATen alone: the baseline of a target that cannot run the reference."""
+    assert job.task.eager is not None, "evaluate() refuses a task with neither"
     sets = [
         _on_device(inputs, job)
         for inputs in verify.timing_inputs(job.task.inputs, job.seed, job.config.input_sets)
     ]
-    eager, _ = rotating([_synced(job.task.eager.bind(inputs), job) for inputs in sets])
+    task_eager = job.task.eager
+    eager, _ = rotating([_synced(task_eager.bind(inputs), job) for inputs in sets])
     timing = measure_interleaved({"eager": eager}, job.config, {"eager": job.eager_threads})
     result = Evaluation(VERIFIED, kernel=timing["eager"], eager=timing["eager"], oracle="itself")
     _note_contamination(timing, result)
@@ -437,6 +458,7 @@ def _oracle_outputs(
     a float64 kernel (the verifier rounds them to the output dtype before comparing)."""
     if oracle_kernel is not None:
         return oracle_kernel(*inputs)
+    assert task.eager is not None, "evaluate() refuses a task with neither"
     if any(t.is_floating_point() for t in inputs):
         try:
             return verify.run_oracle(task.eager, verify.upcast(inputs))

@@ -92,6 +92,9 @@ class Evaluation:
     trials: int = 0
     wall_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    # The thread count the figures mean: the measuring process's torch threads, which eager
+    # runs with and parallel kernels use (0: not measured).
+    threads: int = 0
 
     @property
     def verified(self) -> bool:

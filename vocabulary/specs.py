@@ -137,9 +137,12 @@ def _substitute(value: Any, inputs: Sequence[torch.Tensor], values: Sequence[Any
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """One operator as a target sees it: its signature and its eager baseline."""
+    """One operator as a target sees it: its signature and its eager baseline.
+
+    `eager` is None for an operator known only as IR (a function in a `kope-optimize`
+    pipeline): its reference lowering is then its oracle and its baseline."""
 
     label: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
-    eager: OpCall | Program
+    eager: OpCall | Program | None
