@@ -1,0 +1,248 @@
+"""Whole models: eager vs `torch.compile(backend="kope")` vs inductor, timed in one process.
+
+Six models of realistic small size that KOPE's tests never see: an LLM block (RMSNorm as user
+code writes it, SwiGLU), a GPT-2 MLP (GELU-tanh), attention written by hand, an
+`nn.TransformerEncoderLayer`, a ResNet basic block and a depthwise-separable conv block.
+
+For each model: with `--precompile N`, `kope precompile` (heuristic agent, budget N) into a
+fresh store first; then the first compile (the store as left by precompiling, or empty)
+and inductor's compile are timed; a warm compile (a new dynamo cache over the same store) is
+timed too; then eager, kope and inductor are timed against each other, interleaved, by
+`kope.targets.measure.measure_interleaved` (clean-round rules: a figure whose rounds were
+disturbed is marked `~`). Ratios are eager time / backend time.
+
+    python benchmarks/e2e.py [--precompile 8] [--no-inductor] [--models a,b] [--json out.json]
+
+Run it on a quiet machine (`../shared/tools/quiet-check.sh`), with nothing else running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class LlmBlock(nn.Module):
+    """Pre-norm SwiGLU feed-forward with a residual, as in LLaMA-style blocks."""
+
+    def __init__(self, dim: int = 256, hidden: int = 688):
+        super().__init__()
+        self.norm = RMSNorm(dim)
+        self.gate = nn.Linear(dim, hidden, bias=False)
+        self.up = nn.Linear(dim, hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class Gpt2Mlp(nn.Module):
+    def __init__(self, dim: int = 256):
+        super().__init__()
+        self.fc = nn.Linear(dim, 4 * dim)
+        self.proj = nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(x), approximate="tanh"))
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention written out: scores, scale, softmax, weighted sum."""
+
+    def __init__(self, dim: int = 128, heads: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=-1)
+        q, k, v = (y.view(b, t, self.heads, d // self.heads).transpose(1, 2) for y in (q, k, v))
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
+        y = torch.softmax(scores, dim=-1) @ v
+        return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+
+class ResNetBlock(nn.Module):
+    def __init__(self, channels: int = 32):
+        super().__init__()
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.conv2 = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(y)) + x)
+
+
+class DepthwiseSeparable(nn.Module):
+    def __init__(self, channels: int = 32, out: int = 64):
+        super().__init__()
+        self.depthwise = nn.Conv2d(channels, channels, 3, padding=1, groups=channels, bias=False)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.pointwise = nn.Conv2d(channels, out, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.bn2(self.pointwise(F.relu(self.bn1(self.depthwise(x))))))
+
+
+def _inputs(*shape: int) -> tuple[torch.Tensor, ...]:
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(0)),)
+
+
+MODELS: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
+    "llm_block": lambda: (LlmBlock(), _inputs(32, 256)),
+    "gpt2_mlp": lambda: (Gpt2Mlp(), _inputs(64, 256)),
+    "attention": lambda: (Attention(), _inputs(2, 64, 128)),
+    "encoder_layer": lambda: (
+        nn.TransformerEncoderLayer(128, 4, 256, dropout=0.0, batch_first=True),
+        _inputs(2, 32, 128),
+    ),
+    "resnet_block": lambda: (ResNetBlock(), _inputs(1, 32, 28, 28)),
+    "depthwise_separable": lambda: (DepthwiseSeparable(), _inputs(1, 32, 28, 28)),
+}
+
+
+def _model(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    torch.manual_seed(0)
+    model, inputs = MODELS[name]()
+    return model.eval(), inputs
+
+
+def run(name: str, store: Path, budget: int, inductor: bool) -> dict[str, Any]:
+    import kope
+    from kope.compiler import store_at, target_for
+    from kope.optimize import Budget
+    from kope.precompile import precompile
+    from kope.targets.measure import measure_interleaved
+
+    model, inputs = _model(name)
+    row: dict[str, Any] = {"model": name}
+    if budget:
+        start = time.perf_counter()
+        report = precompile(
+            model,
+            inputs,
+            target=target_for("cpu", 1, 120.0),
+            store=store_at(store),
+            budget=Budget(attempts=budget),
+            progress=False,
+        )
+        row["precompile_s"] = time.perf_counter() - start
+        row["operators"] = report["summary"]["operators"]
+        row["agent_wins"] = report["summary"]["agent_wins"]
+    options = {"store": str(store)}
+    with torch.no_grad():
+        want = model(*inputs)
+        fns: dict[str, Callable[[], Any]] = {"eager": lambda: model(*inputs)}
+        torch._dynamo.reset()
+        kope.reset_report()
+        start = time.perf_counter()
+        compiled = torch.compile(model, backend="kope", options=options)
+        torch.testing.assert_close(compiled(*inputs), want, rtol=1e-3, atol=1e-3)
+        row["kope_compile_s"] = time.perf_counter() - start
+        graphs = kope.report().graphs
+        row["graphs"] = [
+            {
+                "compiled": g.whole.compiled if g.whole else bool(any(t.jit for t in g.tasks)),
+                "reason": g.whole.reason if g.whole else "",
+                "tasks": len(g.tasks),
+                "jit": sum(t.jit for t in g.tasks),
+            }
+            for g in graphs
+        ]
+        torch._dynamo.reset()
+        start = time.perf_counter()
+        warm = torch.compile(model, backend="kope", options=options)
+        warm(*inputs)
+        row["kope_warm_compile_s"] = time.perf_counter() - start
+        fns["kope"] = lambda: warm(*inputs)
+        if inductor:
+            start = time.perf_counter()
+            ind = torch.compile(model, backend="inductor")
+            torch.testing.assert_close(ind(*inputs), want, rtol=1e-3, atol=1e-3)
+            row["inductor_compile_s"] = time.perf_counter() - start
+            fns["inductor"] = lambda: ind(*inputs)
+        threads = {n: torch.get_num_threads() for n in fns}
+        timings = measure_interleaved(fns, threads=threads)
+    for n, timing in timings.items():
+        row[f"{n}_us"] = timing.median_us
+        row[f"{n}_clean"] = timing.clean
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--precompile", type=int, default=8, help="agent budget (0: none)")
+    parser.add_argument("--no-inductor", action="store_true", help="skip the inductor column")
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated")
+    parser.add_argument("--store", help="experience store (default: a fresh temporary one)")
+    parser.add_argument("--json", help="write the rows here")
+    args = parser.parse_args()
+    store = Path(args.store or tempfile.mkdtemp(prefix="kope-e2e-"))
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{platform.processor() or platform.machine()}, store {store}, "
+        f"precompile budget {args.precompile}"
+    )
+    rows = []
+    for name in args.models.split(","):
+        rows.append(run(name, store, args.precompile, not args.no_inductor))
+        r = rows[-1]
+        mark = {n: "" if r.get(f"{n}_clean") else "~" for n in ("kope", "inductor")}
+        ind = (
+            f"inductor {r['inductor_us']:8.1f} µs {mark['inductor']}"
+            f"{r['eager_us'] / r['inductor_us']:.2f}x"
+            if "inductor_us" in r
+            else ""
+        )
+        print(
+            f"{name:<20} eager {r['eager_us']:8.1f} µs  kope {r['kope_us']:8.1f} µs "
+            f"{mark['kope']}{r['eager_us'] / r['kope_us']:.2f}x  {ind}  "
+            f"graphs {r['graphs']}"
+        )
+    kope_ratios = [r["eager_us"] / r["kope_us"] for r in rows]
+    print(f"geomean kope/eager {math.prod(kope_ratios) ** (1 / len(rows)):.2f}x", end="")
+    if all("inductor_us" in r for r in rows):
+        ratios = [r["eager_us"] / r["inductor_us"] for r in rows]
+        print(f", inductor/eager {math.prod(ratios) ** (1 / len(rows)):.2f}x")
+    else:
+        print()
+    for r in rows:
+        times = ", ".join(
+            f"{k.removesuffix('_s')} {v:.1f} s" for k, v in r.items() if k.endswith("_s")
+        )
+        print(f"{r['model']:<20} {times}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
