@@ -31,10 +31,10 @@ from kope.targets.base import Target
 from kope.task import Task
 from kope.vocabulary.evidence import (
     SOURCE_AGENT,
+    SOURCE_EAGER,
     SOURCE_REFERENCE,
     TIMING_CLEAN,
     TIMING_CONTAMINATED,
-    TIMING_UNKNOWN,
     Evaluation,
     Timing,
 )
@@ -136,12 +136,45 @@ def agent_attempt(of: Task, us: float, quality: str, **fields: Any) -> AttemptRe
     )
 
 
-def test_memory_uses_the_targets_quality_names() -> None:
-    assert (TIMING_CLEAN, TIMING_CONTAMINATED, TIMING_UNKNOWN) == (
-        TIMING_CLEAN,
-        TIMING_CONTAMINATED,
-        TIMING_UNKNOWN,
-    )
+def test_reference_only_figures_judge_an_ir_task_and_only_propose_once_eager_is_known() -> None:
+    """`kope-optimize` times kernels against the reference lowering (the IR has no eager call):
+    that judges the task on its own, but once the task has an eager baseline (the backend met
+    it), such a figure is a challenger to confirm against eager, never a pinned choice."""
+    threads = torch.get_num_threads()
+    common: dict[str, Any] = dict(task="k", verdict="verified", threads=threads)
+    clean: dict[str, Any] = dict(timing_quality=TIMING_CLEAN, rounds=15, clean_rounds=15)
+    reference = AttemptRecord(
+        source=SOURCE_REFERENCE, latency_us=100.0, reference_us=100.0, speedup_vs_reference=1.0,
+        artifact="reference", **common, **clean,
+    )  # fmt: skip
+    found = dict(latency_us=10.0, reference_us=100.0, speedup_vs_reference=10.0, artifact="k1")
+    first = AttemptRecord(source=SOURCE_AGENT, **found, **common, **clean)
+    confirmed = AttemptRecord(source=SOURCE_AGENT, confirms=first.id, **found, **common, **clean)
+    alone = winner([reference, first, confirmed], threads)
+    assert alone.pinned is confirmed and alone.challenger is None
+
+    eager_us = 8.0
+    met = [
+        AttemptRecord(
+            source=SOURCE_REFERENCE, latency_us=100.0, eager_us=eager_us, reference_us=100.0,
+            speedup_vs_eager=eager_us / 100.0, artifact="reference", **common, **clean,
+        ),
+        AttemptRecord(
+            source=SOURCE_EAGER, latency_us=eager_us, eager_us=eager_us, speedup_vs_eager=1.0,
+            **common, **clean,
+        ),
+    ]  # fmt: skip
+    standing = winner([reference, first, confirmed, *met], threads)
+    assert standing.pinned is None and standing.baseline is met[0]
+    assert standing.challenger is not None and standing.challenger.artifact == "k1"
+    assert not standing.clean  # so the next compile confirms it against eager
+
+    against_eager = AttemptRecord(
+        source=SOURCE_AGENT, confirms=first.id, latency_us=10.0, eager_us=eager_us,
+        speedup_vs_eager=eager_us / 10.0, artifact="k1", **common, **clean,
+    )  # fmt: skip
+    settled = winner([reference, first, confirmed, *met, against_eager], threads)
+    assert settled.pinned is None and settled.challenger is None and settled.clean
 
 
 def test_a_contaminated_figure_never_pins_and_a_clean_confirmation_does(
