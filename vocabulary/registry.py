@@ -4,11 +4,13 @@ Every entry, KOPE's own included, is an entry point in `pyproject.toml` (groups 
 `kope.passes`, `kope.targets`, `kope.target_keys`), so a third-party package adds an agent, a
 pass or a target exactly as KOPE does. A program (or a test) may also `add` an entry at run
 time, as `torch._dynamo.register_backend` does for backends. Entries are "module:attribute"
-strings, loaded when first asked for, so listing names imports nothing.
+strings, loaded when first asked for, so listing names imports nothing. Entry points are read
+once per process: a package installed while a process runs is seen by the next one.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from importlib import import_module
 from importlib.metadata import entry_points
@@ -26,7 +28,7 @@ class Registry(Generic[T]):
         self._added: dict[str, str | T] = {}
 
     def _entries(self) -> dict[str, str | T]:
-        found: dict[str, str | T] = {ep.name: ep.value for ep in entry_points(group=self.group)}
+        found: dict[str, str | T] = dict(_declared(self.group))
         found.update(self._added)
         return found
 
@@ -67,6 +69,13 @@ class Registry(Generic[T]):
             found = getattr(found, part)
         loaded: T = found
         return loaded
+
+
+@functools.cache
+def _declared(group: str) -> tuple[tuple[str, str], ...]:
+    """The entry points of `group`, read once per process: scanning every installed
+    distribution's metadata takes milliseconds, and names are asked for at every compile."""
+    return tuple((ep.name, ep.value) for ep in entry_points(group=group))
 
 
 # What KOPE finds by name. The entry point groups are the public seam.
