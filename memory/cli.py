@@ -15,7 +15,7 @@ from typing import Any
 
 from kope.memory.schema import AttemptRecord, TaskRecord
 from kope.memory.store import TASK, ExperienceStore
-from kope.vocabulary.evidence import TIMING_CLEAN
+from kope.vocabulary.evidence import SOURCE_GRAPH, TIMING_CLEAN
 from kope.vocabulary.home import kope_home
 
 
@@ -189,11 +189,15 @@ def _show(args: argparse.Namespace, store: ExperienceStore) -> int:
     best = standing.best
     print(f"{task.label}  [{task.op}, {task.target}]")
     print(f"key {task.key}")
-    print(
-        f"hardware {task.hardware}; {len(attempts)} attempts; best: "
-        f"{_line(best) if best else 'none verified'}"
-    )
-    if not standing.clean:
+    graph = any(a.source == SOURCE_GRAPH for a in attempts)
+    if graph:  # a whole graph's decisions: compiled or eager, with the timings they rest on
+        print(f"hardware {task.hardware}; {len(attempts)} whole-graph decisions (latest last)")
+    else:
+        print(
+            f"hardware {task.hardware}; {len(attempts)} attempts; best: "
+            f"{_line(best) if best else 'none verified'}"
+        )
+    if not standing.clean and not graph:
         print(
             "the choice does not rest on clean figures (measured under load, unconfirmed, or "
             "before KOPE judged timings): it is re-timed at the next compile"
