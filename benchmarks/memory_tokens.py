@@ -30,6 +30,7 @@ from kope.memory.schema import AttemptRecord, TaskRecord
 from kope.memory.store import ExperienceStore
 from kope.memory.tokens import BpeCounter, EstimatingCounter
 from kope.partition import partition
+from kope.targets.cpu import CpuTarget
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,7 +90,7 @@ def payloads() -> dict[str, tuple[str, str, list[int]]]:
     out = {}
     for name, (fn, args) in OPERATORS.items():
         gm = make_fx(fn, tracing_mode="fake")(*args)
-        for i, task in enumerate(partition(gm, "cpu|bench").tasks):
+        for i, task in enumerate(partition(gm, CpuTarget()).tasks):
             shape = list(task.spec.outputs[0].shape)
             out[f"{name}.{i}"] = (task.op, task.payload, shape)
     return out

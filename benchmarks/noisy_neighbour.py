@@ -51,7 +51,6 @@ from kope.selection import choose
 from kope.suite import OPSET
 from kope.targets import get_target
 from kope.targets.base import Target
-from kope.vocabulary.kernels import Kernel
 from kope.zoo import ZOO
 
 SPINNER = (
@@ -119,13 +118,13 @@ def quiet_retime(target: Target, store: Path, names: list[str]) -> dict[str, dic
     memory = ExperienceStore(store)
     for name in names:
         model, inputs = OPSET[name]()
-        (task,) = trace_tasks(model, inputs, target.key())[:1]
+        (task,) = trace_tasks(model, inputs, target)[:1]
         choice = choose(task, target, memory, "auto")
         if choice.source is None:
             result[name] = {"kernel": choice.kernel, "speedup": 1.0, "quality": "eager"}
             continue
         evaluation = target.evaluate(
-            task.spec, choice.source, oracle=Kernel(task.payload), seed=int(time.time())
+            task.spec, choice.source, oracle=task.reference, seed=int(time.time())
         )
         kernel, eager = evaluation.kernel, evaluation.eager
         speedup = eager.median_us / kernel.median_us if kernel and eager else None
