@@ -447,6 +447,10 @@ def format_report(report: dict[str, Any]) -> str:
         f"{_x(s['geomean_speedup_vs_reference'])} vs reference; agent wins {s['agent_wins']}; "
         f"tokens {s['tokens']}; {s['wall_s']:.0f} s"
     )
+    eager = report.get("eager", [])
+    if eager:
+        lines.append(f"{len(eager)} compute operators run eagerly, not optimized:")
+        lines += [f"  {e['op']} ({e['sites']} sites): {shorten(e['reason'], 120)}" for e in eager]
     failed = [(op["label"], cmd) for op in report["operators"] for cmd in op.get("repro", [])]
     if failed:
         lines.append(f"{len(failed)} pipeline failures; each reproduces with kope-opt:")

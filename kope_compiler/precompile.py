@@ -49,12 +49,25 @@ log = logging.getLogger("kope.precompile")
 
 def trace_tasks(model: torch.nn.Module, inputs: Sequence[Any], target: Target) -> list[Task]:
     """The distinct Tasks the backend would make of `model` on `inputs` (in graph order)."""
+    return trace(model, inputs, target)[0]
+
+
+def trace(
+    model: torch.nn.Module, inputs: Sequence[Any], target: Target
+) -> tuple[list[Task], dict[tuple[str, str], int]]:
+    """The distinct Tasks the backend would make of `model` on `inputs` (in graph order), and
+    the compute operators it would run eagerly: (op, reason) -> how many places."""
     found: dict[str, Task] = {}
+    eager: dict[tuple[str, str], int] = {}
 
     def forward_compiler(gm: fx.GraphModule, _inputs: Sequence[Any]) -> Callable[..., Any]:
         # As the backend partitions by default: fused eager fast paths stay whole.
-        for task in partition(gm, target, fast_paths=False).tasks:
+        part = partition(gm, target, fast_paths=False)
+        for task in part.tasks:
             found.setdefault(task.key, task)
+        for node in part.eager:
+            if node.compute:
+                eager[(node.op, node.reason)] = eager.get((node.op, node.reason), 0) + 1
         return make_boxed_func(gm.forward)
 
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
@@ -67,7 +80,7 @@ def trace_tasks(model: torch.nn.Module, inputs: Sequence[Any], target: Target) -
         except Exception as err:
             raise ModelLoadError(f"tracing the model failed: {type(err).__name__}: {err}") from err
     torch._dynamo.reset()
-    return list(found.values())
+    return list(found.values()), eager
 
 
 class Progress:
@@ -149,7 +162,7 @@ def precompile(
     """
     start = time.monotonic()
     budget = budget or Budget()
-    tasks = trace_tasks(model, inputs, target)
+    tasks, eager = trace(model, inputs, target)
     bar = Progress(len(tasks), stream=stream, enabled=progress)
     summaries: dict[str, TaskSummary] = {}
     repro: dict[str, list[str]] = {}
@@ -206,6 +219,11 @@ def precompile(
     report = report_json(ordered, time.monotonic() - start, agent_name, target, budget)
     for row in report["operators"]:
         row["repro"] = repro.get(row["key"], [])
+    # What is left out is part of the answer: a model whose operators all run eagerly should
+    # say why rather than report "0 operators".
+    report["eager"] = [
+        {"op": op, "reason": reason, "sites": sites} for (op, reason), sites in eager.items()
+    ]
     return report
 
 

@@ -231,3 +231,25 @@ def test_failed_pipelines_reach_the_report_with_their_command() -> None:
     text = format_report(report)
     assert command in text
     assert "pass rate 0% (the share of operators with at least one verified agent kernel)" in text
+
+
+def test_precompile_says_which_operators_stay_eager_and_why(tmp_path: Path) -> None:
+    """A model whose only compute operator is a fused fast path has nothing to optimize; the
+    report says so, with the reason, instead of a bare "0 operators"."""
+    from kope.compiler import target_for
+    from kope.precompile import precompile
+    from kope.zoo import ZOO
+
+    model, inputs = ZOO["encoder_layer"]()
+    report = precompile(
+        model,
+        inputs,
+        target=target_for("cpu", 1, 60.0),
+        store=ExperienceStore(tmp_path / "store"),
+        progress=False,
+    )
+    assert report["operators"] == []
+    (eager,) = report["eager"]
+    assert eager["op"] == "aten._transformer_encoder_layer_fwd.default"
+    assert "fused eager fast path" in eager["reason"] and eager["sites"] == 1
+    assert "1 compute operators run eagerly, not optimized" in format_report(report)
