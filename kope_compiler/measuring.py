@@ -17,9 +17,9 @@ import logging
 import torch
 
 from kope.eager_json import eager_json
-from kope.memory.recorder import attempt_of
+from kope.memory.recorder import Recorder, attempt_of
 from kope.memory.schema import AttemptRecord, hardware_of
-from kope.memory.store import ExperienceStore, wins
+from kope.memory.store import ExperienceStore, speedup_over_baseline, wins
 from kope.targets.base import Target
 from kope.task import Task
 from kope.vocabulary.events import AttemptEvaluated, Events, TaskSeen
@@ -53,11 +53,7 @@ def seed_for(key: str) -> int:
 
 def recording(store: ExperienceStore, events: Events | None = None) -> Events:
     """`events`, or the listeners of a plain run: the store's recorder alone."""
-    if events is not None:
-        return events
-    from kope.memory.recorder import Recorder
-
-    return Events(Recorder(store))
+    return events if events is not None else Events(Recorder(store))
 
 
 def task_seen(task: Task, target: Target) -> TaskSeen:
@@ -81,6 +77,12 @@ def announce(events: Events, event: AttemptEvaluated, store: ExperienceStore) ->
     events.emit(event)
     stored = store.record(event.id)
     return stored if isinstance(stored, AttemptRecord) else attempt_of(event)
+
+
+def stored_kernel(store: ExperienceStore, attempt: AttemptRecord) -> Kernel | None:
+    """The kernel `attempt` evaluated, from the artifact store (None if its text is lost)."""
+    text = store.get_artifact(attempt.artifact) if attempt.artifact else None
+    return Kernel(text, attempt.form) if text is not None else None
 
 
 def oracle_for(task: Task, target: Target) -> Kernel | None:
@@ -133,8 +135,7 @@ def confirm(
     if candidate.source == SOURCE_REFERENCE:
         kernel: Kernel | None = task.reference
     else:
-        text = store.get_artifact(candidate.artifact) if candidate.artifact else None
-        kernel = Kernel(text, candidate.form) if text is not None else None
+        kernel = stored_kernel(store, candidate)
     if kernel is None:
         log.warning("%s: attempt %s has lost its kernel text", task.label, candidate.id)
         return None
@@ -158,14 +159,15 @@ def confirm(
     )
     attempt = announce(events, event, store)
     held = attempt.timing_quality == TIMING_CLEAN and wins(attempt)
+    now = speedup_over_baseline(attempt) if attempt.latency_us is not None else None
     log.info(
         "%s: %s kernel %s (%s, first figure %.2fx, now %s)",
         task.label,
         candidate.source,
         "confirmed" if held else "not confirmed",
         attempt.timing_quality,
-        candidate.speedup_vs_eager or 0.0,
-        f"{attempt.speedup_vs_eager:.2f}x" if attempt.speedup_vs_eager else attempt.verdict,
+        speedup_over_baseline(candidate),
+        f"{now:.2f}x" if now else attempt.verdict,
     )
     return attempt
 
@@ -182,12 +184,11 @@ def transfer_from_older(
         if other.key == task.key:
             continue
         old = store.best(other.key)
-        if old is None or old.source != SOURCE_AGENT or not old.artifact:
+        if old is None or old.source != SOURCE_AGENT:
             continue
-        text = store.get_artifact(old.artifact)
-        if text is None:
+        kernel = stored_kernel(store, old)
+        if kernel is None:
             continue
-        kernel = Kernel(text, old.form)
         evaluation: Evaluation = target.evaluate(
             task.spec, kernel, oracle=oracle_for(task, target), seed=seed_for(task.key)
         )
@@ -226,12 +227,7 @@ def known_reference(
     events.emit(task_seen(task, target))
     threads = threads_now()
     reference = store.standing(task.key, threads).baseline
-    # A baseline timed without eager (by `kope-optimize`, on the IR alone) does not serve a
-    # task that has an eager call: its eager figures are measured now.
-    timed_without_eager = reference is not None and reference.eager_us is None
-    if reference is not None and not (
-        task.spec.eager is not None and reference.verdict == VERIFIED and timed_without_eager
-    ):
+    if reference is not None and _serves(reference, task):
         return reference
     first_seen = not store.attempts(task.key)
     MEASURED.add((task.key, threads))
@@ -239,6 +235,14 @@ def known_reference(
     if first_seen and reference.verdict == VERIFIED:
         transfer_from_older(task, target, store, events)
     return reference
+
+
+def _serves(baseline: AttemptRecord, task: Task) -> bool:
+    """Whether a stored baseline serves `task`: one timed without eager (by `kope-optimize`,
+    on the IR alone) does not serve a task that has an eager call, whose eager figures are
+    then measured."""
+    timed_without_eager = baseline.verdict == VERIFIED and baseline.eager_us is None
+    return task.spec.eager is None or not timed_without_eager
 
 
 def remeasure(

@@ -93,6 +93,15 @@ class TaskSummary:
         return asdict(self)
 
 
+def is_proposal(attempt: AttemptRecord, agent: str | None = None) -> bool:
+    """Whether `attempt` is an agent's proposal (of `agent`, when given), not a confirmation."""
+    return (
+        attempt.source == SOURCE_AGENT
+        and attempt.confirms is None
+        and (agent is None or attempt.agent == agent)
+    )
+
+
 def task_view(task: Task, target: Target) -> TaskView:
     """The operator as an agent sees it, with what the target builds and how it says so."""
     return TaskView(
@@ -134,11 +143,7 @@ def optimize_task(
         return summarize(task, store, stopped=f"reference lowering {reference.verdict}")
     view = task_view(task, target)
     # Resuming: this agent's earlier attempts on the operator count against the budget.
-    history = [
-        _feedback(a)
-        for a in store.attempts(task.key)
-        if a.source == SOURCE_AGENT and a.agent == agent.name and a.confirms is None
-    ]
+    history = [_feedback(a) for a in store.attempts(task.key) if is_proposal(a, agent.name)]
     tokens = 0
     start = time.monotonic()
     stopped = "budget spent"
@@ -284,7 +289,7 @@ def summarize(
     (the pinned kernel's confirmation, or the reference lowering's measurement when eager
     runs) and their quality."""
     attempts = store.attempts(task.key)
-    agent_attempts = [a for a in attempts if a.source == SOURCE_AGENT and a.confirms is None]
+    agent_attempts = [a for a in attempts if is_proposal(a)]
     standing = store.standing(task.key, threads_now())
     verdicts = Counter(a.verdict for a in agent_attempts)
     pinned = standing.pinned

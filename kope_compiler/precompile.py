@@ -34,7 +34,7 @@ from kope.measuring import remeasure as remeasure_choice
 from kope.memory.recorder import Recorder, attempt_of
 from kope.memory.schema import AttemptRecord
 from kope.memory.store import ExperienceStore
-from kope.optimize import Budget, TaskSummary, optimize_task, summarize
+from kope.optimize import Budget, TaskSummary, is_proposal, optimize_task, summarize
 from kope.options import Options
 from kope.partition import partition
 from kope.passes.pipeline import REPRO_MARKER
@@ -130,13 +130,8 @@ class Progress:
             self.bar.close()
 
 
-def _proposal(attempt: AttemptRecord, agent: str) -> bool:
-    """Whether `attempt` is one of `agent`'s proposals (not a confirmation of one)."""
-    return attempt.source == SOURCE_AGENT and attempt.agent == agent and attempt.confirms is None
-
-
 def already_done(store: ExperienceStore, key: str, agent: str, budget: Budget) -> bool:
-    return len([a for a in store.attempts(key) if _proposal(a, agent)]) >= budget.attempts
+    return len([a for a in store.attempts(key) if is_proposal(a, agent)]) >= budget.attempts
 
 
 def precompile(
@@ -178,7 +173,7 @@ def precompile(
             return
         before = {a.id for a in store.attempts(task.key)}
         agent = make_agent(agent_name, seed=seed, **(agent_config or {}))
-        proposals = len([a for a in store.attempts(task.key) if _proposal(a, agent_name)])
+        proposals = len([a for a in store.attempts(task.key) if is_proposal(a, agent_name)])
 
         def progress(event: Event) -> None:  # a listener beside the store's recorder
             nonlocal proposals

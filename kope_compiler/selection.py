@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from kope.measuring import MEASURED, known_reference, remeasure, threads_now
+from kope.measuring import MEASURED, known_reference, remeasure, stored_kernel, threads_now
 from kope.memory.schema import AttemptRecord
 from kope.memory.store import ExperienceStore, Standing
 from kope.targets.base import Target
@@ -122,13 +122,13 @@ def _choice(
 ) -> Choice:
     pinned = standing.pinned
     how = "confirmed" if pinned is not None and pinned.confirms else "stored"
-    if pinned is not None and pinned.source == SOURCE_AGENT and pinned.artifact:
-        text = store.get_artifact(pinned.artifact)
-        if text is not None:
+    if pinned is not None and pinned.source == SOURCE_AGENT:
+        kernel = stored_kernel(store, pinned)
+        if kernel is not None:
             return Choice(
                 SOURCE_AGENT,
                 f"fastest {how} agent kernel ({pinned.speedup_vs_eager or 0:.2f}x eager)",
-                Kernel(text, pinned.form),
+                kernel,
                 pinned.eager_us,
                 pinned.latency_us,
                 reference.verdict,
@@ -167,12 +167,6 @@ def _choice(
         verdict=reference.verdict,
         quality=figures.timing_quality,
     )
-
-
-def latest(attempts: list[AttemptRecord], source: str) -> AttemptRecord | None:
-    """The most recent attempt from `source` (eager | reference | agent)."""
-    matching = [a for a in attempts if a.source == source]
-    return matching[-1] if matching else None
 
 
 def _fmt(value: float | None) -> str:

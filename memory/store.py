@@ -753,7 +753,7 @@ def _nan(value: float | None) -> float:
     return math.nan if value is None else float(value)
 
 
-def _speedup(attempt: AttemptRecord) -> float:
+def speedup_over_baseline(attempt: AttemptRecord) -> float:
     """The speedup over the task's baseline: eager ATen, else (an operator known only as IR,
     timed with no eager call) its reference lowering."""
     if attempt.source == SOURCE_EAGER:
@@ -809,7 +809,7 @@ def wins(attempt: AttemptRecord) -> bool:
         attempt.verdict == VERIFIED
         and attempt.source not in (SOURCE_EAGER, SOURCE_GRAPH)
         and attempt.latency_us is not None
-        and _speedup(attempt) > 1.0 + WIN_MARGIN
+        and speedup_over_baseline(attempt) > 1.0 + WIN_MARGIN
     )
 
 
@@ -846,7 +846,9 @@ def winner(attempts: Sequence[AttemptRecord], threads: int | None = None) -> Sta
     # still counts under the older rule, while any judged figure brings in the new one.
     unjudged = all(a.timing_quality == TIMING_UNKNOWN and a.confirms is None for a in counted)
     if counted and unjudged:
-        best = max((a for a in counted if a.verdict == VERIFIED), key=_speedup, default=None)
+        best = max(
+            (a for a in counted if a.verdict == VERIFIED), key=speedup_over_baseline, default=None
+        )
         pinned = best if best is not None and best.source != SOURCE_EAGER else None
         return Standing(pinned, baseline, eager, legacy=True)
     against_eager = any(a.source == SOURCE_EAGER for a in counted)
@@ -855,15 +857,18 @@ def winner(attempts: Sequence[AttemptRecord], threads: int | None = None) -> Sta
     for a in comparable:
         if a.confirms is not None and a.artifact and a.timing_quality == TIMING_CLEAN:
             settled[a.artifact] = a
-    pinned = max((c for c in settled.values() if wins(c)), key=_speedup, default=None)
-    floor = _speedup(pinned) if pinned is not None else 1.0 + WIN_MARGIN
+    pinned = max((c for c in settled.values() if wins(c)), key=speedup_over_baseline, default=None)
+    floor = speedup_over_baseline(pinned) if pinned is not None else 1.0 + WIN_MARGIN
     open_ = [
         a
         for a in comparable
-        if a.confirms is None and wins(a) and a.artifact not in settled and _speedup(a) > floor
+        if a.confirms is None
+        and wins(a)
+        and a.artifact not in settled
+        and speedup_over_baseline(a) > floor
     ]
     if not open_ and against_eager:  # a kernel found against the reference alone, untried
         tried = {a.artifact for a in comparable}
         open_ = [a for a in timed if a.eager_us is None and wins(a) and a.artifact not in tried]
-    challenger = max(open_, key=_speedup, default=None)
+    challenger = max(open_, key=speedup_over_baseline, default=None)
     return Standing(pinned, baseline, eager, challenger)

@@ -24,7 +24,7 @@ import torch
 
 from kope.vocabulary.evidence import Evaluation
 from kope.vocabulary.kernels import FORM_MLIR, Kernel
-from kope.vocabulary.specs import DTYPES, TaskSpec
+from kope.vocabulary.specs import DTYPES, TaskSpec, dtype_name
 
 
 class BuildError(Exception):
@@ -99,7 +99,7 @@ class Target(ABC):
         """Why an operator with this tensor cannot be a Task here (a phrase), or None."""
         if tensor.device.type != self.device:
             return f"runs on {tensor.device}; the {self.name} target takes {self.device} tensors"
-        if str(tensor.dtype).removeprefix("torch.") not in self.dtypes:
+        if dtype_name(tensor.dtype) not in self.dtypes:
             return f"uses dtype {tensor.dtype}, which {self.name} kernels do not support"
         if tensor.layout != torch.strided:
             return f"uses layout {tensor.layout}"

@@ -43,7 +43,7 @@ from kope.vocabulary.evidence import (
     Timing,
 )
 from kope.vocabulary.kernels import FORM_MLIR, Kernel
-from kope.vocabulary.specs import TaskSpec
+from kope.vocabulary.specs import OpCall, Program, TaskSpec
 
 if TYPE_CHECKING:
     from kope.targets.base import Target
@@ -210,10 +210,7 @@ def _measure(
 
     Input sets are made before anything is timed; all candidates see the same rotation, so a
     data operand fresh in cache (or not) falls on all of them alike."""
-    sets = [
-        _on_device(inputs, job)
-        for inputs in verify.timing_inputs(job.task.inputs, job.seed, job.config.input_sets)
-    ]
+    sets = _timing_sets(job)
     copies: dict[int, torch.Tensor] = {}  # the shared inputs are copied once
     for tensor in (t for inputs in sets for t in inputs):
         if id(tensor) not in copies:
@@ -224,7 +221,7 @@ def _measure(
     threads: dict[str, int] = {}
     eager = job.task.eager
     if eager is not None:
-        fns["eager"], _ = rotating([_synced(eager.bind(inputs), job) for inputs in sets])
+        fns["eager"] = _eager_call(eager, sets, job)
         threads["eager"] = job.eager_threads
     candidates = {"kernel": kernel}
     if oracle_kernel is not None:
@@ -335,15 +332,24 @@ def _synced(call: Callable[[], Any], job: EvalJob) -> Callable[[], Any]:
     return synced
 
 
+def _timing_sets(job: EvalJob) -> list[list[torch.Tensor]]:
+    """The timing input sets (`verify.timing_inputs`), in the target's device memory."""
+    made = verify.timing_inputs(job.task.inputs, job.seed, job.config.input_sets)
+    return [_on_device(inputs, job) for inputs in made]
+
+
+def _eager_call(
+    eager: OpCall | Program, sets: Sequence[Sequence[torch.Tensor]], job: EvalJob
+) -> Callable[[], None]:
+    """Eager ATen as a timed callable, rotating through `sets`."""
+    call, _ = rotating([_synced(eager.bind(inputs), job) for inputs in sets])
+    return call
+
+
 def _measure_eager(job: EvalJob) -> Evaluation:
     """Time eager ATen alone: the baseline of a target that cannot run the reference."""
     assert job.task.eager is not None, "evaluate() refuses a task with neither"
-    sets = [
-        _on_device(inputs, job)
-        for inputs in verify.timing_inputs(job.task.inputs, job.seed, job.config.input_sets)
-    ]
-    task_eager = job.task.eager
-    eager, _ = rotating([_synced(task_eager.bind(inputs), job) for inputs in sets])
+    eager = _eager_call(job.task.eager, _timing_sets(job), job)
     timing = measure_interleaved({"eager": eager}, job.config, {"eager": job.eager_threads})
     result = Evaluation(VERIFIED, kernel=timing["eager"], eager=timing["eager"], oracle="itself")
     _note_contamination(timing, result)

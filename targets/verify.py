@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kope.vocabulary.specs import TensorSpec
+from kope.vocabulary.specs import TensorSpec, dtype_name
 
 # (rtol, atol): |got - want| <= atol * max(1, max|want|) + rtol * |want|, elementwise.
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
@@ -270,15 +270,9 @@ def compare(
             f"output {index}: {int(bad.sum())} of {got.numel()} elements outside "
             f"rtol={rtol:g} atol={atol:g}*{scale:.3g}, first at {list(where)}: "
             f"got {g[where].item():.7g}, expected {exact[where].item():.7g}"
-            + (
-                f" ({w[where].item():.7g} in {_dtype_name(got.dtype)})" if overflowed[where] else ""
-            ),
+            + (f" ({w[where].item():.7g} in {dtype_name(got.dtype)})" if overflowed[where] else ""),
         )
     return Comparison(True, max_abs, max_rel)
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _as_int(t: torch.Tensor) -> torch.Tensor:
