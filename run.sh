@@ -13,9 +13,11 @@ set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
 
+# The tests need the test tools and triton, whose interpreter runs the cuda and ascend
+# targets' kernels on the CPU; the demo needs neither.
 install() {
   "$PYTHON" -m pip install --quiet --disable-pip-version-check torch==2.13.0
-  "$PYTHON" -m pip install --quiet --disable-pip-version-check -e '.[test]'
+  "$PYTHON" -m pip install --quiet --disable-pip-version-check -e ".[${1:-test,cuda}]"
 }
 
 # mypy cannot follow setuptools' package-dir mapping of an editable install, so it checks

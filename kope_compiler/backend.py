@@ -18,8 +18,9 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import aot_export_joint_simple
 
 from kope.compiler import compile_graph, settle_graph
-from kope.errors import UnsupportedGraphError
+from kope.errors import KopeError, UnsupportedGraphError
 from kope.options import Options
+from kope.targets import target_class
 
 log = logging.getLogger("kope.compiler")
 
@@ -34,6 +35,7 @@ def kope_backend(
 ) -> Callable[..., Any]:
     """Compile a dynamo graph; `options` are `kope.options.Options` fields."""
     opts = Options.parse(options)
+    _require_target(opts.target)
     if mode not in (None, "default"):
         log.info("torch.compile mode=%r has no effect on the kope backend", mode)
     _require_inference(example_inputs)
@@ -44,6 +46,14 @@ def kope_backend(
         )
         return ShapeSpecializer(gm, opts)
     return _compile(gm, example_inputs, opts)
+
+
+def _require_target(name: str) -> None:
+    """A compiled model runs its kernels in this process: the target's device and toolchain
+    must be here (`kope precompile` may still verify kernels without them)."""
+    reason = target_class(name).unavailable()
+    if reason:
+        raise KopeError(f"target={name!r} cannot run a compiled model here: {reason}")
 
 
 def _compile(

@@ -88,7 +88,7 @@ def stored_kernel(store: ExperienceStore, attempt: AttemptRecord) -> Kernel | No
 def oracle_for(task: Task, target: Target) -> Kernel | None:
     """What an agent kernel for `task` is verified against on `target`: the reference
     lowering where the target runs it, else eager ATen (None)."""
-    return task.reference if target.builds(task.reference) else None
+    return task.reference if target.builds_oracle(task.reference) else None
 
 
 def measure_reference(
@@ -102,10 +102,10 @@ def measure_reference(
     A reference too slow to time (a large operator's naive loops) is recorded verified with no
     latency: it stays the oracle of the agent's candidates, and it never wins selection."""
     events = recording(store, events)
-    kernel = oracle_for(task, target)
+    kernel = task.reference if target.builds(task.reference) else None
     # An operator known only as IR (no eager call) has its reference as its own oracle: what
     # is measured is that it builds, runs, and how fast; agent kernels are timed against it.
-    oracle = kernel if task.spec.eager is None else None
+    oracle = oracle_for(task, target) if task.spec.eager is None else None
     evaluation = target.evaluate(task.spec, kernel, oracle=oracle, seed=seed_for(task.key))
     if kernel is None:
         decision = f"eager ATen baseline: the {target.name} target does not run the reference"

@@ -233,11 +233,12 @@ def _attempt(
     )
     if isinstance(proposal, Rejected):
         refused = Evaluation(COMPILE_ERROR, error=f"rejected without running: {proposal.reason}")
+        text = Kernel(proposal.source, proposal.form or target.kernel_forms[0])
         event = AttemptEvaluated(
             task.key,
             SOURCE_AGENT,
             refused,
-            None,
+            text if proposal.source else None,
             decision=proposal.decision or "answer rejected",
             **meta,
         )

@@ -76,6 +76,36 @@ class Target(ABC):
         kernel (`load`), so it must not rely on the target instance's state."""
 
     @classmethod
+    def build_oracle(cls, task: TaskSpec, kernel: Kernel) -> BuiltKernel:
+        """Build the kernel a candidate is verified against (the reference lowering). A
+        target whose own form is not the reference's builds it elsewhere (on the host) and
+        hands its outputs back in device memory."""
+        return cls.build(task, kernel)
+
+    @classmethod
+    def memory_device(cls) -> str:
+        """The torch device of the tensors its kernels take in this process: `device`, or
+        the host where the device is absent and its kernels are interpreted."""
+        return cls.device
+
+    @classmethod
+    def timed(cls) -> bool:
+        """Whether a figure measured in this process says how fast the kernel is on the
+        target (False: kernels are interpreted; attempts are verified, never timed)."""
+        return True
+
+    @classmethod
+    def untimed_reason(cls) -> str:
+        """Why nothing is timed when `timed` is False (a note on each attempt)."""
+        return "untimed"
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        """Why a compiled model cannot run its kernels on this target in this process (the
+        device or its toolchain is missing), or None when it can."""
+        return None
+
+    @classmethod
     def kernel_threads(cls, built: BuiltKernel, eager_threads: int) -> int:
         """The threads a built kernel runs with (what its figure means): eager's count when it
         runs parallel loops, else one."""
@@ -97,8 +127,9 @@ class Target(ABC):
 
     def refuses(self, tensor: torch.Tensor) -> str | None:
         """Why an operator with this tensor cannot be a Task here (a phrase), or None."""
-        if tensor.device.type != self.device:
-            return f"runs on {tensor.device}; the {self.name} target takes {self.device} tensors"
+        device = self.memory_device()
+        if tensor.device.type != device:
+            return f"runs on {tensor.device}; the {self.name} target takes {device} tensors here"
         if dtype_name(tensor.dtype) not in self.dtypes:
             return f"uses dtype {tensor.dtype}, which {self.name} kernels do not support"
         if tensor.layout != torch.strided:
@@ -107,6 +138,10 @@ class Target(ABC):
 
     def builds(self, kernel: Kernel) -> bool:
         return kernel.form in self.kernel_forms
+
+    def builds_oracle(self, kernel: Kernel) -> bool:
+        """Whether `build_oracle` takes `kernel` (the reference lowering) as an oracle."""
+        return self.builds(kernel)
 
     # -- what every target shares -------------------------------------------------------------
     def evaluate(

@@ -80,7 +80,10 @@ def evaluate(
             ),
         )
     notes: list[str] = []
-    if task.eager is None and (oracle is None or not target.builds(oracle)):
+    if not target.timed():
+        measure = False
+        notes.append(target.untimed_reason())
+    if task.eager is None and (oracle is None or not target.builds_oracle(oracle)):
         # An operator known only as IR: its reference lowering is its only oracle.
         return Evaluation(
             COMPILE_ERROR,
@@ -89,7 +92,7 @@ def evaluate(
                 f"{target.name} target cannot run its reference lowering"
             ),
         )
-    if oracle is not None and not target.builds(oracle):
+    if oracle is not None and not target.builds_oracle(oracle):
         notes.append(
             f"the {target.name} target cannot run the {oracle.form} oracle; verified against "
             f"{EAGER_ORACLE}"
@@ -98,6 +101,9 @@ def evaluate(
     # The reference payload describes the operator's loops; an agent kernel may not parse as
     # one (a memref @kope_kernel, a Triton kernel), so the oracle's MLIR is read when there is.
     text = next((k.source for k in (oracle, kernel) if k is not None and k.form == FORM_MLIR), None)
+    if kernel is None and not measure:
+        # Eager alone, untimed: the baseline exists, its figure does not.
+        return Evaluation(VERIFIED, oracle="itself", notes=notes)
     work: Work = estimate_work(task, text)
     trials = len(verify.trials_for(seed))
     runs_s = evaluation_limit_s(work, trials, measure, config)
@@ -162,10 +168,12 @@ class EvalJob:
 _BUILT: dict[tuple[str, str, str], BuiltKernel] = {}
 
 
-def _cached_build(target: type[Target], task: TaskSpec, kernel: Kernel) -> BuiltKernel:
+def _cached_build(
+    target: type[Target], task: TaskSpec, kernel: Kernel, *, oracle: bool = False
+) -> BuiltKernel:
     key = (target.name, task.label + repr(task.inputs) + repr(task.outputs), kernel.digest)
     if key not in _BUILT:
-        _BUILT[key] = target.build(task, kernel)
+        _BUILT[key] = (target.build_oracle if oracle else target.build)(task, kernel)
     return _BUILT[key]
 
 
@@ -182,7 +190,9 @@ def evaluate_job(job: EvalJob, phase: Callable[[str], None]) -> Evaluation:
     phase("build")
     try:
         kernel = _cached_build(job.target, job.task, job.kernel)
-        oracle_kernel = _cached_build(job.target, job.task, job.oracle) if job.oracle else None
+        oracle_kernel = (
+            _cached_build(job.target, job.task, job.oracle, oracle=True) if job.oracle else None
+        )
     except BuildError as err:
         return Evaluation(COMPILE_ERROR, error=str(err), wall_s=time.perf_counter() - start)
     phase("verify")
@@ -314,7 +324,7 @@ def _check_after_timing(
 
 def _on_device(inputs: Sequence[torch.Tensor], job: EvalJob) -> list[torch.Tensor]:
     """Inputs made on the host, in the target's device memory."""
-    device = job.target.device
+    device = job.target.memory_device()
     return [t if t.device.type == device else t.to(device) for t in inputs]
 
 
@@ -398,7 +408,7 @@ def _verify(
             notes.append(f"{trial.kind} trial skipped: the oracle rejects it ({reason})")
             continue
         pristine = [t.clone() for t in inputs]
-        outputs = verify.GuardedOutputs(task.outputs, job.target.device)
+        outputs = verify.GuardedOutputs(task.outputs, job.target.memory_device())
         began = time.perf_counter()
         kernel.run(inputs, outputs.views)
         if job.target.synchronize is not None:

@@ -57,7 +57,7 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from importlib import import_module
@@ -267,8 +267,12 @@ class Worker:
         parent_read, child_write = os.pipe()
         child_read, parent_write = os.pipe()
         self.stderr = tempfile.TemporaryFile()
-        env = dict(os.environ)
-        env.pop("KOPE_LOG", None)
+        # The worker runs kernels an agent wrote: it starts in a scratch directory of its own,
+        # with no secrets in its environment.
+        self.scratch = tempfile.TemporaryDirectory(
+            prefix="kope-worker-", ignore_cleanup_errors=True
+        )
+        env = worker_environment(os.environ)
         argv = [sys.executable, "-m", "kope.targets.worker", str(child_read), str(child_write)]
         argv.append(str(os.getpid()))
         if preload:
@@ -283,6 +287,7 @@ class Worker:
                     stdout=subprocess.DEVNULL,
                     stderr=self.stderr,
                     env=env,
+                    cwd=self.scratch.name,
                     process_group=0,
                 )
             )
@@ -290,6 +295,7 @@ class Worker:
             for fd in (parent_read, parent_write):
                 os.close(fd)
             self.stderr.close()
+            self.scratch.cleanup()
             raise
         finally:
             os.close(child_read)
@@ -407,6 +413,21 @@ class Worker:
             except OSError:
                 pass
         self.stderr.close()
+        self.scratch.cleanup()
+
+
+# Environment variables a worker never sees: credentials of any service (an LLM endpoint's
+# key above all). A kernel that reads its environment finds nothing worth sending.
+_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
+
+
+def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment a worker starts with: the caller's, less secrets and `KOPE_LOG`."""
+    return {
+        name: value
+        for name, value in environ.items()
+        if name != "KOPE_LOG" and not any(word in name.upper() for word in _SECRET_WORDS)
+    }
 
 
 class WorkerPool:

@@ -214,7 +214,8 @@ def test_the_prompt_and_the_accepted_forms_are_the_targets(task, target) -> None
     target's words, for one that does not."""
     triton_kernel = (
         "import triton\nimport triton.language as tl\n\n@triton.jit\n"
-        "def relu(x, y, n, BLOCK: tl.constexpr):\n    pass\n"
+        "def relu(x, y, n, BLOCK: tl.constexpr):\n    pass\n\n"
+        "def launch(in0, out0):\n    relu[(1,)](in0, out0, in0.numel(), BLOCK=16)\n"
     )
     answer = f"Decision: one program per block\n```python\n{triton_kernel}```\n"
     mlir_view = task_view(task, target)

@@ -55,6 +55,10 @@ def fail(payload: Any, phase: Callable[[str], None]) -> None:
     raise ValueError("bad payload")
 
 
+def surroundings(payload: Any, phase: Callable[[str], None]) -> tuple[str, list[str]]:
+    return os.getcwd(), sorted(os.environ)
+
+
 def pid(payload: Any, phase: Callable[[str], None]) -> int:
     return os.getpid()
 
@@ -157,6 +161,24 @@ def reaper() -> Iterator[list[int]]:
 
 
 # -- tests --------------------------------------------------------------------------------------
+
+
+def test_workers_start_in_a_scratch_directory_without_secrets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Kernels an agent wrote run in the worker: it sees no credentials, and its working
+    directory is its own, removed with it."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-for-workers")
+    monkeypatch.setenv("SOME_SERVICE_TOKEN", "t")
+    pool = WorkerPool(1)
+    outcome = pool.call("test_worker:surroundings", None, 120)
+    pool.close()
+    assert outcome.ok, outcome.detail
+    cwd, names = outcome.value
+    assert "OPENAI_API_KEY" not in names and "SOME_SERVICE_TOKEN" not in names
+    assert "PATH" in names
+    assert Path(cwd).name.startswith("kope-worker-") and cwd != os.getcwd()
+    assert not Path(cwd).exists()
 
 
 def test_pool_survives_crash_hang_and_error() -> None:

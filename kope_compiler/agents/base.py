@@ -96,6 +96,8 @@ class Rejected:
 
     reason: str
     decision: str = ""
+    source: str = ""  # the refused kernel text, if the answer held one (recorded, never run)
+    form: str | None = None
     model: str = ""
     tokens_in: int = 0
     tokens_out: int = 0

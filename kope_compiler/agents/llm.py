@@ -194,7 +194,8 @@ class LLMAgent(Agent):
                 f"the {request.task.target} target takes {', '.join(forms)} kernels, not {form}"
             )
         if refused:
-            return Rejected(refused, decision=decision, **meta)
+            # Kept as evidence of what the model answered; it is never built or run.
+            return Rejected(refused, decision=decision, source=kernel, form=form, **meta)
         parent = request.history[-1].attempt_id if request.history else None
         return Proposal(
             source=kernel,

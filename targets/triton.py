@@ -1,0 +1,291 @@
+"""What the Triton targets share (`cuda`, `ascend`): kernels as Triton source, built in a
+sandbox, run on the device or, without one, under Triton's interpreter.
+
+A Triton kernel (`FORM_TRITON`) is a Python module: `@triton.jit` functions and a plain
+`def launch(in0, ..., out0, ...)` that takes the operator's inputs, then its outputs
+(contiguous, row-major, on the target's device), and fills the outputs. It is screened by an
+allow-list (`kope.targets.triton_screen`), then executed with only the builtins a kernel needs
+and an `__import__` that hands out `triton`, `triton.language` and `math` alone. It runs only
+in the isolated worker (scratch working directory, no secrets in the environment, the
+resource limits of `prepare_worker`): a kernel that spins, or writes out of bounds, is a
+recorded failure there.
+
+Without the device (no GPU here, none in CI) a Triton target *interprets*: the worker sets
+`TRITON_INTERPRET=1`, tensors live in host memory, and candidates are verified against the
+reference lowering (built by the CPU target) on CPU. Nothing is timed then: a figure from the
+interpreter says nothing about the device, so such attempts are recorded verified-but-untimed
+and never win selection.
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import os
+import resource
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from kope.targets.base import BuildError, BuiltKernel, Target
+from kope.targets.host import package_version
+from kope.targets.triton_screen import BUILTINS, MODULES, TL_NAMES, screen_triton
+from kope.vocabulary.kernels import FORM_MLIR, FORM_TRITON, Kernel
+from kope.vocabulary.specs import DTYPES, TaskSpec
+
+# The dtypes Triton kernels take here (float64 has no `tl.dot`, but elementwise code runs).
+TRITON_DTYPES = frozenset(
+    {"float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8"}
+    & set(DTYPES)
+)
+# A worker running Triton kernels may not grow past this share of the machine's memory: a
+# kernel that allocates without bound takes down its worker, not the machine.
+MEMORY_SHARE = 0.75
+# Nor write files larger than this (a kernel has no business writing any).
+FILE_LIMIT_BYTES = 1 << 30
+
+
+def triton_version() -> str:
+    return package_version("triton")
+
+
+class TritonKernel:
+    """A screened, loaded Triton kernel module: `run` calls its `launch`."""
+
+    parallel = False  # one launch on the device; thread counts do not describe it
+
+    def __init__(self, launch: Callable[..., Any], task: TaskSpec, device: str):
+        self._launch = launch
+        self.task = task
+        self.device = device
+
+    def run(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        self._launch(*inputs, *outputs)
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        outputs = tuple(
+            torch.empty(s.shape, dtype=s.torch_dtype, device=self.device) for s in self.task.outputs
+        )
+        self.run(inputs, outputs)
+        return outputs
+
+
+class HostOracle:
+    """The reference lowering (a CPU kernel) serving a device target as its oracle: inputs
+    go to the host, outputs come back to the device."""
+
+    parallel = False
+
+    def __init__(self, kernel: BuiltKernel, device: str):
+        self.kernel = kernel
+        self.device = device
+
+    def run(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        for out, got in zip(outputs, self(*inputs), strict=True):
+            out.copy_(got)
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        results = self.kernel(*(t.cpu() for t in inputs))
+        return tuple(t.to(self.device) for t in results)
+
+
+@functools.cache
+def _scratch() -> Path:
+    """Where this process writes kernel sources (Triton reads a kernel's source from its file)."""
+    return Path(tempfile.mkdtemp(prefix="kope-triton-"))
+
+
+def _sandbox_import(
+    name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
+) -> Any:
+    if level or name not in MODULES:
+        raise ImportError(f"a kernel may import only {', '.join(MODULES)}, not {name}")
+    return builtins.__import__(name, globals, locals, fromlist, level)
+
+
+def _sandbox_builtins() -> dict[str, Any]:
+    allowed = {name: getattr(builtins, name) for name in BUILTINS}
+    return {**allowed, "__import__": _sandbox_import}
+
+
+def load_kernel_module(source: str, task: TaskSpec, device: str) -> TritonKernel:
+    """Screen `source`, execute it with the sandbox's builtins, and return its launcher.
+
+    The source goes to a file first: `@triton.jit` (and its interpreter) read a kernel's
+    source back from the file its code object names."""
+    refused = screen_triton(source)
+    if refused:
+        raise BuildError(f"kernel refused: {refused}")
+    import hashlib
+
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    path = _scratch() / f"kope_kernel_{digest}.py"
+    path.write_text(source)
+    namespace: dict[str, Any] = {
+        "__builtins__": _sandbox_builtins(),
+        "__name__": f"kope_kernel_{digest}",
+        "__file__": str(path),
+    }
+    try:
+        exec(compile(source, str(path), "exec"), namespace)
+    except Exception as err:
+        raise BuildError(f"the kernel module failed to load: {type(err).__name__}: {err}") from None
+    launch = namespace.get("launch")
+    if not callable(launch):
+        raise BuildError("the kernel module defines no callable `launch`")
+    return TritonKernel(launch, task, device)
+
+
+class TritonTarget(Target):
+    """A Triton target: kernels in `FORM_TRITON`, the reference lowering as their oracle.
+
+    A subclass names its device and flavour, says whether the device is present
+    (`device_present`), and gives its capabilities and constraints for the agents."""
+
+    kernel_forms = (FORM_TRITON,)
+    dtypes: ClassVar[frozenset[str]] = TRITON_DTYPES
+    flavour: ClassVar[str]
+    extra: ClassVar[str]  # the `pip install 'kope[...]'` extra that brings its toolchain
+    # The flavour's rules for kernels, appended to the prompt (`describe`).
+    constraints: ClassVar[str] = ""
+
+    # -- the device ---------------------------------------------------------------------------
+    @classmethod
+    def device_present(cls) -> bool:
+        """Whether this process can run kernels on the device."""
+        return False
+
+    @classmethod
+    def device_absent_reason(cls) -> str:
+        """Why `device_present` is False, as a phrase."""
+        return f"no {cls.device} device"
+
+    @classmethod
+    def interpreting(cls) -> bool:
+        """Kernels run under Triton's interpreter on the host (no device, or asked for)."""
+        return os.environ.get("TRITON_INTERPRET") == "1" or not cls.device_present()
+
+    @classmethod
+    def memory_device(cls) -> str:
+        return "cpu" if cls.interpreting() else cls.device
+
+    @classmethod
+    def timed(cls) -> bool:
+        return not cls.interpreting()
+
+    @classmethod
+    def untimed_reason(cls) -> str:
+        return (
+            f"untimed: kernels run under Triton's interpreter here ({cls.device_absent_reason()});"
+            f" an interpreter figure says nothing about the {cls.device} device"
+        )
+
+    @classmethod
+    def unavailable(cls) -> str | None:
+        if triton_version() == "unknown":
+            return f"triton is not installed (pip install 'kope[{cls.extra}]')"
+        if cls.device_present():
+            return None
+        return (
+            f"{cls.device_absent_reason()}; `kope precompile --target {cls.name}` still verifies "
+            "its kernels on this machine under Triton's interpreter"
+        )
+
+    # -- building -----------------------------------------------------------------------------
+    @classmethod
+    def build(cls, task: TaskSpec, kernel: Kernel) -> BuiltKernel:
+        if kernel.form != FORM_TRITON:
+            raise BuildError(f"the {cls.name} target builds triton kernels, not {kernel.form}")
+        if triton_version() == "unknown":
+            raise BuildError(f"triton is not installed (pip install 'kope[{cls.extra}]')")
+        return load_kernel_module(kernel.source, task, cls.memory_device())
+
+    def builds_oracle(self, kernel: Kernel) -> bool:
+        return kernel.form in (FORM_TRITON, FORM_MLIR)
+
+    @classmethod
+    def build_oracle(cls, task: TaskSpec, kernel: Kernel) -> BuiltKernel:
+        if kernel.form != FORM_MLIR:
+            return cls.build(task, kernel)
+        from kope.targets.cpu import CpuTarget
+
+        built = CpuTarget.build(task, kernel)
+        device = cls.memory_device()
+        return built if device == "cpu" else HostOracle(built, device)
+
+    @classmethod
+    def prepare_worker(cls, eager_threads: int) -> None:
+        torch.set_num_threads(eager_threads)
+        if cls.interpreting():
+            os.environ["TRITON_INTERPRET"] = "1"  # read when `@triton.jit` decorates
+        _limit_resources()
+
+    # -- describing ---------------------------------------------------------------------------
+    def key(self) -> str:
+        device = self.device_name() if not self.interpreting() else "interpreter"
+        return (
+            f"{self.name}|{device}|triton-{triton_version()}|torch-{package_version('torch')}"
+            f"|kope-{package_version('kope')}"
+        )
+
+    def device_name(self) -> str:
+        """The device's model and generation, as its key names it."""
+        return self.device
+
+    def describe(self, task: TaskSpec | None = None) -> str:
+        return TRITON_PROMPT.format(
+            signature=launch_signature(task),
+            tl=", ".join(sorted(TL_NAMES)),
+            builtins=", ".join(sorted(BUILTINS)),
+            constraints=self.constraints,
+        )
+
+
+def _limit_resources() -> None:
+    """Bound the worker's memory and file writes (lowering a limit is always permitted)."""
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return
+    for limit, value in (
+        (resource.RLIMIT_AS, int(pages * size * MEMORY_SHARE)),
+        (resource.RLIMIT_FSIZE, FILE_LIMIT_BYTES),
+        (resource.RLIMIT_CORE, 0),
+    ):
+        soft, hard = resource.getrlimit(limit)
+        wanted = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        if soft == resource.RLIM_INFINITY or soft > wanted:
+            resource.setrlimit(limit, (wanted, hard))
+
+
+def launch_signature(task: TaskSpec | None) -> str:
+    """`def launch(...)` for `task`, each tensor with its shape and dtype in a comment."""
+    if task is None:
+        return "def launch(in0, ..., out0, ...)"
+    params = [f"in{i}" for i in range(len(task.inputs))]
+    params += [f"out{j}" for j in range(len(task.outputs))]
+    shapes = [f"in{i}: {s}" for i, s in enumerate(task.inputs)]
+    shapes += [f"out{j}: {s}" for j, s in enumerate(task.outputs)]
+    return f"def launch({', '.join(params)}):  # {'; '.join(shapes)}"
+
+
+TRITON_PROMPT = """\
+Answer with ONE ```python code block holding a complete Triton kernel module:
+- `import triton` and `import triton.language as tl` (and `import math` if needed) at the top,
+- one or more `@triton.jit` functions,
+- a plain launcher with exactly this signature:
+  `{signature}`
+  Its arguments are the operator's inputs, then its outputs, as contiguous row-major tensors
+  already allocated on the device. It must fill every output element and return nothing;
+  it launches the kernels with `kernel[grid](...)`. Shapes are fixed: you may write them as
+  constants.
+Only these names are allowed: `triton.jit`, `triton.cdiv`, `triton.next_power_of_2`, `math.*`,
+the builtins {builtins}, on tensors in the launcher `.shape`, `.stride()`, `.numel()`,
+`.element_size()`, and the language `tl.` {tl}.
+No other imports, no torch, no libdevice (`tl.extra`), no inline assembly, no dunder names,
+no try/with/class/lambda.
+Use masks on every edge; accumulate reductions and dots in float32 and cast at the store.
+{constraints}"""
