@@ -212,10 +212,78 @@ def build_parser() -> argparse.ArgumentParser:
     import_p.set_defaults(run=_import_command)
     _add_precompile(sub)
     _add_bench(sub)
+    _add_export(sub)
     from kope.memory.cli import add_commands
 
-    _add_memory_remeasure(add_commands(sub))
+    memory_sub = add_commands(sub)
+    _add_memory_remeasure(memory_sub)
+    _add_memory_import_results(memory_sub)
     return parser
+
+
+def _add_export(sub: Any) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write a kernel pack: a store's verified Triton kernels, to run where the device is",
+        description="Write the verified Triton kernels of the store's tasks on TARGET, with "
+        "each task's eager call, one trial's inputs, the reference lowering's outputs for "
+        "them, and a runner that needs only torch and triton: `python PACK/runner.py PACK` "
+        "on the device's machine verifies and times each kernel and writes PACK/results.json, "
+        "which `kope memory import-results` records.",
+    )
+    p.add_argument("--target", required=True, choices=["cuda", "ascend"], help="the device")
+    p.add_argument("-o", "--output", required=True, help="the pack's folder")
+    _add_option(p, "store")
+    p.set_defaults(run=_export_command)
+
+
+def _export_command(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from kope.compiler import store_at
+    from kope.kernel_pack import export_pack
+    from kope.vocabulary.home import kope_home
+
+    store = store_at(Path(args.store) if args.store else kope_home())
+    summary = export_pack(store, args.target, Path(args.output))
+    for label, why in summary.skipped:
+        print(f"{label}: left out ({why})")
+    print(
+        f"wrote {summary.kernels} kernels of {summary.tasks} tasks to {summary.path} "
+        f"({summary.bytes / 2**20:.1f} MiB); run `python {summary.path}/runner.py "
+        f"{summary.path}` where the device is"
+    )
+    return 0 if summary.kernels else 1
+
+
+def _add_memory_import_results(memory_sub: Any) -> None:
+    from kope.memory.cli import store_command
+
+    p = store_command(
+        memory_sub,
+        "import-results",
+        "record a kernel pack runner's results (per kernel: verdict, eager and kernel figures "
+        "on the device) as attempts of each task under the device's target key; a kernel "
+        "measured again by a later run confirms its first figure",
+        _memory_import_results_command,
+    )
+    p.add_argument("results", help="the runner's results file (PACK/results.json)")
+    p.add_argument("--pack", help="the pack's folder (default: the results file's folder)")
+
+
+def _memory_import_results_command(args: argparse.Namespace, store: Any) -> int:
+    from pathlib import Path
+
+    from kope.kernel_pack import PackError, import_results
+    from kope.memory.cli import MemoryCommandError
+
+    try:
+        recorded = import_results(store, Path(args.results), Path(args.pack) if args.pack else None)
+    except PackError as err:
+        raise MemoryCommandError(str(err)) from None
+    timed = sum(1 for a in recorded if a.latency_us is not None)
+    print(f"recorded {len(recorded)} attempts ({timed} timed on the device) in {store.root}")
+    return 0
 
 
 def _add_memory_remeasure(memory_sub: Any) -> None:
@@ -252,9 +320,9 @@ def _memory_remeasure_command(args: argparse.Namespace, store: Any) -> int:
         reference = next(
             (a for a in reversed(store.attempts(key)) if a.source == SOURCE_REFERENCE), None
         )
-        payload = (
-            store.get_artifact(reference.artifact) if reference and reference.artifact else None
-        )
+        # Tasks keep their reference lowering; older records have it only as an attempt's.
+        artifact = record.payload or (reference.artifact if reference else None)
+        payload = store.get_artifact(artifact) if artifact else None
         task = task_from_record(record, payload) if payload is not None else None
         why = (
             "measured under another target key"

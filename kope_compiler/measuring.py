@@ -16,7 +16,6 @@ import logging
 
 import torch
 
-from kope.eager_json import eager_json
 from kope.memory.recorder import Recorder, attempt_of
 from kope.memory.schema import AttemptRecord, hardware_of
 from kope.memory.store import ExperienceStore, speedup_over_baseline, wins
@@ -32,6 +31,7 @@ from kope.vocabulary.evidence import (
     Evaluation,
 )
 from kope.vocabulary.kernels import Kernel
+from kope.vocabulary.specs import eager_json
 
 log = logging.getLogger("kope.compiler")
 
@@ -68,6 +68,7 @@ def task_seen(task: Task, target: Target) -> TaskSeen:
         target=target.name,
         target_key=target.key(),
         eager=eager_json(spec.eager),
+        payload=task.payload,
     )
 
 

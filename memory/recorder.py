@@ -112,7 +112,11 @@ class Recorder:
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, TaskSeen):
-            self.store.add_task(task_of(event))
+            if self.store.task(event.key) is None:
+                record = task_of(event)
+                if event.payload:
+                    record.payload = self.store.put_artifact(event.payload)
+                self.store.add_task(record)
         elif isinstance(event, AttemptEvaluated):
             self._attempt(event)
 

@@ -74,6 +74,9 @@ class TaskRecord:
     # How to run the operator eagerly, as plain JSON (the compiler's encoding of its eager
     # call), so that a stored task can be re-measured without its model; None if unknown.
     eager: dict[str, Any] | None = None
+    # The artifact digest of its reference lowering (the canonical linalg `@main`), so that a
+    # stored task can be lowered again without its model (a kernel pack's reference outputs).
+    payload: str | None = None
 
     def __post_init__(self) -> None:
         if not self.hardware:

@@ -4,7 +4,7 @@ sandbox, run on the device or, without one, under Triton's interpreter.
 A Triton kernel (`FORM_TRITON`) is a Python module: `@triton.jit` functions and a plain
 `def launch(in0, ..., out0, ...)` that takes the operator's inputs, then its outputs
 (contiguous, row-major, on the target's device), and fills the outputs. It is screened by an
-allow-list (`kope.targets.triton_screen`), then executed with only the builtins a kernel needs
+allow-list (`kope.targets.triton_sandbox`), then executed with only the builtins a kernel needs
 and an `__import__` that hands out `triton`, `triton.language` and `math` alone. It runs only
 in the isolated worker (scratch working directory, no secrets in the environment, the
 resource limits of `prepare_worker`): a kernel that spins, or writes out of bounds, is a
@@ -19,7 +19,6 @@ and never win selection.
 
 from __future__ import annotations
 
-import builtins
 import functools
 import os
 import resource
@@ -32,7 +31,7 @@ import torch
 
 from kope.targets.base import BuildError, BuiltKernel, Target
 from kope.targets.host import package_version
-from kope.targets.triton_screen import BUILTINS, MODULES, TL_NAMES, screen_triton
+from kope.targets.triton_sandbox import BUILTINS, TL_NAMES, KernelRefused, load_launcher
 from kope.vocabulary.kernels import FORM_MLIR, FORM_TRITON, Kernel
 from kope.vocabulary.specs import DTYPES, TaskSpec
 
@@ -98,45 +97,12 @@ def _scratch() -> Path:
     return Path(tempfile.mkdtemp(prefix="kope-triton-"))
 
 
-def _sandbox_import(
-    name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
-) -> Any:
-    if level or name not in MODULES:
-        raise ImportError(f"a kernel may import only {', '.join(MODULES)}, not {name}")
-    return builtins.__import__(name, globals, locals, fromlist, level)
-
-
-def _sandbox_builtins() -> dict[str, Any]:
-    allowed = {name: getattr(builtins, name) for name in BUILTINS}
-    return {**allowed, "__import__": _sandbox_import}
-
-
 def load_kernel_module(source: str, task: TaskSpec, device: str) -> TritonKernel:
-    """Screen `source`, execute it with the sandbox's builtins, and return its launcher.
-
-    The source goes to a file first: `@triton.jit` (and its interpreter) read a kernel's
-    source back from the file its code object names."""
-    refused = screen_triton(source)
-    if refused:
-        raise BuildError(f"kernel refused: {refused}")
-    import hashlib
-
-    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-    path = _scratch() / f"kope_kernel_{digest}.py"
-    path.write_text(source)
-    namespace: dict[str, Any] = {
-        "__builtins__": _sandbox_builtins(),
-        "__name__": f"kope_kernel_{digest}",
-        "__file__": str(path),
-    }
+    """Screen and load `source` in the sandbox (`kope.targets.triton_sandbox`)."""
     try:
-        exec(compile(source, str(path), "exec"), namespace)
-    except Exception as err:
-        raise BuildError(f"the kernel module failed to load: {type(err).__name__}: {err}") from None
-    launch = namespace.get("launch")
-    if not callable(launch):
-        raise BuildError("the kernel module defines no callable `launch`")
-    return TritonKernel(launch, task, device)
+        return TritonKernel(load_launcher(source, _scratch()), task, device)
+    except KernelRefused as err:
+        raise BuildError(str(err)) from None
 
 
 class TritonTarget(Target):

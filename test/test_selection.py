@@ -19,7 +19,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from kope import measuring
 from kope.cli import main
-from kope.eager_json import eager_from_json, eager_json, task_from_record
+from kope.eager_json import task_from_record
 from kope.measuring import task_seen
 from kope.memory.recorder import Recorder
 from kope.memory.schema import CONFIRMS, TRANSFERRED_FROM, AttemptRecord, TaskRecord, hardware_of
@@ -39,7 +39,7 @@ from kope.vocabulary.evidence import (
     Timing,
 )
 from kope.vocabulary.kernels import Kernel
-from kope.vocabulary.specs import TaskSpec
+from kope.vocabulary.specs import TaskSpec, eager_from_json, eager_json
 
 HARDWARE = "cpu|Scripted CPU avx512f 2c"
 TARGET_KEY = f"{HARDWARE}|torch-2.13.0|torch-mlir-20261001|kope-9.0.0"

@@ -19,7 +19,7 @@ from kope.optimize import Budget, optimize_task
 from kope.partition import partition
 from kope.targets import get_target, target_names
 from kope.targets.triton import TritonTarget
-from kope.targets.triton_screen import screen_triton
+from kope.targets.triton_sandbox import screen_triton
 from kope.targets.worker import worker_environment
 from kope.task import Task
 from kope.testing import Reply, ScriptedOpenAIServer

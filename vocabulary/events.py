@@ -38,6 +38,7 @@ class TaskSeen:
     target: str
     target_key: str
     eager: dict[str, Any] | None = None  # the eager call as JSON, to re-measure without a model
+    payload: str = ""  # the reference lowering's text, to lower it again without a model
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ anything; a candidate that could reach the shell, the file system or the network
 and recorded as a failed attempt without ever being built.
 
 Each form is screened by the rule its target builds by, not by a second copy of it: Triton
-source by the Triton targets' allow-list (`kope.targets.triton_screen`), MLIR by the CPU
+source by the Triton targets' allow-list (`kope.targets.triton_sandbox`), MLIR by the CPU
 target's `kope.targets.cpu.screen_kernel` on the parsed module. A textual copy of the MLIR rule
 that matched `llvm.` refused every kernel carrying the harmless `llvm.emit_c_interface`
 attribute, and one that missed an op the build refuses let the agent spend a build on it.
@@ -17,7 +17,7 @@ from __future__ import annotations
 from torch_mlir import ir
 
 from kope.targets.cpu import screen_kernel
-from kope.targets.triton_screen import screen_triton
+from kope.targets.triton_sandbox import screen_triton
 
 
 def screen_mlir(text: str) -> str | None:
@@ -36,6 +36,6 @@ def screen_mlir(text: str) -> str | None:
 
 def screen_python(text: str) -> str | None:
     """Why this Python (Triton) kernel must not be imported, or None if it may: the rule the
-    Triton targets build by (`kope.targets.triton_screen`), an allow-list of names."""
+    Triton targets build by (`kope.targets.triton_sandbox`), an allow-list of names."""
     refused = screen_triton(text)
     return f"the kernel is refused: {refused}" if refused else None

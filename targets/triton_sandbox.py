@@ -1,4 +1,5 @@
-"""The rule a Triton kernel's source must pass before any of it runs: an allow-list of names.
+"""The sandbox of a Triton kernel's source: the rule it must pass before any of it runs (an
+allow-list of names), and the loader that runs it with nothing more.
 
 A Triton kernel is Python, and Python reaches everything from anywhere: `import triton` also
 exposes `triton.testing.subprocess`, a bare `__builtins__['__import__']` needs no import at
@@ -7,16 +8,24 @@ what is forbidden; it lists what a kernel may name — the `tl` language, `trito
 `triton.cdiv`, `triton.next_power_of_2`, `math`, a few builtins, the tensor attributes a
 launcher needs, and the names the source binds itself — and refuses the rest, with the line.
 
-The build (`kope.targets.triton.load_kernel_module`) runs a screened source with only those
-builtins and an `__import__` that hands out only the three modules, in an isolated worker
-with a scratch directory, no secrets in its environment and resource limits: the screen is
-the first wall, not the only one.
+`load_launcher` runs a screened source with only those builtins and an `__import__` that
+hands out only the three modules; KOPE calls it in an isolated worker with a scratch
+directory, no secrets in its environment and resource limits: the screen is the first wall,
+not the only one.
+
+This module needs only the standard library: the kernel pack's runner (`pack_runner`), which
+runs on machines without KOPE, carries a copy of it.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
+import hashlib
 import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 MODULES = {"triton": "triton", "triton.language": "tl", "math": "math"}
 TRITON_NAMES = frozenset({"jit", "cdiv", "next_power_of_2"})
@@ -204,3 +213,49 @@ def _kind(node: ast.AST) -> str:
 
 def _modules() -> str:
     return ", ".join(f"`{m}`" for m in MODULES)
+
+
+class KernelRefused(Exception):
+    """A kernel source that the screen refuses or that fails to load."""
+
+
+def _sandbox_import(
+    name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
+) -> Any:
+    if level or name not in MODULES:
+        raise ImportError(f"a kernel may import only {', '.join(MODULES)}, not {name}")
+    return builtins.__import__(name, globals, locals, fromlist, level)
+
+
+def sandbox_builtins() -> dict[str, Any]:
+    """The builtins a kernel runs with: `BUILTINS` and an `__import__` of `MODULES` alone."""
+    allowed = {name: getattr(builtins, name) for name in BUILTINS}
+    return {**allowed, "__import__": _sandbox_import}
+
+
+def load_launcher(source: str, directory: Path) -> Callable[..., Any]:
+    """Screen `source`, run it with the sandbox's builtins, and return its `launch`.
+
+    The source is written to `directory` first: `@triton.jit` (and its interpreter) read a
+    kernel's source back from the file its code object names."""
+    refused = screen_triton(source)
+    if refused:
+        raise KernelRefused(f"kernel refused: {refused}")
+    digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+    path = directory / f"kope_kernel_{digest}.py"
+    path.write_text(source)
+    namespace: dict[str, Any] = {
+        "__builtins__": sandbox_builtins(),
+        "__name__": f"kope_kernel_{digest}",
+        "__file__": str(path),
+    }
+    try:
+        exec(compile(source, str(path), "exec"), namespace)
+    except Exception as err:
+        raise KernelRefused(
+            f"the kernel module failed to load: {type(err).__name__}: {err}"
+        ) from None
+    launch = namespace.get("launch")
+    if not callable(launch):
+        raise KernelRefused("the kernel module defines no callable `launch`")
+    return launch
