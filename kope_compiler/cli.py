@@ -488,6 +488,8 @@ def format_report(report: dict[str, Any]) -> str:
     from kope.report import speedup_text as _x
 
     rows = [("operator", "winner", "vs eager", "vs reference", "timing", "attempts", "verdicts")]
+    s = report["summary"]
+    timed = s.get("timed", True)
     for op in report["operators"]:
         verdicts = " ".join(f"{k}:{v}" for k, v in op["verdicts"].items())
         quality = op.get("timing_quality", "unknown")
@@ -497,18 +499,23 @@ def format_report(report: dict[str, Any]) -> str:
                 op["winner"],
                 _x(op["speedup_vs_eager"], quality),
                 _x(op["speedup_vs_reference"], quality),
-                timing_text(op),
+                timing_text(op) if timed else "untimed",
                 str(op["attempts"]),
                 verdicts,
             )
         )
     lines = table_lines(rows)
-    if any(op.get("timing_quality") != "clean" for op in report["operators"]):
+    if not timed:
+        lines.append(
+            f"untimed: the {s['target']} target has no device here, so its kernels were verified "
+            "under Triton's interpreter and nothing was timed; `kope export --target "
+            f"{s['target']} -o PACK` takes them to the device (benchmarks/gpu_check.sh)"
+        )
+    elif any(op.get("timing_quality") != "clean" for op in report["operators"]):
         lines.append(
             "~: a figure that is not clean (measured under load, or before KOPE judged timings); "
             "it pins no kernel until `kope precompile --remeasure` times it cleanly"
         )
-    s = report["summary"]
     lines.append(
         f"{s['operators']} operators; pass rate {s['pass_rate']:.0%} ({PASS_RATE}); geomean "
         f"speedup {_x(s['geomean_speedup_vs_eager'])} vs eager, "

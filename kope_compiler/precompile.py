@@ -267,6 +267,8 @@ def report_json(
             "tokens": sum(s.tokens for s in summaries),
             "agent": agent,
             "target": target.name,
+            # False where kernels are interpreted (no device): every figure is absent.
+            "timed": target.timed(),
             "budget": budget.attempts,
             "wall_s": wall_s,
         },

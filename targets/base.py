@@ -112,6 +112,11 @@ class Target(ABC):
         return eager_threads if getattr(built, "parallel", False) else 1
 
     @classmethod
+    def worker_env(cls) -> dict[str, str]:
+        """Environment variables its workers start with (read by libraries at import)."""
+        return {}
+
+    @classmethod
     def prepare_worker(cls, eager_threads: int) -> None:
         """Set up a worker before it builds and times (thread pools, device selection)."""
         torch.set_num_threads(eager_threads)
@@ -179,7 +184,9 @@ class Target(ABC):
         if self._pool is None:
             from kope.targets.worker import WorkerPool
 
-            self._pool = WorkerPool(self.workers, preload=type(self).__module__)
+            self._pool = WorkerPool(
+                self.workers, preload=type(self).__module__, env=self.worker_env()
+            )
         return self._pool
 
     def close(self) -> None:

@@ -183,10 +183,16 @@ class TritonTarget(Target):
         return built if device == "cpu" else HostOracle(built, device)
 
     @classmethod
+    def worker_env(cls) -> dict[str, str]:
+        # Read as triton decorates its own `@jit` functions (`tl.sum`, ...) at import, and as
+        # each kernel's are: it must be set before anything imports triton.
+        return {"TRITON_INTERPRET": "1"} if cls.interpreting() else {}
+
+    @classmethod
     def prepare_worker(cls, eager_threads: int) -> None:
         torch.set_num_threads(eager_threads)
         if cls.interpreting():
-            os.environ["TRITON_INTERPRET"] = "1"  # read when `@triton.jit` decorates
+            widen_interpreted_bf16_dot()
         _limit_resources()
 
     # -- describing ---------------------------------------------------------------------------
@@ -208,6 +214,30 @@ class TritonTarget(Target):
             builtins=", ".join(sorted(BUILTINS)),
             constraints=self.constraints,
         )
+
+
+@functools.cache
+def widen_interpreted_bf16_dot() -> None:
+    """Make the interpreter's `tl.dot` widen bfloat16 operands to float32 first: triton 3.9's
+    multiplies their bit patterns (held as uint16) as integers, so a correct bf16 matmul
+    would fail verification. The device computes bf16 dots in float32 accumulators too."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    dot = builder.create_dot
+
+    def widen(handle: Any) -> Any:
+        if handle.dtype != tl.bfloat16:
+            return handle
+        bits = handle.data.astype(np.uint32) << 16
+        return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
+
+    def widened(a: Any, b: Any, *rest: Any) -> Any:
+        return dot(widen(a), widen(b), *rest)
+
+    builder.create_dot = widened
 
 
 def _limit_resources() -> None:

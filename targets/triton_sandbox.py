@@ -34,7 +34,7 @@ TRITON_NAMES = frozenset({"jit", "cdiv", "next_power_of_2"})
 # assembly, not `core`/`semantic` (the compiler's internals), not device printing.
 TL_NAMES = frozenset(
     """
-    abs advance arange argmax argmin associative_scan atomic_add atomic_max atomic_min
+    PropagateNan abs advance arange argmax argmin associative_scan atomic_add atomic_max atomic_min
     bfloat16 broadcast broadcast_to cast cat cdiv ceil clamp constexpr cos cumprod cumsum
     div_rn dot dtype erf exp exp2 expand_dims fdiv flip float16 float32 float64 floor fma
     full gather int1 int16 int32 int64 int8 interleave join load log log2 make_block_ptr
@@ -44,6 +44,8 @@ TL_NAMES = frozenset(
     uint64 uint8 umulhi view where xor_sum zeros zeros_like
     """.split()
 )
+# `tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)`: NaN in, NaN out, as torch does.
+PROPAGATE_NAN_NAMES = frozenset({"ALL", "NONE"})
 # `tl.math.<fn>`: the elementwise math functions.
 TL_MATH_NAMES = frozenset(
     """
@@ -166,6 +168,7 @@ def _screen_attribute(node: ast.Attribute, aliases: dict[str, str]) -> str | Non
         "triton": TRITON_NAMES,
         "triton.language": TL_NAMES,
         "triton.language.math": TL_MATH_NAMES,
+        "triton.language.PropagateNan": PROPAGATE_NAN_NAMES,
         "math": MATH_NAMES,
     }.get(module)
     if allowed is None or name not in allowed:

@@ -263,7 +263,7 @@ _STARTER = _Starter()
 class Worker:
     """One worker process and its pipes."""
 
-    def __init__(self, preload: str | None):
+    def __init__(self, preload: str | None, extra_env: Mapping[str, str] | None = None):
         parent_read, child_write = os.pipe()
         child_read, parent_write = os.pipe()
         self.stderr = tempfile.TemporaryFile()
@@ -272,7 +272,7 @@ class Worker:
         self.scratch = tempfile.TemporaryDirectory(
             prefix="kope-worker-", ignore_cleanup_errors=True
         )
-        env = worker_environment(os.environ)
+        env = {**worker_environment(os.environ), **(extra_env or {})}
         argv = [sys.executable, "-m", "kope.targets.worker", str(child_read), str(child_write)]
         argv.append(str(os.getpid()))
         if preload:
@@ -433,9 +433,12 @@ def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
 class WorkerPool:
     """A persistent pool of isolated workers; dead or hung workers are replaced."""
 
-    def __init__(self, size: int = 1, preload: str | None = None):
+    def __init__(
+        self, size: int = 1, preload: str | None = None, env: Mapping[str, str] | None = None
+    ):
         self.size = max(1, size)
         self.preload = preload
+        self.env = dict(env or {})  # set in each worker's environment from its start
         self._idle: list[Worker] = []
         self._workers: set[Worker] = set()  # idle and busy
         self._started = 0
@@ -471,7 +474,7 @@ class WorkerPool:
                     break
                 self._cond.wait()
         try:
-            worker = Worker(self.preload)
+            worker = Worker(self.preload, self.env)
         except BaseException:
             with self._cond:
                 self._started -= 1

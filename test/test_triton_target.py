@@ -212,3 +212,40 @@ def test_workers_start_without_secrets() -> None:
         {"PATH": "/bin", "OPENAI_API_KEY": "sk-x", "KOPE_LLM_TOKEN": "t", "KOPE_LOG": "debug"}
     )
     assert env == {"PATH": "/bin"}
+
+
+class _Block(torch.nn.Module):
+    """Unseen by the generator's tests: a gated MLP with a norm and a residual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(24)
+        self.up = torch.nn.Linear(24, 40)
+        self.gate = torch.nn.Linear(24, 40)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        return torch.nn.functional.silu(self.gate(h)) * self.up(h) + x.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("name", TRITON_TARGETS)
+def test_precompile_gives_every_operator_a_verified_triton_kernel(
+    name: str, tmp_path: Path
+) -> None:
+    """The heuristic agent writes Triton kernels from each operator's own IR: all verify under
+    the interpreter, a few per operator (nothing ranks them here), and none wins untimed."""
+    from kope.precompile import precompile
+
+    made = get_target(name, workers=1, timeout_s=60.0)
+    store = ExperienceStore(tmp_path)
+    report = precompile(
+        _Block().eval(), (torch.randn(3, 5, 24),), target=made, store=store, progress=False
+    )
+    made.close()
+    rows = report["operators"]
+    assert rows and report["summary"]["timed"] is False
+    for row in rows:
+        assert row["verdicts"].get("verified", 0) >= 1, row
+        assert row["attempts"] <= 3 and row["winner"] == "eager", row
+    attempts = [a for t in store.tasks() for a in store.attempts(t.key) if a.source == "agent"]
+    assert attempts and all(a.form == FORM_TRITON and a.latency_us is None for a in attempts)

@@ -1,7 +1,9 @@
 """The heuristic agent: the embedded default, offline and deterministic under a seed.
 
-It writes transform-dialect schedules (`kope.agents.schedules`) for the operator's linalg
-payload and searches their space with this policy:
+For MLIR targets (CPU) it writes transform-dialect schedules (`kope.agents.schedules`) for
+the operator's linalg payload; for Triton targets (CUDA, Ascend) it writes Triton kernels
+translated from that payload (`kope.agents.triton_kernels`). It searches either space with
+this policy:
 
 1. Candidates: a small grid per kernel family (threads, cache and register tiles, rows per
    step, vector length, polynomial math), ordered by a static prior (a crude cost model: use
@@ -18,20 +20,29 @@ payload and searches their space with this policy:
 4. Stopping: when the space is exhausted; when, after four verified attempts, the best kernel
    is still under 0.3x eager and the last three did not improve it, or after six it is still
    under 0.5x (eager is already best); or when eight attempts in, the last five improved
-   nothing by 2% (converged).
+   nothing by 2% (converged). Where nothing is timed (Triton's interpreter, no device), after
+   `UNTIMED_KERNELS` verified kernels: the device ranks them (`kope export`).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from kope.agents.base import Agent, Experience, Feedback, Proposal, ProposalRequest
+from kope.agents.base import (
+    Agent,
+    Experience,
+    Feedback,
+    Proposal,
+    ProposalRequest,
+    TaskView,
+)
 from kope.agents.schedules import (
     CONVOLUTIONS,
     DEPTHWISE,
@@ -41,11 +52,18 @@ from kope.agents.schedules import (
     describe,
     render,
 )
+from kope.agents.triton_kernels import describe_config as describe_triton
+from kope.agents.triton_kernels import render_triton, triton_space, unsupported_reason
 from kope.passes.analysis import PayloadInfo, analyze, prepare_payload
-from kope.vocabulary.kernels import FORM_MLIR
+from kope.vocabulary.kernels import FORM_MLIR, FORM_TRITON
+
+log = logging.getLogger("kope.agents.heuristic")
 
 APPROXIMABLE = {"math.exp", "math.erf", "math.tanh"}
 BIG_WORK = 1 << 16  # iterations above which threads are expected to pay off
+# Verified Triton kernels per operator where nothing is timed (under Triton's interpreter):
+# more would only verify more variants that no figure ranks.
+UNTIMED_KERNELS = 3
 
 
 def _lanes(capabilities: dict[str, Any], element_type: str) -> int:
@@ -195,6 +213,8 @@ def learn(experience: Iterable[Experience], family: str) -> MemoryAdvice:
         if not config or config.get("family") != family:
             continue
         weight = max(0.0, min(1.0, item.similarity)) ** 2
+        if item.verdict == "verified" and not item.speedup_vs_eager:
+            continue  # verified, never timed (interpreted): says nothing of speed, nor failure
         if item.verdict == "verified" and item.speedup_vs_eager:
             gain = math.log(max(item.speedup_vs_eager, 1e-3))
             verified.append((weight, gain, decisions(config)))
@@ -238,6 +258,7 @@ class HeuristicAgent(Agent):
         self.jitter = jitter  # seeded noise on the prior: different seeds explore differently
         self.prior_weight = prior_weight  # 0: a flat prior (what memory adds on its own)
         self._prepared: dict[tuple[str, bool], str] = {}
+        self._transferred: str | None = None  # the attempt the last choice reuses
 
     def _payload(self, request: ProposalRequest, approximate: bool) -> str:
         key = (request.task.key, approximate)
@@ -248,17 +269,62 @@ class HeuristicAgent(Agent):
         return self._prepared[key]
 
     def propose(self, request: ProposalRequest) -> Proposal | None:
-        if FORM_MLIR not in request.task.kernel_forms:
-            return None  # its schedules are MLIR transform scripts; this target builds none
+        forms = request.task.kernel_forms
+        if FORM_MLIR in forms:
+            return self._propose_schedule(request)
+        if FORM_TRITON in forms:
+            return self._propose_triton(request)
+        return None  # it writes MLIR schedules and Triton kernels; this target builds neither
+
+    def _propose_schedule(self, request: ProposalRequest) -> Proposal | None:
         info = analyze(self._payload(request, False))
-        space = candidate_space(info, request.task.capabilities)
+        found = self._search(candidate_space(info, request.task.capabilities), request)
+        if found is None:
+            return None
+        choice, parent, why = found
+        payload = self._payload(request, bool(choice.get("approximate_math")))
+        source = attach(payload, render(analyze(payload), choice))
+        return Proposal(
+            source=source,
+            decision=f"{describe(choice)} ({why})",
+            config=choice,
+            parent=parent,
+            transferred_from=self._transferred,
+        )
+
+    def _propose_triton(self, request: ProposalRequest) -> Proposal | None:
+        task = request.task
+        if task.capabilities.get("interpreter") and _verified(request.history) >= UNTIMED_KERNELS:
+            return None  # nothing is timed here: a few verified variants are the device's to rank
+        space = triton_space(task.payload, task.inputs, task.outputs, task.capabilities)
         if not space:
+            log.info("%s: no Triton kernel: %s", task.label, triton_unsupported(task))
+            return None
+        found = self._search(space, request)
+        if found is None:
+            return None
+        choice, parent, why = found
+        source = render_triton(task.payload, task.inputs, task.outputs, choice, task.capabilities)
+        return Proposal(
+            source=source,
+            decision=f"{describe_triton(choice)} ({why})",
+            form=FORM_TRITON,
+            config=choice,
+            parent=parent,
+            transferred_from=self._transferred,
+        )
+
+    def _search(
+        self, space: list[tuple[Config, float]], request: ProposalRequest
+    ) -> tuple[Config, str | None, str] | None:
+        """The next configuration of `space` by prior, memory and the session's history: the
+        configuration, the attempt it refines, and why it was chosen; None to stop."""
+        self._transferred = None
+        if not space or _should_stop(request.history):
             return None
         family = space[0][0]["family"]
         advice = learn(request.experience, family)
         tried = {config_key(f.config) for f in request.history if f.config}
-        if _should_stop(request.history):
-            return None
         rng = random.Random(f"{self.seed}:{request.task.key}")
         scored = []
         for config, prior in space:
@@ -280,19 +346,10 @@ class HeuristicAgent(Agent):
                 score = sum(advice.value.get(d, 0.0) for d in decisions(config)) + bonus
                 scored.append((score + rng.uniform(0.0, self.jitter), config))
         choice, parent = self._choose(scored, request)
-        transferred = advice.bonus.get(config_key(choice), (0.0, None))[1] if choice else None
         if choice is None:
             return None
-        payload = self._payload(request, bool(choice.get("approximate_math")))
-        source = attach(payload, render(analyze(payload), choice))
-        why = self._why(choice, parent, transferred, request)
-        return Proposal(
-            source=source,
-            decision=f"{describe(choice)} ({why})",
-            config=choice,
-            parent=parent,
-            transferred_from=transferred,
-        )
+        self._transferred = advice.bonus.get(config_key(choice), (0.0, None))[1]
+        return choice, parent, self._why(choice, parent, self._transferred, request)
 
     def _choose(
         self, scored: list[tuple[float, Config]], request: ProposalRequest
@@ -335,6 +392,14 @@ class HeuristicAgent(Agent):
             ]
             return f"changes {', '.join(changed) or 'nothing'} of the best so far"
         return "highest prior" if not request.history else "exploring"
+
+
+def _verified(history: list[Feedback]) -> int:
+    return sum(1 for f in history if f.verdict == "verified")
+
+
+def triton_unsupported(task: TaskView) -> str:
+    return unsupported_reason(task.payload, task.inputs, task.outputs) or "no configuration fits"
 
 
 def _best(history: list[Feedback]) -> Feedback | None:
