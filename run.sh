@@ -16,8 +16,9 @@ PYTHON=${PYTHON:-python3}
 # The tests need the test tools and triton, whose interpreter runs the cuda and ascend
 # targets' kernels on the CPU; the demo needs neither.
 install() {
+  local extras=${1-test,cuda}
   "$PYTHON" -m pip install --quiet --disable-pip-version-check torch==2.13.0
-  "$PYTHON" -m pip install --quiet --disable-pip-version-check -e ".[${1:-test,cuda}]"
+  "$PYTHON" -m pip install --quiet --disable-pip-version-check -e ".${extras:+[$extras]}"
 }
 
 # mypy cannot follow setuptools' package-dir mapping of an editable install, so it checks
@@ -46,7 +47,7 @@ bin=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
 export PATH="$bin:$PATH"  # the kope and kope-opt scripts, which tests and lit call by name
 case "${1:-}" in
   demo)
-    install
+    install ""
     kope precompile transformer_block --agent heuristic --target cpu --budget 8 \
       --report kope-report.json
     kope compile transformer_block

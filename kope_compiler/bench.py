@@ -70,6 +70,7 @@ def run_suite(
             "agent_beats_eager_1_1x": len(wins),
             "tokens": sum(r["tokens"] for r in rows),
             "budget": budget,
+            "timed": target.timed(),  # False: kernels interpreted, no figures
             "wall_s": time.monotonic() - start,
         },
     }
@@ -88,6 +89,7 @@ def format_suite(report: dict[str, Any]) -> str:
         "verdicts",
     )
     rows = [header]
+    timed = report["summary"].get("timed", True)
     for r in report["operators"]:
         rows.append(
             (
@@ -97,7 +99,7 @@ def format_suite(report: dict[str, Any]) -> str:
                 _f(r["best_us"]),
                 _x(r["speedup_vs_eager"], r["timing_quality"]),
                 _x(r["speedup_vs_reference"], r["timing_quality"]),
-                timing_text(r),
+                timing_text(r) if timed else "untimed",
                 str(r["attempts"]),
                 " ".join(f"{k}:{v}" for k, v in r["verdicts"].items()),
             )

@@ -109,7 +109,10 @@ def measure_reference(
     oracle = oracle_for(task, target) if task.spec.eager is None else None
     evaluation = target.evaluate(task.spec, kernel, oracle=oracle, seed=seed_for(task.key))
     if kernel is None:
-        decision = f"eager ATen baseline: the {target.name} target does not run the reference"
+        what = "eager ATen baseline" if task.spec.eager is not None else "baseline (no eager call)"
+        decision = "; ".join(
+            [f"{what}: the {target.name} target does not run the reference", *evaluation.notes]
+        )
         event = AttemptEvaluated(task.key, SOURCE_EAGER, evaluation, None, decision=decision)
         return announce(events, event, store)
     decision = "; ".join(evaluation.notes)

@@ -100,6 +100,11 @@ class Target(ABC):
         return "untimed"
 
     @classmethod
+    def timing_method(cls) -> str:
+        """How its figures are taken, as the note on each timed attempt says."""
+        return "host clock (perf_counter) per call, interleaved rounds"
+
+    @classmethod
     def unavailable(cls) -> str | None:
         """Why a compiled model cannot run its kernels on this target in this process (the
         device or its toolchain is missing), or None when it can."""

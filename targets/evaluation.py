@@ -83,6 +83,8 @@ def evaluate(
     if not target.timed():
         measure = False
         notes.append(target.untimed_reason())
+    elif measure and target.device != "cpu":
+        notes.append(f"timed by {target.timing_method()}")
     if task.eager is None and (oracle is None or not target.builds_oracle(oracle)):
         # An operator known only as IR: its reference lowering is its only oracle.
         return Evaluation(

@@ -150,6 +150,13 @@ class TritonTarget(Target):
         )
 
     @classmethod
+    def timing_method(cls) -> str:
+        return (
+            f"host clock per call, waiting for the {cls.device} device after each "
+            "(synchronize), interleaved rounds; kernel packs use triton.testing.do_bench"
+        )
+
+    @classmethod
     def unavailable(cls) -> str | None:
         if triton_version() == "unknown":
             return f"triton is not installed (pip install 'kope[{cls.extra}]')"
