@@ -320,6 +320,22 @@ def test_the_eager_call_survives_the_store(relu_task: Task, tmp_path: Path) -> N
     assert rebuilt is not None and rebuilt.spec == relu_task.spec
 
 
+def test_the_eager_call_of_an_fx_list_argument_survives_the_store() -> None:
+    """fx passes `normalized_shape` to layer_norm as its `immutable_list`: encoded as a list,
+    decoded as one, so a stored layer_norm can be run again (once, it could not)."""
+    from torch.fx.immutable_collections import immutable_list
+
+    from kope.vocabulary.specs import InputRef, OpCall
+
+    call = OpCall("aten.layer_norm.default", (InputRef(0), immutable_list([64]), None, None, 1e-5))
+    encoded = eager_json(call)
+    assert encoded is not None and encoded["args"][1] == {"list": [64]}
+    decoded = eager_from_json(json.loads(json.dumps(encoded)))
+    assert isinstance(decoded, OpCall) and decoded.args[1] == [64]
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(decoded([x])[0], torch.nn.functional.layer_norm(x, [64]))
+
+
 def test_memory_remeasure_replaces_a_contaminated_figure(
     relu_task: Task, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:

@@ -199,7 +199,9 @@ def _encode(value: Any) -> Any:
     if isinstance(value, StepRef):
         return {"step": value.step, "index": value.index}
     if isinstance(value, (list, tuple)):
-        return {type(value).__name__: [_encode(v) for v in value]}
+        # fx hands some arguments over as its `immutable_list`: a list all the same.
+        kind = "tuple" if isinstance(value, tuple) else "list"
+        return {kind: [_encode(v) for v in value]}
     if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
         return {"torch": str(value).removeprefix("torch.")}
     if isinstance(value, torch.device):
@@ -220,4 +222,8 @@ def _decode(value: Any) -> Any:
         return tuple(_decode(v) for v in value["tuple"])
     if "torch" in value:
         return getattr(torch, value["torch"])
-    return torch.device(value["device"])
+    if "device" in value:
+        return torch.device(value["device"])
+    if "immutable_list" in value:  # written by KOPE before it encoded fx's lists as lists
+        return [_decode(v) for v in value["immutable_list"]]
+    raise ValueError(f"no eager-call value is encoded as {sorted(value)}")
