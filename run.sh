@@ -13,10 +13,10 @@ set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
 
-# The tests need the test tools and triton, whose interpreter runs the cuda and ascend
-# targets' kernels on the CPU; the demo needs neither.
+# The tests need the test tools, triton (whose interpreter runs the cuda and ascend
+# targets' kernels on the CPU) and ray (the cluster tests); the demo needs none of them.
 install() {
-  local extras=${1-test,cuda}
+  local extras=${1-test,cuda,ray}
   "$PYTHON" -m pip install --quiet --disable-pip-version-check torch==2.13.0
   "$PYTHON" -m pip install --quiet --disable-pip-version-check -e ".${extras:+[$extras]}"
 }

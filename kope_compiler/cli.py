@@ -374,6 +374,18 @@ def _add_precompile(sub: Any) -> None:
         help="first re-time each operator's stored choice against eager now (a new "
         "confirmation replaces a figure measured under load or by an older KOPE)",
     )
+    p.add_argument(
+        "--cluster",
+        metavar="SPEC",
+        help="fan the operators out over a Ray cluster: ray (a local cluster KOPE starts and "
+        "stops), ray://HOST:PORT, or auto (join $RAY_ADDRESS); needs pip install 'kope[ray]'",
+    )
+    p.add_argument(
+        "--task-threads",
+        type=int,
+        help="with --cluster: threads each operator's task requests and measures with "
+        "(default: this process's torch thread count)",
+    )
     p.set_defaults(run=_precompile_command)
 
 
@@ -475,6 +487,8 @@ def _precompile_command(args: argparse.Namespace) -> int:
         workers=args.workers,
         seed=args.seed,
         remeasure=args.remeasure,
+        cluster=args.cluster,
+        task_threads=args.task_threads,
     )
     if args.report:
         write_report(report, Path(args.report))

@@ -148,12 +148,16 @@ def precompile(
     progress: bool = True,
     stream: Any = None,
     remeasure: bool = False,
+    cluster: str | None = None,
+    task_threads: int | None = None,
 ) -> dict[str, Any]:
     """Optimize every distinct operator of `model`; returns the report (see `report_json`).
 
     `budget` defaults to `Options().budget` attempts per operator. Progress goes to `stream`
     (default stderr) unless `progress` is false. With `remeasure`, each operator's stored
-    choice is re-timed against eager first (`kope.measuring.remeasure`).
+    choice is re-timed against eager first (`kope.measuring.remeasure`). With `cluster`
+    (`kope.cluster.CLUSTER_CHOICES`), operators fan out over a Ray cluster, each task
+    measuring with `task_threads` threads (default: this process's count).
     """
     start = time.monotonic()
     budget = budget or Budget()
@@ -162,7 +166,8 @@ def precompile(
     summaries: dict[str, TaskSummary] = {}
     repro: dict[str, list[str]] = {}
 
-    def run(task: Task) -> None:
+    def prepare(task: Task) -> bool:
+        """Whether `task` still needs the agent (else its summary is taken from the store)."""
         store.refresh()
         if remeasure and store.attempts(task.key):
             bar.update(task.label, "re-timing the stored choice")
@@ -170,31 +175,13 @@ def precompile(
         if already_done(store, task.key, agent_name, budget):
             summaries[task.key] = summarize(task, store, stopped="done in an earlier run")
             bar.finish(task.label, "already optimized")
-            return
-        before = {a.id for a in store.attempts(task.key)}
-        agent = make_agent(agent_name, seed=seed, **(agent_config or {}))
-        proposals = len([a for a in store.attempts(task.key) if is_proposal(a, agent_name)])
+            return False
+        before[task.key] = {a.id for a in store.attempts(task.key)}
+        return True
 
-        def progress(event: Event) -> None:  # a listener beside the store's recorder
-            nonlocal proposals
-            if not isinstance(event, AttemptEvaluated) or event.source != SOURCE_AGENT:
-                return
-            if event.confirms is not None:
-                return
-            proposals += 1
-            attempt = attempt_of(event)
-            speed = (
-                f"{attempt.speedup_vs_eager:.2f}x" if attempt.speedup_vs_eager else attempt.verdict
-            )
-            bar.update(task.label, f"attempt {proposals}/{budget.attempts}: {speed}")
-
-        try:
-            events = Events(Recorder(store), progress)
-            summary = optimize_task(task, target, store, agent, budget, seed=seed, events=events)
-        finally:
-            agent.close()
+    def finish(task: Task, summary: TaskSummary) -> None:
         summaries[task.key] = summary
-        new = [a for a in store.attempts(task.key) if a.id not in before]
+        new = [a for a in store.attempts(task.key) if a.id not in before[task.key]]
         repro[task.key] = repro_commands(new)
         speed = speedup_text(summary.speedup_vs_eager, summary.timing_quality)
         quality = summary.timing_quality
@@ -203,7 +190,34 @@ def precompile(
             task.label, f"{summary.winner} {best} ({summary.attempts} attempts, {summary.stopped})"
         )
 
-    if workers > 1:
+    def run(task: Task) -> None:
+        if not prepare(task):
+            return
+        agent = make_agent(agent_name, seed=seed, **(agent_config or {}))
+        try:
+            events = Events(Recorder(store), _progress(bar, task, store, agent_name, budget))
+            summary = optimize_task(task, target, store, agent, budget, seed=seed, events=events)
+        finally:
+            agent.close()
+        finish(task, summary)
+
+    before: dict[str, set[str]] = {}
+    if cluster is not None:
+        todo = [task for task in tasks if prepare(task)]
+        _run_on_cluster(
+            cluster,
+            todo,
+            target,
+            store,
+            agent_name,
+            agent_config,
+            budget,
+            seed,
+            task_threads,
+            bar,
+            finish,
+        )
+    elif workers > 1:
         with ThreadPoolExecutor(max_workers=workers) as pool:
             list(pool.map(run, tasks))
     else:
@@ -220,6 +234,76 @@ def precompile(
         {"op": op, "reason": reason, "sites": sites} for (op, reason), sites in eager.items()
     ]
     return report
+
+
+def _progress(
+    bar: Progress, task: Task, store: ExperienceStore, agent_name: str, budget: Budget
+) -> Callable[[Event], None]:
+    """A listener beside the store's recorder: the bar shows each of the agent's attempts."""
+    proposals = len([a for a in store.attempts(task.key) if is_proposal(a, agent_name)])
+
+    def progress(event: Event) -> None:
+        nonlocal proposals
+        if not isinstance(event, AttemptEvaluated) or event.source != SOURCE_AGENT:
+            return
+        if event.confirms is not None:
+            return
+        proposals += 1
+        attempt = attempt_of(event)
+        speed = f"{attempt.speedup_vs_eager:.2f}x" if attempt.speedup_vs_eager else attempt.verdict
+        bar.update(task.label, f"attempt {proposals}/{budget.attempts}: {speed}")
+
+    return progress
+
+
+def _run_on_cluster(
+    cluster: str,
+    tasks: list[Task],
+    target: Target,
+    store: ExperienceStore,
+    agent_name: str,
+    agent_config: dict[str, Any] | None,
+    budget: Budget,
+    seed: int,
+    task_threads: int | None,
+    bar: Progress,
+    finish: Callable[[Task, TaskSummary], None],
+) -> None:
+    """Each of `tasks` as a Ray task (`kope.cluster`); the driver records what streams back."""
+    from kope.cluster import Job, connected, run_tasks
+    from kope.measuring import threads_now
+
+    threads = task_threads or threads_now()
+    by_key = {task.key: task for task in tasks}
+    listeners = {
+        task.key: Events(Recorder(store), _progress(bar, task, store, agent_name, budget))
+        for task in tasks
+    }
+    jobs = [
+        Job(
+            Task([], [], t.spec, t.payload, t.key, t.workload),
+            target.name,
+            target.timeout_s,
+            agent_name,
+            agent_config or {},
+            budget,
+            seed,
+            threads,
+        )
+        for t in tasks
+    ]
+
+    def on_event(job_task: Task, event: Event) -> None:
+        listeners[job_task.key].emit(event)
+
+    def on_done(job_task: Task, summary: TaskSummary | None, why: str) -> None:
+        task = by_key[job_task.key]
+        store.refresh()
+        stopped = summary.stopped if summary is not None else f"failed on the cluster: {why}"
+        finish(task, summarize(task, store, stopped=stopped))
+
+    with connected(cluster) as ray:
+        run_tasks(ray, jobs, store, on_event, on_done)
 
 
 def repro_commands(attempts: list[AttemptRecord]) -> list[str]:

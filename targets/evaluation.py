@@ -13,13 +13,17 @@ hooks; nothing here knows which target it runs for.
 from __future__ import annotations
 
 import math
+import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from filelock import FileLock, Timeout
 
 from kope.targets import verify
 from kope.targets.base import BuildError, BuiltKernel
@@ -32,6 +36,7 @@ from kope.targets.measure import (
     recheck_implausible,
     rotating,
 )
+from kope.targets.worker import QUEUED
 from kope.vocabulary.evidence import (
     COMPILE_ERROR,
     MISMATCH,
@@ -169,6 +174,27 @@ class EvalJob:
 
 _BUILT: dict[tuple[str, str, str], BuiltKernel] = {}
 
+# One timing at a time on a machine: every worker on it (of any precompile, thread or Ray
+# task) takes this lock around its timing, so two timings never share cores. Building and
+# verifying are not serialized. The lock is the kernel's (flock): a killed holder frees it.
+TIMING_LOCK = Path(tempfile.gettempdir()) / "kope-timing.lock"
+
+
+@contextmanager
+def timing_turn(phase: Callable[[str], None]) -> Iterator[None]:
+    """The "measure" phase, once this machine's timing lock is held ("queued" until then)."""
+    lock = FileLock(TIMING_LOCK)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        phase(QUEUED)
+        lock.acquire()
+    try:
+        phase("measure")
+        yield
+    finally:
+        lock.release()
+
 
 def _cached_build(
     target: type[Target], task: TaskSpec, kernel: Kernel, *, oracle: bool = False
@@ -184,8 +210,8 @@ def evaluate_job(job: EvalJob, phase: Callable[[str], None]) -> Evaluation:
     start = time.perf_counter()
     job.target.prepare_worker(job.eager_threads)
     if job.kernel is None:
-        phase("measure")
-        result = _measure_eager(job)
+        with timing_turn(phase):
+            result = _measure_eager(job)
         result.wall_s = time.perf_counter() - start
         result.threads = job.eager_threads
         return result
@@ -201,8 +227,8 @@ def evaluate_job(job: EvalJob, phase: Callable[[str], None]) -> Evaluation:
     calls: dict[str, float] = {}
     result = _verify(job, kernel, oracle_kernel, calls)
     if result.verified and job.measure:
-        phase("measure")
-        result = _measure(job, kernel, oracle_kernel, calls, result)
+        with timing_turn(phase):
+            result = _measure(job, kernel, oracle_kernel, calls, result)
         result.threads = job.eager_threads
     result.wall_s = time.perf_counter() - start
     return result

@@ -75,6 +75,10 @@ KILL_WAIT_S = 5.0
 # How often the watchdog checks the worker's parent pid; a pipe that hangs up wakes it at once.
 WATCH_INTERVAL_S = 1.0
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# The phase a job reports while it waits for the machine's timing lock, and the longest wait
+# (a holder past its own limit is killed, which releases the lock).
+QUEUED = "queued"
+QUEUE_WAIT_S = 3600.0
 EXIT_ORPHANED = 3  # the worker's exit status when its parent died before it could ask for a signal
 
 
@@ -321,6 +325,12 @@ class Worker:
             while True:
                 kind, value = _recv(self.read_fd, deadline)
                 if kind == "phase":
+                    # Waiting for another job's timing to end is no fault of this job: the
+                    # wait does not count against its limit, which starts again after it.
+                    if value == QUEUED:
+                        deadline = time.monotonic() + QUEUE_WAIT_S
+                    elif phase == QUEUED:
+                        deadline = time.monotonic() + timeout_s
                     phase = value
                 elif kind == "result":
                     return Outcome(value=value, phase=phase)

@@ -59,7 +59,7 @@ def test_every_third_party_import_is_declared() -> None:
     # Optional imports, each guarded where it is used and named in an extra or the README.
     # torch_npu is the NPU host's own (its PyPI builds pair with another torch than KOPE's):
     # only the kernel pack's runner imports it, there.
-    optional = {"bpe_openai", "triton", "torch_npu"}
+    optional = {"bpe_openai", "triton", "torch_npu", "ray"}
     assert third_party - optional <= declared, sorted(third_party - optional - declared)
 
 
@@ -69,3 +69,5 @@ def test_accelerator_toolchains_are_extras() -> None:
     assert "triton" not in defaults
     assert "triton" in {_name(r) for r in project["optional-dependencies"]["cuda"]}
     assert "triton-ascend" in {_name(r) for r in project["optional-dependencies"]["ascend"]}
+    assert "ray" not in defaults
+    assert "ray" in {_name(r) for r in project["optional-dependencies"]["ray"]}

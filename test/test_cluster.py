@@ -1,0 +1,137 @@
+"""`kope precompile --cluster`: operators fan out over a local Ray cluster the test starts;
+the driver records every attempt that streams back, once, and a killed worker's operator is
+dispatched again and resumes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from kope.memory.store import ExperienceStore
+from kope.optimize import Budget, is_proposal
+from kope.precompile import precompile
+from kope.targets import get_target
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("triton")
+
+
+class Mixed(torch.nn.Module):
+    """Operators of different families, so that no operator's experience steers another's
+    search: run in parallel or in turn, each sees the same store."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(24, 32)
+        self.norm = torch.nn.LayerNorm(32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.norm(self.linear(x)), -1)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Any:
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def _run(store: ExperienceStore, cluster: str | None, budget: int = 3) -> dict[str, Any]:
+    target = get_target("cuda", workers=1, timeout_s=120.0)  # interpreted: no timing noise
+    torch.manual_seed(0)
+    model = Mixed().eval()
+    report = precompile(
+        model,
+        (torch.randn(4, 24),),
+        target=target,
+        store=store,
+        budget=Budget(attempts=budget),
+        progress=False,
+        cluster=cluster,
+        task_threads=1,
+    )
+    target.close()
+    return report
+
+
+def _proposals(store: ExperienceStore) -> dict[str, list[tuple[str, str]]]:
+    return {
+        t.label: [(a.decision, a.verdict) for a in store.attempts(t.key) if is_proposal(a)]
+        for t in store.tasks()
+    }
+
+
+def test_the_cluster_gives_what_one_machine_gives(cluster: Any, tmp_path: Path) -> None:
+    alone = ExperienceStore(tmp_path / "alone")
+    _run(alone, None)
+    spread = ExperienceStore(tmp_path / "cluster")
+    report = _run(spread, "ray")
+    assert _proposals(spread) == _proposals(alone)
+    ids = [a.id for t in spread.tasks() for a in spread.attempts(t.key)]
+    assert len(ids) == len(set(ids))
+    assert all(_proposals(spread).values()) and len(_proposals(spread)) == 3
+    assert {r["winner"] for r in report["operators"]} == {"eager"}
+
+
+def _busy_tasks() -> list[int]:
+    """Ray workers running an operator (Ray titles them after the task's function)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if cmdline.startswith("ray::optimize_remote"):
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_killed_worker_loses_nothing_acknowledged(cluster: Any, tmp_path: Path) -> None:
+    """The killed operator is dispatched again with what came back, and resumes: the run ends
+    with the proposals of an undisturbed run, each recorded once."""
+    alone = ExperienceStore(tmp_path / "alone")
+    _run(alone, None)
+    store = ExperienceStore(tmp_path / "store")
+    killed: list[int] = []
+
+    def kill_one_mid_run() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            store.refresh()
+            # Once some attempt has come back, kill a worker that is still optimizing.
+            if any(is_proposal(a) for t in store.tasks() for a in store.attempts(t.key)):
+                for pid in _busy_tasks():
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                    break
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_one_mid_run)
+    killer.start()
+    report = _run(store, "ray", budget=3)
+    killer.join()
+    assert killed, "no worker was running an operator to kill"
+    assert _proposals(store) == _proposals(alone)
+    ids = [a.id for t in store.tasks() for a in store.attempts(t.key)]
+    assert len(ids) == len(set(ids))
+    assert len(report["operators"]) == 3
+
+
+def test_without_ray_the_flag_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from kope.cluster import ClusterError, connected
+
+    monkeypatch.setitem(sys.modules, "ray", None)
+    with pytest.raises(ClusterError, match=r"pip install 'kope\[ray\]'"):
+        with connected("ray"):
+            pass
