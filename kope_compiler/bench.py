@@ -37,8 +37,10 @@ def run_suite(
     names: list[str] | None = None,
     seed: int = 0,
     progress: bool = True,
+    cluster: str | None = None,
 ) -> dict[str, Any]:
-    """Precompile each suite operator; the report has one row per operator and the goals."""
+    """Precompile each suite operator (on `cluster`, when given: `kope.cluster`); the report
+    has one row per operator and the goals."""
     store = ExperienceStore(store_dir)
     rows: list[dict[str, Any]] = []
     start = time.monotonic()
@@ -52,6 +54,7 @@ def run_suite(
             budget=Budget(attempts=budget),
             seed=seed,
             progress=progress,
+            cluster=cluster,
         )
         for row in report["operators"]:
             rows.append({"name": name, **row})

@@ -417,6 +417,12 @@ def _add_bench(sub: Any) -> None:
     )
     p.add_argument("--store", help="suite store (default: a fresh temporary directory)")
     p.add_argument("--report", help="write the JSON results here")
+    p.add_argument(
+        "--cluster",
+        metavar="SPEC",
+        help="suite: run each operator's precompile on a Ray cluster (as `kope precompile "
+        "--cluster`: ray, ray://HOST:PORT or auto)",
+    )
     for name in ("target", "timeout_s"):
         _add_option(p, name)
     p.set_defaults(run=_bench_command)
@@ -432,7 +438,14 @@ def _bench_command(args: argparse.Namespace) -> int:
     if args.what == "suite":
         store = Path(args.store) if args.store else bench.scratch_dir("kope-suite-")
         names = args.ops.split(",") if args.ops else None
-        result = bench.run_suite(target, store, args.budget or _default("budget"), names)
+        budget = args.budget or _default("budget")
+        if args.cluster:
+            from kope.cluster import connected
+
+            with connected(args.cluster):  # one cluster for the whole suite
+                result = bench.run_suite(target, store, budget, names, cluster=args.cluster)
+        else:
+            result = bench.run_suite(target, store, budget, names)
         print(bench.format_suite(result))
     else:
         seeds = [int(s) for s in args.seeds.split(",")]
