@@ -2,7 +2,7 @@
 
 `add_commands(subparsers)` registers the `memory` command on the `kope` parser; each
 subcommand opens the store given by `--store DIR` (default `$KOPE_HOME`, else
-`~/.cache/kope`).
+`~/.cache/kope`), except `merge`, whose store is `--into DST` (the same default).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kope.memory.merge import MergeError, MergeReport, check_sources, merge_stores
 from kope.memory.schema import AttemptRecord, TaskRecord
 from kope.memory.store import TASK, ExperienceStore
 from kope.vocabulary.evidence import SOURCE_GRAPH, TIMING_CLEAN
@@ -23,7 +24,17 @@ class MemoryCommandError(Exception):
     """A `kope memory` argument that cannot be acted on (the message says why)."""
 
 
-SUBCOMMANDS = ("stats", "tasks", "show", "context", "export", "prune", "compact", "remeasure")
+SUBCOMMANDS = (
+    "stats",
+    "tasks",
+    "show",
+    "context",
+    "export",
+    "prune",
+    "compact",
+    "merge",
+    "remeasure",
+)
 """Every `kope memory` subcommand, in the order `--help` lists them. `remeasure` needs a
 target to time kernels on, which memory knows nothing of: the `kope` command line registers it
 through `store_command` on the subparsers `add_commands` returns."""
@@ -93,6 +104,26 @@ def add_commands(subparsers: Any) -> Any:
     command(
         "compact", "write a snapshot so that the store opens without replaying its log", _compact
     )
+    merge = sub.add_parser(
+        "merge",
+        help="copy what other stores learned (other machines' $KOPE_HOME) into one store",
+        description="Copy every task, attempt, insight and edge of each SRC that DST lacks into "
+        "DST, ids kept, with the kernel texts they name. SRC is only read. Running it again adds "
+        "nothing; a merge killed midway leaves DST loadable and running it again completes it. "
+        "A record DST holds under the same id with other content is a conflict: DST keeps its "
+        "own and the differing fields are listed. Exit status: 0 when the merge completed, "
+        "conflicts included (they are reported, not errors); 2 when a SRC is not a store or is "
+        "DST itself (nothing is merged then).",
+    )
+    merge.add_argument("sources", nargs="+", type=Path, metavar="SRC", help="a store to read")
+    merge.add_argument(
+        "--into",
+        type=Path,
+        default=None,
+        metavar="DST",
+        help="the store to merge into (default: $KOPE_HOME or ~/.cache/kope)",
+    )
+    merge.set_defaults(run=_merge)
     return sub
 
 
@@ -285,6 +316,49 @@ def _prune(args: argparse.Namespace, store: ExperienceStore) -> int:
         f"kept {report.artifacts_kept}"
     )
     return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    into = args.into or kope_home()
+    try:
+        # Checked before DST is opened: opening a store may write a snapshot into it.
+        sources = check_sources(args.sources, into)
+        report = merge_stores(sources, ExperienceStore(into))
+    except MergeError as err:
+        print(f"kope memory: error: {err}", file=sys.stderr)
+        return 2
+    _print_merge(report)
+    return 0
+
+
+SHOWN_CONFLICTS = 5
+"""Conflicts `kope memory merge` lists per source (all are counted)."""
+
+
+def _print_merge(report: MergeReport) -> None:
+    for s in report.sources:
+        print(f"from {s.source}:")
+        for kind in ("task", "attempt", "insight"):
+            print(
+                f"  {kind + 's':<10} {s.added[kind]:>7} added  {s.present[kind]:>7} present  "
+                f"{s.conflicts_of(kind):>5} conflicts"
+            )
+        recounted = f", {s.insights_recounted} insights recounted" if s.insights_recounted else ""
+        print(
+            f"  {'edges':<10} {s.added['edge']:>7} added  {s.present['edge']:>7} present  "
+            f"{s.edges_skipped:>5} skipped (an end in conflict){recounted}"
+        )
+        print(
+            f"  {'artifacts':<10} {s.added['artifact']:>7} added  {s.present['artifact']:>7} "
+            f"present  {s.artifacts_missing:>5} missing in the source"
+        )
+        for c in s.conflicts[:SHOWN_CONFLICTS]:
+            print(f"  conflict: {c.kind} {c.id} differs in {', '.join(c.fields)}")
+        if len(s.conflicts) > SHOWN_CONFLICTS:
+            print(f"  ... and {len(s.conflicts) - SHOWN_CONFLICTS} more conflicts")
+    conflicts = len(report.conflicts)
+    kept = f", conflicts: {conflicts} ({report.into} kept its own records)" if conflicts else ""
+    print(f"merged {len(report.sources)} stores into {report.into}: {report.added} added{kept}")
 
 
 def _compact(args: argparse.Namespace, store: ExperienceStore) -> int:
