@@ -60,7 +60,9 @@ def coverage(name: str, factory: Any, target_name: str, budget: int) -> dict[str
         why = ""
         if not verified:
             task = tasks.get(row["key"])
-            reason = task and unsupported_reason(task.payload, task.spec.inputs, task.spec.outputs)
+            reason = task and unsupported_reason(
+                task.payload, task.spec.inputs, task.spec.outputs, target.capabilities()
+            )
             why = reason or ", ".join(f"{k}:{v}" for k, v in row["verdicts"].items()) or "none"
         rows.append({"label": row["label"], "verified": verified, "why": why})
     covered = sum(1 for r in rows if r["verified"])

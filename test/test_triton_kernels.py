@@ -1,8 +1,10 @@
 """Triton kernels written from linalg payloads (`kope.agents.triton_kernels`) compute what
 eager computes: each operator's first configurations of both flavours (cuda, ascend) are
-rendered, loaded under Triton's CPU interpreter and run on ragged shapes (37, 29, 100: every
-block has a masked edge). Also: the Ascend launch is a 1-D grid within the core count, the
-sources stay inside the target's allow-list, and what is not supported says why."""
+rendered, loaded under Triton's CPU interpreter and run on ragged shapes (37, 29, 100, 9x11:
+every block has a masked edge), in each family: pointwise, rows (with argmax), matmul, and
+loops (convolutions, padded ones too, pooling windows, reductions over leading or middle
+dims). Also: the Ascend launch is a 1-D grid within the core count, the sources stay inside
+the target's allow-list, and what is not supported says why, on the target it is asked for."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from kope.agents.triton_kernels import (
+    LOOPS,
     MATMUL,
     POINTWISE,
     ROWS,
@@ -110,12 +113,53 @@ CASES: dict[str, tuple[Callable[..., Any], list[tuple[int, ...]], Callable[..., 
         ROWS,
     ),
     "sum_two_dims": (lambda x: x.sum((-2, -1)), [(3, 5, 7)], _f32, ROWS),
-    "sum_first_dim": (lambda x: x.sum(0), [(7, 37)], _f32, ROWS),
+    "argmax_last_dim": (lambda x: x.argmax(-1), [(7, 37)], _f32, ROWS),
+    "argmin_last_dim_f16": (lambda x: x.argmin(-1), [(7, 37)], _f16, ROWS),
     "mm": (torch.mm, [(37, 50), (50, 29)], _f32, MATMUL),
     "mm_f16": (torch.mm, [(37, 24), (24, 29)], _f16, MATMUL),
     "bmm": (torch.bmm, [(2, 17, 24), (2, 24, 9)], _f32, MATMUL),
     "linear": (F.linear, [(37, 50), (29, 50), (29,)], _f32, MATMUL),
     "linear_bf16": (F.linear, [(37, 24), (29, 24), (29,)], _bf16, MATMUL),
+    "pad_constant": (lambda x: F.pad(x, (1, 2, 0, 3), value=0.5), [(7, 37)], _f32, POINTWISE),
+    # Reductions that are not rows, and windows: a block of outputs, the reduction looped.
+    "sum_first_dim": (lambda x: x.sum(0), [(7, 37)], _f32, LOOPS),
+    "sum_first_dim_long": (lambda x: x.sum(0), [(100, 29)], _f32, LOOPS),  # a dynamic loop
+    "sum_middle_dim": (lambda x: x.sum(1), [(3, 7, 5)], _f32, LOOPS),
+    "var_first_dim": (lambda x: x.var(0), [(7, 37)], _f32, LOOPS),
+    "argmin_first_dim": (lambda x: x.argmin(0), [(7, 37)], _f32, LOOPS),
+    "prod_last_dim": (lambda x: x.prod(-1), [(7, 37)], _f32, LOOPS),  # no tl.prod: looped
+    "conv2d_pad_bias": (
+        lambda x, w, b: F.conv2d(x, w, b, padding=1),
+        [(2, 3, 9, 11), (5, 3, 3, 3), (5,)],
+        _f32,
+        LOOPS,
+    ),
+    "conv2d_stride2": (  # 8 x 3 x 3 taps: the channel loop is dynamic, the window static
+        lambda x, w: F.conv2d(x, w, stride=2),
+        [(2, 8, 9, 11), (5, 8, 3, 3)],
+        _f32,
+        LOOPS,
+    ),
+    "conv2d_depthwise": (
+        lambda x, w: F.conv2d(x, w, padding=1, groups=3),
+        [(2, 3, 9, 11), (3, 1, 3, 3)],
+        _f32,
+        LOOPS,
+    ),
+    "max_pool2d": (lambda x: F.max_pool2d(x, 2, 2), [(2, 3, 9, 11)], _f32, LOOPS),
+    "max_pool2d_pad_bf16": (
+        lambda x: F.max_pool2d(x, 3, 2, padding=1),
+        [(2, 3, 9, 11)],
+        _bf16,
+        LOOPS,
+    ),
+    "avg_pool2d": (lambda x: F.avg_pool2d(x, 2, 2), [(2, 3, 9, 11)], _f32, LOOPS),
+    "avg_pool2d_pad": (
+        lambda x: F.avg_pool2d(x, 3, 2, padding=1, count_include_pad=False),
+        [(2, 3, 9, 11)],
+        _f32,
+        LOOPS,
+    ),
 }
 
 
@@ -431,15 +475,10 @@ def test_configurations_describe_their_decisions() -> None:
         render_triton(task.payload, spec.inputs, spec.outputs, {"family": ROWS, "BLOCK": 64}, CUDA)
 
 
-def _unsupported_conv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return F.conv2d(x, w)
-
-
 UNSUPPORTED = {
-    "convolution": (_unsupported_conv, [(1, 3, 8, 8), (2, 3, 3, 3)], "compound expression"),
-    "argmax": (lambda x: x.argmax(-1), [(7, 37)], "reduction combined by"),
     "concat": (lambda x, y: torch.cat([x, y]), [(7, 37), (7, 37)], "tensor.concat"),
     "long_rows": (lambda x: x.sum(-1), [(2, 20000)], "longer than"),
+    "long_loops": (lambda x: x.sum(0), [(20000, 2)], "longer than"),
 }
 
 
@@ -448,7 +487,61 @@ def test_unsupported_operators_say_why(name: str) -> None:
     fn, shapes, reason = UNSUPPORTED[name]
     (task,) = trace_tasks(_Fn(fn), [torch.randn(s) for s in shapes], get_target("cpu"))
     spec = task.spec
-    for capabilities in FLAVOURS.values():
-        assert triton_space(task.payload, spec.inputs, spec.outputs, capabilities) == []
-    found = unsupported_reason(task.payload, spec.inputs, spec.outputs)
-    assert found is not None and reason in found
+    for capabilities in (*FLAVOURS.values(), None):
+        if capabilities is not None:
+            assert triton_space(task.payload, spec.inputs, spec.outputs, capabilities) == []
+        found = unsupported_reason(task.payload, spec.inputs, spec.outputs, capabilities)
+        assert found is not None and reason in found
+
+
+def test_the_unified_buffer_reason_matches_an_empty_ascend_space() -> None:
+    """Blocks that do not fit a small unified buffer: the space is empty on that target only,
+    and the reason says so when given the target's capabilities."""
+    (task,) = _tasks("conv2d_pad_bias")
+    spec = task.spec
+    small = ASCEND | {"ub_bytes": 1024}
+    assert triton_space(task.payload, spec.inputs, spec.outputs, small) == []
+    found = unsupported_reason(task.payload, spec.inputs, spec.outputs, small)
+    assert found is not None and "unified buffer" in found and "1024" in found
+    for capabilities in (None, CUDA, ASCEND):
+        assert unsupported_reason(task.payload, spec.inputs, spec.outputs, capabilities) is None
+
+
+def _argmax_before_nan(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """torch-mlir's argmax body run in order: from the first NaN on, the running best is NaN
+    and nothing beats it, so the answer is the first maximum before the first NaN."""
+    x = x.movedim(dim, -1)
+    seen = torch.cumsum(x.isnan().int(), -1) > 0
+    return torch.where(seen, -torch.inf, x).argmax(-1)
+
+
+NAN_CASES = {  # name -> (function, input shape, the payload's answer, family)
+    "amax_last_dim": (lambda x: x.amax(-1), (7, 37), lambda x: x.amax(-1), ROWS),
+    "amax_first_dim": (lambda x: x.amax(0), (7, 37), lambda x: x.amax(0), LOOPS),
+    "max_pool2d": (lambda x: F.max_pool2d(x, 2, 2), (2, 3, 9, 11), None, LOOPS),
+    "argmax_last_dim": (lambda x: x.argmax(-1), (7, 37), lambda x: _argmax_before_nan(x, -1), ROWS),
+    "argmax_first_dim": (lambda x: x.argmax(0), (7, 37), lambda x: _argmax_before_nan(x, 0), LOOPS),
+}
+
+
+@pytest.mark.parametrize("name", NAN_CASES)
+def test_nan_terms_reduce_as_the_payload_says(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """maximumf propagates NaN, which tl.max does not; an argmax body's strict comparison
+    never picks a NaN and stops at the first one (eager argmax picks it: the payload and the
+    reference lowering differ from eager there)."""
+    fn, shape, answer, family = NAN_CASES[name]
+    (task,) = trace_tasks(_Fn(fn), [torch.randn(shape)], get_target("cpu"))
+    spec = task.spec
+    x = torch.randn(shape)
+    x[(torch.rand(shape) < 0.05)] = torch.nan
+    x.view(-1)[3] = torch.nan  # at least one
+    for flavour, capabilities in FLAVOURS.items():
+        (config, _), *_ = triton_space(task.payload, spec.inputs, spec.outputs, capabilities)
+        assert config["family"] == family
+        source = render_triton(task.payload, spec.inputs, spec.outputs, config, capabilities)
+        path = tmp_path / f"nan_{flavour}.py"
+        (got,), _ = _run(source, path, monkeypatch, [x], spec.outputs)
+        want = (answer or fn)(x)
+        torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)

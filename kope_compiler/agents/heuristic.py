@@ -399,7 +399,8 @@ def _verified(history: list[Feedback]) -> int:
 
 
 def triton_unsupported(task: TaskView) -> str:
-    return unsupported_reason(task.payload, task.inputs, task.outputs) or "no configuration fits"
+    reason = unsupported_reason(task.payload, task.inputs, task.outputs, task.capabilities)
+    return reason or "no configuration fits"
 
 
 def _best(history: list[Feedback]) -> Feedback | None:

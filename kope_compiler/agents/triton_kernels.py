@@ -10,6 +10,13 @@ The kernel is derived from the payload's structure, never from the operator's na
 - `triton-matmul`: a multiply-add reduction with M, N and K loops (mm, bmm, addmm, linear),
   as a `tl.dot` tile loop in the manner of inductor's mm template, with the pointwise
   epilogue fused.
+- `triton-loops`: reductions that are not rows of contiguous elements: windows (pooling, and
+  convolution, whose input maps are compound, `d2 * 2 + d4`, and whose padding is a
+  `tensor.pad`), and reductions over leading or middle dims. Like the pointwise family it
+  blocks over the flat output offsets; each program runs the reduction's body over the
+  reduced loops (static loops where they are short), so any body reduces, and fuses the
+  epilogue. A payload goes to the family its reductions suit (rows when every reduction reads
+  trailing dims), and to the other when that one refuses it.
 
 `triton_space` lists the configurations of the family with prior scores, as the heuristic
 agent's search expects (flat decisions it can change one at a time); `render_triton` writes
@@ -33,6 +40,7 @@ from kope.agents.triton_lowering import (
     FUNC_LEVEL,
     ZERO,
     Index,
+    Looped,
     Lowering,
     Payload,
     Scalar,
@@ -44,6 +52,7 @@ from kope.agents.triton_lowering import (
     linearize,
     maps,
     owner,
+    plain,
     ranges,
     shape,
     strip_reshapes,
@@ -52,8 +61,11 @@ from kope.vocabulary.specs import TensorSpec
 
 Config = dict[str, Any]
 POINTWISE, ROWS, MATMUL = "triton-pointwise", "triton-rows", "triton-matmul"
+LOOPS = "triton-loops"
 MAX_ROW = 16384  # longest row held in one block; longer ones would need a looped reduction
+MAX_LOOP = 16384  # most iterations of a reduction looped in one program (few outputs, slow)
 HEADER = "import triton\nimport triton.language as tl\n"
+UB_BYTES = 196608  # an Ascend unified buffer, when the capabilities do not say
 
 
 def triton_space(
@@ -68,20 +80,31 @@ def triton_space(
         kernel = _lower(payload, tuple(inputs), tuple(outputs))
     except Unsupported:
         return []
-    ascend = capabilities.get("flavour", "cuda") == "ascend"
-    found = kernel.ascend_space(capabilities) if ascend else kernel.cuda_space(capabilities)
-    return sorted(found, key=lambda pair: -pair[1])
+    return _space(kernel, capabilities)
 
 
 def unsupported_reason(
-    payload: str, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec, ...]
+    payload: str,
+    inputs: tuple[TensorSpec, ...],
+    outputs: tuple[TensorSpec, ...],
+    capabilities: dict[str, Any] | None = None,
 ) -> str | None:
-    """Why `triton_space` is empty for this operator (a phrase for logs); None if supported."""
+    """Why `triton_space` is empty for this operator on a target of these capabilities (a
+    phrase for logs); None if it is not. Without capabilities: on a CUDA-like target."""
     try:
-        _lower(payload, tuple(inputs), tuple(outputs))
+        kernel = _lower(payload, tuple(inputs), tuple(outputs))
     except Unsupported as err:
         return str(err)
-    return None
+    if capabilities is None or _space(kernel, capabilities):
+        return None
+    if capabilities.get("flavour", "cuda") == "ascend":
+        smallest = kernel.smallest_footprint()
+        ub = int(capabilities.get("ub_bytes", UB_BYTES))
+        return (
+            f"the smallest {kernel.family} block needs {smallest} bytes of the unified buffer, "
+            f"which holds {ub}"
+        )
+    return f"no {kernel.family} configuration suits the capabilities {capabilities}"
 
 
 def render_triton(
@@ -120,6 +143,12 @@ def describe_config(config: Config) -> str:
     return ", ".join(parts)
 
 
+def _space(kernel: _Kernel, capabilities: dict[str, Any]) -> list[tuple[Config, float]]:
+    ascend = capabilities.get("flavour", "cuda") == "ascend"
+    found = kernel.ascend_space(capabilities) if ascend else kernel.cuda_space(capabilities)
+    return sorted(found, key=lambda pair: -pair[1])
+
+
 # -- choosing the family -----------------------------------------------------------------------
 
 
@@ -136,16 +165,44 @@ def _lower(text: str, inputs: tuple[TensorSpec, ...], outputs: tuple[TensorSpec,
         raise Unsupported("more than one contraction")
     if contractions:
         return _Matmul(payload, inputs, outputs, contractions[0])
-    if any("reduction" in iterators(op) for op in payload.generics()):
-        return _Rows(payload, inputs, outputs)
-    return _Pointwise(payload, inputs, outputs)
+    reductions = [op for op in payload.generics() if "reduction" in iterators(op)]
+    if not reductions:
+        return _Pointwise(payload, inputs, outputs)
+    families: list[type[_Kernel]] = [_Rows, _Loops]
+    if not all(_reads_rows(op) for op in reductions):
+        families.reverse()
+    failures = []
+    for family in families:
+        try:
+            return family(payload, inputs, outputs)
+        except Unsupported as err:
+            failures.append(err)
+    raise failures[0]  # the reason of the family the payload suits
+
+
+def _reads_rows(op: ir.Operation) -> bool:
+    """Whether a reduction reads each operand that it reduces along its trailing dims only
+    (rows of contiguous elements), not along leading or middle dims or through a window."""
+    reduced = {d for d, kind in enumerate(iterators(op)) if kind == "reduction"}
+    inputs = len(op.operands) - len(op.results)
+    for amap, operand in zip(maps(op)[:inputs], op.operands[:inputs], strict=True):
+        if not isinstance(operand.type, ir.ShapedType):
+            continue
+        if not plain(amap):
+            return False
+        live = [p for p, n in zip(dim_positions(amap), shape(operand), strict=True) if n != 1]
+        along = [p in reduced for p in live if p is not None]
+        first = along.index(True) if True in along else len(along)
+        if not all(along[first:]):
+            return False
+    return True
 
 
 def _roles(op: ir.Operation) -> dict[str, list[int]] | None:
     """The batch, m, n and k loops of a multiply-add reduction of two operands that has an M
     and an N loop (a matrix product); None for any other op (a matvec is a row reduction)."""
     kinds = iterators(op)
-    if len(op.operands) != 3 or "reduction" not in kinds:
+    if len(op.operands) != 3 or "reduction" not in kinds or not all(map(plain, maps(op))):
         return None
     body = op.regions[0].blocks[0]
     add = owner(list(body.operations)[-1].operands[0])
@@ -207,7 +264,7 @@ def _warps(capabilities: dict[str, Any], wanted: int) -> int:
 
 
 def _ub_fits(capabilities: dict[str, Any], nbytes: int, multibuffer: bool) -> bool:
-    return nbytes * (2 if multibuffer else 1) <= int(capabilities.get("ub_bytes", 196608))
+    return nbytes * (2 if multibuffer else 1) <= int(capabilities.get("ub_bytes", UB_BYTES))
 
 
 def _buffering(capabilities: dict[str, Any]) -> list[bool]:
@@ -220,8 +277,21 @@ class _NoSpecials:
     def reduction(self, extents: list[int]) -> tuple[list[Index], str]:
         raise Unsupported("a reduction in a pointwise kernel")
 
+    def looped(self, extents: list[int]) -> Looped | None:
+        return None
+
     def contraction(self, op: ir.Operation, idx: tuple[Index, ...]) -> Scalar | None:
         return None
+
+
+class _LoopFrame(_NoSpecials):
+    """Reductions as loops inside each program, accumulating a block of outputs."""
+
+    def looped(self, extents: list[int]) -> Looped | None:
+        total = math.prod(extents)
+        if total > MAX_LOOP:
+            raise Unsupported(f"a looped reduction over {total} elements (longer than {MAX_LOOP})")
+        return Looped("[BLOCK]", frozenset({"x"}))
 
 
 class _Kernel(ABC):
@@ -269,6 +339,10 @@ class _Kernel(ABC):
     def source(self, config: Config, capabilities: dict[str, Any]) -> str:
         """The kernel module text for `config`."""
 
+    @abstractmethod
+    def smallest_footprint(self) -> int:
+        """Bytes of the unified buffer the smallest Ascend block holds, single-buffered."""
+
 
 # -- pointwise ----------------------------------------------------------------------------------
 
@@ -284,9 +358,9 @@ class _Pointwise(_Kernel):
         super().__init__(payload, inputs, outputs)
         sizes = {math.prod(s.shape) for s in outputs}
         if len(sizes) != 1:
-            raise Unsupported("pointwise outputs of different sizes")
+            raise Unsupported(f"outputs of different sizes in one {self.family} kernel")
         self.numel = sizes.pop()
-        low = self.lowering(_NoSpecials())
+        low = self.lowering(self.frame())
         flat = Index("offs", frozenset({"x"}), frozenset({"mask"}))
         self.stores = []
         for j, spec in enumerate(outputs):
@@ -296,6 +370,12 @@ class _Pointwise(_Kernel):
             self.stores.append(self.store(low, j, idx, "mask"))
         self.body = low.lines
         self.tiles = low.vector_loads[0] + len(outputs) + 1  # blocks live at once, roughly
+
+    def frame(self) -> _NoSpecials:
+        return _NoSpecials()
+
+    def smallest_footprint(self) -> int:
+        return min(256, max(64, _pow2(self.numel))) * 4 * self.tiles
 
     def cuda_space(self, capabilities: dict[str, Any]) -> list[tuple[Config, float]]:
         cap = max(64, _pow2(self.numel))
@@ -328,7 +408,8 @@ class _Pointwise(_Kernel):
         wide = self.wide
         params = ", ".join([*self.names, *self.outs, "BLOCK: tl.constexpr"])
         body = [f"mask = offs < {self.numel}", *self.body, *self.stores]
-        text = HEADER + f"\n\n@triton.jit\ndef _kope_pointwise({params}):\n"
+        kernel = "_kope_" + self.family.removeprefix("triton-")
+        text = HEADER + f"\n\n@triton.jit\ndef {kernel}({params}):\n"
         if capabilities.get("flavour", "cuda") == "ascend":
             programs = min(tiles, int(capabilities.get("max_programs", 40)))
             text += f"    for tile in range(tl.program_id(0), {tiles}, {programs}):\n"
@@ -339,7 +420,54 @@ class _Pointwise(_Kernel):
             text += _indent(body, 1)
             grid, kwargs = f"triton.cdiv({self.numel}, {block})", {"BLOCK": block}
             kwargs["num_warps"] = int(config.get("num_warps", 4))
-        return text + _launch("_kope_pointwise", grid, [*self.names, *self.outs], kwargs)
+        return text + _launch(kernel, grid, [*self.names, *self.outs], kwargs)
+
+
+# -- loops ---------------------------------------------------------------------------------------
+
+
+class _Loops(_Pointwise):
+    """A block of output offsets per program, as the pointwise family; each reduction is its
+    body run over the reduced loops inside the program, a block of accumulators at a time."""
+
+    family = LOOPS
+    BLOCKS = (128, 256, 512, 1024)  # from one element per thread of 4 warps
+
+    def frame(self) -> _NoSpecials:
+        return _LoopFrame()
+
+    def smallest_footprint(self) -> int:
+        return self.blocks()[0] * 4 * self.tiles
+
+    def blocks(self) -> list[int]:
+        cap = max(16, _pow2(self.numel))
+        return sorted({min(b, cap) for b in self.BLOCKS})
+
+    def cuda_space(self, capabilities: dict[str, Any]) -> list[tuple[Config, float]]:
+        # Each program loops over the reduction: blocks of 128-256 outputs keep enough programs
+        # for the multiprocessors on small feature maps and coalesce the loads along the rows.
+        machines = int(capabilities.get("multiprocessors", 100))
+        target = min(256, max(32, _pow2(math.ceil(self.numel / (2 * machines)))))
+        found = []
+        for block in self.blocks():
+            for warps in sorted({int(w) for w in capabilities.get("num_warps", [4, 8])}):
+                score = -abs(math.log2(block / target))
+                score += 0.5 if warps == (4 if block <= 512 else 8) else 0.0
+                found.append(({"family": LOOPS, "BLOCK": block, "num_warps": warps}, score))
+        return found
+
+    def ascend_space(self, capabilities: dict[str, Any]) -> list[tuple[Config, float]]:
+        programs = int(capabilities.get("max_programs", 40))
+        target = max(16, _pow2(math.ceil(self.numel / programs)))
+        found = []
+        for block in self.blocks():
+            for buffered in _buffering(capabilities):
+                if not _ub_fits(capabilities, block * 4 * self.tiles, buffered):
+                    continue
+                score = -abs(math.log2(block / min(target, 1024))) + (0.5 if buffered else 0.0)
+                config = {"family": LOOPS, "BLOCK": block, "multibuffer": buffered}
+                found.append((config, score))
+        return found
 
 
 # -- rows ----------------------------------------------------------------------------------------
@@ -362,6 +490,9 @@ class _RowFrame:
         mask = self.mask(total)
         cols = Index("cols", frozenset({"c"}), frozenset({mask}))
         return delinearize(cols, extents), mask
+
+    def looped(self, extents: list[int]) -> Looped | None:
+        return None
 
     def contraction(self, op: ir.Operation, idx: tuple[Index, ...]) -> Scalar | None:
         return None
@@ -419,6 +550,9 @@ class _Rows(_Kernel):
             score = 1.0 if warps == _warps(capabilities, wanted) else 0.0
             found.append(({"family": ROWS, "BLOCK": self.block, "num_warps": warps}, score))
         return found
+
+    def smallest_footprint(self) -> int:
+        return self.block * 4 * self.tiles
 
     def ascend_space(self, capabilities: dict[str, Any]) -> list[tuple[Config, float]]:
         found = []
@@ -478,6 +612,9 @@ class _MatmulFrame:
 
     def reduction(self, extents: list[int]) -> tuple[list[Index], str]:
         raise Unsupported("a reduction besides the contraction")
+
+    def looped(self, extents: list[int]) -> Looped | None:
+        return None
 
     def contraction(self, op: ir.Operation, idx: tuple[Index, ...]) -> Scalar | None:
         if op != self.op:
@@ -607,12 +744,18 @@ class _Matmul(_Kernel):
                 found[key] = (config, score)
         return list(found.values())
 
+    def footprint(self, bm: int, bn: int, bk: int) -> int:
+        ea, eb = self.itemsize
+        return bm * bk * ea + bk * bn * eb + bm * bn * 4
+
+    def smallest_footprint(self) -> int:
+        return min(self.footprint(*self.clamp(bm, bn, bk)) for bm, bn, bk, _ in ASCEND_TILES)
+
     def ascend_space(self, capabilities: dict[str, Any]) -> list[tuple[Config, float]]:
         found: dict[str, tuple[Config, float]] = {}
-        ea, eb = self.itemsize
         for bm, bn, bk, prior in ASCEND_TILES:
             bm, bn, bk = self.clamp(bm, bn, bk)
-            nbytes = bm * bk * ea + bk * bn * eb + bm * bn * 4
+            nbytes = self.footprint(bm, bn, bk)
             for buffered in _buffering(capabilities):
                 if not _ub_fits(capabilities, nbytes, buffered):
                     continue

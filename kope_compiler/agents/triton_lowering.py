@@ -8,6 +8,15 @@ and down to the function's arguments, which are masked loads. Nothing is keyed o
 operator is called: whatever payload is built from these pieces is translated, and whatever
 is not raises `Unsupported` with the reason.
 
+Indexing maps may be compound (`d2 * 2 + d4`: a window of a pooling or a convolution); the
+coordinates are evaluated as Triton integer expressions. A `tensor.pad` is a virtual tensor:
+in bounds it is its source moved by the low padding, elsewhere the padding constant (a masked
+load with that constant as `other`). A reduction either lies along a block of the family
+(`Frame.reduction`: one `tl.sum`/`tl.max`/`tl.argmax`) or, when the family loops
+(`Frame.looped`), runs the op's body itself over the reduced loops with its accumulators
+carried in variables: any body, in the sequential order linalg defines. What a loop's body
+reads that does not vary with its variable is computed once, before the loop.
+
 Floating values are computed in float32 (float16 and bfloat16 loads are widened; float64
 intermediates of a payload whose tensors are all narrower are kept in float32, since torch-mlir
 widens only its scalar arithmetic and Ascend has no float64 vector unit) and cast at the store.
@@ -18,7 +27,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from torch_mlir import ir
@@ -27,7 +36,13 @@ from torch_mlir.passmanager import PassManager
 from kope.passes.analysis import _loops, _main, prepare_payload
 
 RESHAPES = {"tensor.expand_shape", "tensor.collapse_shape"}
-FUNC_LEVEL = RESHAPES | {"arith.constant", "tensor.empty", "linalg.generic", "func.return"}
+FUNC_LEVEL = RESHAPES | {
+    "arith.constant",
+    "tensor.empty",
+    "tensor.pad",
+    "linalg.generic",
+    "func.return",
+}
 FLOATS = {"f16", "bf16", "f32", "f64"}
 ATOM = re.compile(r"\w+(\[[^\]]*\])?")  # a name or literal, possibly subscripted
 
@@ -38,12 +53,18 @@ class Unsupported(Exception):
 
 @dataclass(frozen=True)
 class Index:
-    """One coordinate of a tensor access: an integer Triton expression, the block axes it
-    varies along, and the conditions under which it is in range."""
+    """One coordinate of a tensor access: an integer Triton expression, the block axes and
+    loop variables it varies along, and the conditions under which it is in range.
+
+    A coordinate that is affine in simpler ones (atoms: a name, a div or a mod) also keeps
+    that form, `terms` (atom code, atom axes, coefficient) and `constant`, so that a loop can
+    compute the part that does not vary with it before the loop (`Lowering.split`)."""
 
     code: str
     axes: frozenset[str] = frozenset()
     masks: frozenset[str] = frozenset()
+    terms: tuple[tuple[str, frozenset[str], int], ...] = ()
+    constant: int = 0
 
 
 ZERO = Index("0")
@@ -64,11 +85,25 @@ class Scalar:
         return self.value is not None
 
 
+@dataclass(frozen=True)
+class Looped:
+    """How a family that reduces by looping holds an accumulator: its block shape (a Triton
+    shape list, "[BLOCK]") and the block axes a value of that shape varies along."""
+
+    shape: str
+    axes: frozenset[str]
+
+
 class Frame(Protocol):
     """What a kernel family provides to a lowering beyond coordinates."""
 
     def reduction(self, extents: list[int]) -> tuple[list[Index], str]:
         """Coordinates for reduced loops of these extents and the mask of the lanes in range."""
+        ...
+
+    def looped(self, extents: list[int]) -> Looped | None:
+        """The accumulators' block when the family reduces loops of these extents by looping
+        over them inside the kernel; None when it reduces along its block (`reduction`)."""
         ...
 
     def contraction(self, op: ir.Operation, idx: tuple[Index, ...]) -> Scalar | None:
@@ -178,17 +213,100 @@ def reassociation(op: ir.Operation) -> list[list[int]]:
 # -- index arithmetic --------------------------------------------------------------------------
 
 
+def plain(amap: ir.AffineMap) -> bool:
+    """Whether every result of a map is a loop or a constant (no window arithmetic)."""
+    return all(isinstance(e, ir.AffineDimExpr | ir.AffineConstantExpr) for e in amap.results)
+
+
 def address(amap: ir.AffineMap, loops: Sequence[Index]) -> tuple[Index, ...]:
     """The coordinates an indexing map reads with its loops at `loops`."""
-    found: list[Index] = []
-    for expr in amap.results:
-        if isinstance(expr, ir.AffineDimExpr):
-            found.append(loops[expr.position])
-        elif isinstance(expr, ir.AffineConstantExpr):
-            found.append(ZERO if expr.value == 0 else Index(str(expr.value)))
-        else:
-            raise Unsupported(f"an indexing map with a compound expression ({amap})")
-    return tuple(found)
+    return tuple(affine(expr, loops) for expr in amap.results)
+
+
+def affine(expr: ir.AffineExpr, loops: Sequence[Index]) -> Index:
+    """An affine expression of the loops as an integer coordinate (constants folded)."""
+    if isinstance(expr, ir.AffineDimExpr):
+        return loops[expr.position]
+    if isinstance(expr, ir.AffineConstantExpr):
+        return number(expr.value)
+    if isinstance(expr, ir.AffineAddExpr):
+        return combine(affine(expr.lhs, loops), "+", affine(expr.rhs, loops))
+    if isinstance(expr, ir.AffineMulExpr):
+        return combine(affine(expr.lhs, loops), "*", affine(expr.rhs, loops))
+    if isinstance(expr, ir.AffineFloorDivExpr | ir.AffineModExpr):
+        # Coordinates of the lanes in range are never negative, where // and % agree with
+        # floordiv and mod; the lanes out of range are masked whatever they compute.
+        operator = "//" if isinstance(expr, ir.AffineFloorDivExpr) else "%"
+        return combine(affine(expr.lhs, loops), operator, affine(expr.rhs, loops))
+    raise Unsupported(f"the affine expression {expr} in an indexing map")
+
+
+def number(value: int) -> Index:
+    return ZERO if value == 0 else Index(str(value))
+
+
+def constant_of(index: Index) -> int | None:
+    """The value of a constant coordinate, None for a varying one."""
+    try:
+        return int(index.code)
+    except ValueError:
+        return None
+
+
+Form = tuple[dict[tuple[str, frozenset[str]], int], int]  # coefficient per atom, constant
+
+
+def form(index: Index) -> Form:
+    """The affine form of a coordinate (an atom is its own single term)."""
+    if index.terms:
+        return {(code, axes): k for code, axes, k in index.terms}, index.constant
+    known = constant_of(index)
+    if known is not None:
+        return {}, known
+    return {(index.code, index.axes): 1}, 0
+
+
+def affine_index(parts: list[tuple[Index, int]], code: str) -> Index:
+    """The coordinate sum(coefficient * index), written `code`, with its affine form."""
+    coefficients: dict[tuple[str, frozenset[str]], int] = {}
+    constant = 0
+    for index, scale in parts:
+        atoms, offset = form(index)
+        for atom, k in atoms.items():
+            coefficients[atom] = coefficients.get(atom, 0) + scale * k
+        constant += scale * offset
+    return Index(
+        code,
+        frozenset().union(*(i.axes for i, _ in parts)),
+        frozenset().union(*(i.masks for i, _ in parts)),
+        tuple((atom, axes, k) for (atom, axes), k in coefficients.items() if k),
+        constant,
+    )
+
+
+def combine(a: Index, operator: str, b: Index) -> Index:
+    """`a <operator> b` as a coordinate: constants fold, and + 0, * 1, * 0 vanish."""
+    ka, kb = constant_of(a), constant_of(b)
+    if ka is not None and kb is not None:
+        folded = {"+": ka + kb, "*": ka * kb, "//": ka // kb, "%": ka % kb}[operator]
+        return number(folded)
+    if operator == "+" and (ka == 0 or kb == 0):
+        return b if ka == 0 else a
+    if operator == "*" and (ka == 0 or kb == 0):
+        return ZERO
+    if operator in ("*", "//") and kb == 1:
+        return a
+    if operator == "*" and ka == 1:
+        return b
+    if operator == "+" and kb is not None and kb < 0:
+        code = f"{paren(a.code)} - {-kb}"
+    else:
+        code = f"{paren(a.code)} {operator} {paren(b.code)}"
+    if operator == "+":
+        return affine_index([(a, 1), (b, 1)], f"({code})")
+    if operator == "*" and (ka is not None or kb is not None):
+        return affine_index([(b, ka) if ka is not None else (a, kb or 0)], f"({code})")
+    return Index(f"({code})", a.axes | b.axes, a.masks | b.masks)
 
 
 def strides(dims: Sequence[int]) -> list[int]:
@@ -204,11 +322,20 @@ def linearize(idx: Sequence[Index], dims: Sequence[int]) -> Index:
     if len(terms) == 1 and terms[0][1] == 1:
         return terms[0][0]
     code = " + ".join(i.code if s == 1 else f"{paren(i.code)} * {s}" for i, s in terms)
-    return Index(
-        f"({code})",
-        frozenset().union(*(i.axes for i, _ in terms)),
-        frozenset().union(*(i.masks for i, _ in terms)),
-    )
+    return affine_index(terms, f"({code})")
+
+
+def _sum(terms: list[tuple[str, int]], constant: int) -> str:
+    """sum(coefficient * code) + constant as an expression ("0" when empty)."""
+    parts = [(k, paren(code) if abs(k) == 1 else f"{paren(code)} * {abs(k)}") for code, k in terms]
+    if constant:
+        parts.append((constant, str(abs(constant))))
+    if not parts:
+        return "0"
+    text = ("-" if parts[0][0] < 0 else "") + parts[0][1]
+    for k, magnitude in parts[1:]:
+        text += f" {'-' if k < 0 else '+'} {magnitude}"
+    return text
 
 
 def delinearize(index: Index, dims: Sequence[int]) -> list[Index]:
@@ -337,15 +464,18 @@ CASTS = {
     "arith.trunci",
     "arith.index_cast",
 }
+UNROLL = 64  # most iterations of a looped reduction's static (unrolled) inner loops
 # Reductions by their combining op: the tl reduction, its identity, and how to fold an init.
 COMBINERS: dict[str, tuple[str, float, str]] = {
     "arith.addf": ("tl.sum", 0.0, "({0} + {1})"),
     "arith.addi": ("tl.sum", 0, "({0} + {1})"),
-    "arith.maximumf": ("tl.max", -math.inf, "tl.maximum({0}, {1})"),
+    "arith.maximumf": ("tl.max", -math.inf, BINARY["arith.maximumf"]),
     "arith.maxnumf": ("tl.max", -math.inf, "tl.maximum({0}, {1})"),
-    "arith.minimumf": ("tl.min", math.inf, "tl.minimum({0}, {1})"),
+    "arith.minimumf": ("tl.min", math.inf, BINARY["arith.minimumf"]),
     "arith.minnumf": ("tl.min", math.inf, "tl.minimum({0}, {1})"),
 }
+# Combiners whose result is NaN when a term is, which tl.max and tl.min (maxnum) are not.
+NAN_PROPAGATING = {"arith.maximumf", "arith.minimumf"}
 
 
 def constant(op: ir.Operation) -> Scalar:
@@ -379,26 +509,104 @@ class Lowering:
         dtypes: Sequence[str],
         float64: bool = False,
         parent: Lowering | None = None,
+        loop_axes: frozenset[str] = frozenset(),
     ) -> None:
         self.payload = payload
         self.frame = frame
         self.names = list(names)  # the kernel's pointer per function argument
         self.dtypes = list(dtypes)  # torch dtype per function argument
         self.lines: list[str] = []
-        self.memo: dict[Any, Scalar] = dict(parent.memo) if parent else {}
+        self.parent = parent
+        self.memo: dict[Any, Scalar] = {}  # what this scope computed; its parents' count too
+        # The variables of the loop this scope is the body of: a value that varies along none
+        # of them is computed in the enclosing scope. Empty: nothing leaves this scope.
+        self.loop_axes = loop_axes
         # Offsets a family already has as a variable: (coordinates, dims) -> code.
         self.flat: dict[tuple[tuple[Index, ...], tuple[int, ...]], str] = (
             parent.flat if parent else {}
         )
-        # Shared with child scopes (one-element lists): variable names and block loads.
+        # Shared with child scopes: variable names, block loads and the loop variables.
         self.counter: list[int] = parent.counter if parent else [0]
         self.vector_loads: list[int] = parent.vector_loads if parent else [0]
+        self.loop_vars: set[str] = parent.loop_vars if parent else set()
         self.f64 = "f64" if float64 else "f32"  # float64 tensors: keep its precision
 
-    def child(self) -> Lowering:
+    def child(self, loop_axes: frozenset[str] = frozenset()) -> Lowering:
         """A scope for a loop body: it reuses what was computed before the loop, and what it
-        computes stays inside."""
-        return Lowering(self.payload, self.frame, self.names, self.dtypes, self.f64 == "f64", self)
+        computes stays inside. With `loop_axes` (the loop's variables), values that do not
+        vary along them are computed before the loop instead."""
+        return Lowering(
+            self.payload, self.frame, self.names, self.dtypes, self.f64 == "f64", self, loop_axes
+        )
+
+    def find(self, key: Any) -> Scalar | None:
+        scope: Lowering | None = self
+        while scope is not None:
+            if key in scope.memo:
+                return scope.memo[key]
+            scope = scope.parent
+        return None
+
+    def scope_of(self, axes: frozenset[str]) -> Lowering:
+        """The outermost scope where a value varying along `axes` can be computed."""
+        scope = self
+        while scope.parent is not None and scope.loop_axes and not scope.loop_axes & axes:
+            scope = scope.parent
+        return scope
+
+    def split(self, index: Index) -> tuple[str | None, str]:
+        """`index` as the part that varies along no loop this scope is inside (computed once,
+        before the loops, each loop adding its own terms), or None, and the rest."""
+        if not index.terms:
+            return None, index.code
+        chain: list[Lowering] = []
+        scope: Lowering | None = self
+        while scope is not None:
+            chain.append(scope)
+            scope = scope.parent
+        levels: dict[int, list[tuple[str, int]]] = {}
+        for code, axes, k in index.terms:
+            levels.setdefault(chain.index(self.scope_of(axes)), []).append((code, k))
+        hoisted: str | None = None
+        for level in sorted((n for n in levels if n > 0), reverse=True):
+            terms = ([(hoisted, 1)] if hoisted else []) + levels[level]
+            hoisted = chain[level].named(_sum(terms, 0))
+        return hoisted, _sum(levels.get(0, []), index.constant)
+
+    def render(self, index: Index) -> str:
+        """`index` as an expression in this scope, its loop-invariant part computed before."""
+        hoisted, rest = self.split(index)
+        if hoisted is None:
+            return index.code
+        return hoisted if rest == "0" else f"{hoisted} + {paren(rest)}"
+
+    def compare(self, index: Index, operator: str, bound: int) -> str:
+        """`index <operator> bound` with what varies in this scope moved to the bound."""
+        hoisted, rest = self.split(index)
+        if hoisted is None:
+            return f"({paren(index.code)} {operator} {bound})"
+        known = constant_of(Index(rest))
+        if known is not None:
+            limit = str(bound - known)
+        else:
+            limit = f"-({rest})" if bound == 0 else f"{bound} - ({rest})"
+        return f"({hoisted} {operator} {limit})"
+
+    def named(self, code: str) -> str:
+        """A variable of this scope holding the integer expression `code` (one per code)."""
+        if ATOM.fullmatch(code):
+            return code
+        key = ("index", code)
+        found = self.find(key)
+        if found is None:
+            found = self.emit(code, "index", frozenset())
+            self.memo[key] = found
+        return found.code
+
+    def fresh(self, prefix: str) -> str:
+        name = f"{prefix}{self.counter[0]}"
+        self.counter[0] += 1
+        return name
 
     # -- emission helpers
 
@@ -415,8 +623,7 @@ class Lowering:
         raise Unsupported(f"values of type {kind}")
 
     def emit(self, code: str, kind: str, axes: frozenset[str]) -> Scalar:
-        name = f"v{self.counter[0]}"
-        self.counter[0] += 1
+        name = self.fresh("v")
         self.lines.append(f"{name} = {code}")
         return Scalar(name, kind, axes)
 
@@ -456,9 +663,12 @@ class Lowering:
     def element(self, value: ir.Value, idx: tuple[Index, ...], raw: bool = False) -> Scalar:
         """`value` (a tensor of the payload) at `idx`; `raw` keeps a load in its stored type."""
         key = (value, idx, raw)
-        if key not in self.memo:
-            self.memo[key] = self._element(value, idx, raw)
-        return self.memo[key]
+        found = self.find(key)
+        if found is None:
+            scope = self.scope_of(frozenset().union(*(i.axes for i in idx)))
+            found = scope._element(value, idx, raw)
+            scope.memo[key] = found
+        return found
 
     def _element(self, value: ir.Value, idx: tuple[Index, ...], raw: bool) -> Scalar:
         if self.payload.is_argument(value):
@@ -481,6 +691,8 @@ class Lowering:
             return self.element(op.operands[0], tuple(found), raw)
         if op.name == "arith.constant":
             return constant(op)
+        if op.name == "tensor.pad":
+            return self.pad(op, idx, raw)
         if op.name == "linalg.generic":
             return self.generic(op, ir.OpResult(value).result_number, idx)
         if op.name == "tensor.empty":
@@ -494,23 +706,79 @@ class Lowering:
             return Index(known, index.axes, index.masks)
         return linearize(idx, dims)
 
-    def load(self, argument: int, idx: tuple[Index, ...], raw: bool) -> Scalar:
+    def load(self, argument: int, idx: tuple[Index, ...], raw: bool, other: str = "0") -> Scalar:
+        """Argument `argument` at `idx`; a masked lane reads `other`."""
         value = self.payload.arguments[argument]
         dims = shape(value)
         where = self.offset(idx, dims)
         pointer = self.names[argument]
-        address = pointer if where == ZERO else f"{pointer} + {where.code}"
+        address = pointer if where == ZERO else f"{pointer} + {self.render(where)}"
         if where.masks:
-            code = f"tl.load({address}, mask={' & '.join(sorted(where.masks))}, other=0)"
+            code = f"tl.load({address}, mask={' & '.join(sorted(where.masks))}, other={other})"
         else:
             code = f"tl.load({address})"
-        if where.axes:
+        if where.axes - self.loop_vars:
             self.vector_loads[0] += 1
         kind = element_type(value)
         stored = self.dtypes[argument]
         if not raw and stored in ("float16", "bfloat16"):
             code += ".to(tl.float32)"
         return self.emit(code, kind, where.axes)
+
+    def pad(self, op: ir.Operation, idx: tuple[Index, ...], raw: bool) -> Scalar:
+        """A `tensor.pad` at `idx`: its source at `idx` less the low padding where that is in
+        bounds, else the padding constant."""
+        source = op.operands[0]
+        if len(op.operands) > 1:
+            raise Unsupported("a tensor.pad with dynamic padding")
+        low = list(ir.DenseI64ArrayAttr(op.attributes["static_low"]))
+        high = list(ir.DenseI64ArrayAttr(op.attributes["static_high"]))
+        if min(low + high) < 0:
+            raise Unsupported("a tensor.pad with negative padding")
+        yielded = owner(list(op.regions[0].blocks[0].operations)[-1].operands[0])
+        if yielded is None or yielded.name != "arith.constant":
+            raise Unsupported("a tensor.pad whose padding is not a constant")
+        fill = self.cast(constant(yielded), element_type(source))
+        inside: list[str] = []
+        moved: list[Index] = []
+        for index, before, after, size in zip(idx, low, high, shape(source), strict=True):
+            at = combine(index, "+", number(-before))
+            known = constant_of(at)
+            if known is not None:  # a coordinate fixed by the consumer: decided here
+                if not 0 <= known < size:
+                    return fill
+                moved.append(at)
+                continue
+            # Lanes in range are never past the high end when there is no high padding, nor
+            # before the start when there is no low padding.
+            scope = self.scope_of(at.axes)
+            checks = ([scope.compare(at, ">=", 0)] if before else []) + (
+                [scope.compare(at, "<", size)] if after else []
+            )
+            if not checks:
+                moved.append(at)
+                continue
+            bounds = scope.emit(" & ".join(checks), "i1", at.axes)
+            inside.append(bounds.code)
+            moved.append(replace(at, masks=at.masks | {bounds.code}))
+        if not inside:
+            return self.element(source, tuple(moved), raw)
+        if self.payload.is_argument(source):
+            return self.load(source.arg_number, tuple(moved), raw, other=fill.code)
+        value = self.element(source, tuple(moved), raw)
+        axes = frozenset().union(*(i.axes for i in moved))
+        code = f"tl.where({' & '.join(inside)}, {self.tensor_of(value)}, {fill.code})"
+        return self.emit(code, value.type, axes)
+
+    def block(self, value: Scalar, kind: str, looped: Looped) -> str:
+        """`value` as a block of `looped`'s shape in the type `kind` is computed in (a loop
+        carries a variable of one type and shape)."""
+        value = self.cast(value, kind)
+        if value.literal:
+            return f"tl.full({looped.shape}, {value.code}, {TL_TYPES[self.compute(kind)]})"
+        if looped.axes and looped.axes <= value.axes:
+            return value.code
+        return f"tl.broadcast_to({value.code}, {looped.shape})"
 
     # -- linalg.generic
 
@@ -531,7 +799,80 @@ class Lowering:
         yielded = list(body.operations)[-1].operands[result]
         if not reduced:
             return Body(self, op, [i or ZERO for i in loops]).scalar(yielded)
+        looped = self.frame.looped([ranges(op)[d] for d in reduced])
+        if looped is not None:
+            self.loop_reduce(op, loops, reduced, idx, looped)
+            return self.memo[(op.results[result], idx, False)]
         return self.reduce(op, result, loops, reduced, yielded, idx)
+
+    def loop_reduce(
+        self,
+        op: ir.Operation,
+        loops: list[Index | None],
+        reduced: list[int],
+        idx: tuple[Index, ...],
+        looped: Looped,
+    ) -> None:
+        """Every result of the reduction `op` at `idx`, by running its body over the reduced
+        loops (outermost first, unit ones skipped) with the accumulators carried in variables;
+        inner loops whose iterations multiply to at most UNROLL are static (unrolled)."""
+        inputs = len(op.operands) - len(op.results)
+        body = op.regions[0].blocks[0]
+        extents = ranges(op)
+        accumulators: list[Scalar] = []
+        for k, result in enumerate(op.results):
+            kind = element_type(result)
+            init = self.element(op.operands[inputs + k], idx)
+            name = self.fresh("acc")
+            self.lines.append(f"{name} = {self.block(init, kind, looped)}")
+            accumulators.append(Scalar(name, kind, looped.axes | init.axes))
+        static: dict[int, bool] = {}
+        unrolled = 1
+        for d in reversed([d for d in reduced if extents[d] != 1]):
+            static[d] = unrolled * extents[d] <= UNROLL and all(static.values())
+            unrolled *= extents[d] if static[d] else 1
+        headers: list[str] = []
+        scopes: list[Lowering] = []
+        scope = self
+        for d in reduced:
+            if extents[d] == 1:
+                loops[d] = ZERO
+                continue
+            var = self.fresh("r")
+            self.loop_vars.add(var)
+            loops[d] = Index(var, frozenset({var}))
+            loop = "tl.static_range" if static[d] else "range"
+            headers.append(f"for {var} in {loop}({extents[d]}):")
+            scope = scope.child(frozenset({var}))
+            scopes.append(scope)
+        # In the loop an accumulator varies along its variables: nothing that reads it leaves.
+        carried = frozenset().union(*(s.loop_axes for s in scopes))
+        bound = {
+            argument: replace(accumulator, axes=accumulator.axes | carried)
+            for argument, accumulator in zip(
+                list(body.arguments)[inputs:], accumulators, strict=True
+            )
+        }
+        step = Body(scope, op, [i or ZERO for i in loops], bound)
+        values = [step.scalar(v) for v in list(body.operations)[-1].operands]
+        names = {a.code for a in accumulators}
+        updates = []
+        for accumulator, value in zip(accumulators, values, strict=True):
+            code = scope.block(value, accumulator.type, looped)
+            if code in names and code != accumulator.code:  # all read before any is written
+                code = scope.emit(code, value.type, value.axes).code
+            updates.append(f"{accumulator.code} = {code}")
+        nested = [*scope.lines, *updates]
+        for k in reversed(range(len(headers))):
+            nested = [headers[k], *("    " + line for line in nested)]
+            if k:
+                nested = [*scopes[k - 1].lines, *nested]
+        if headers:
+            self.lines += nested
+        else:
+            self.lines += updates
+        for result, accumulator in zip(op.results, accumulators, strict=True):
+            self.memo[(result, idx, False)] = accumulator
 
     def reduce(
         self,
@@ -546,6 +887,8 @@ class Lowering:
         body = op.regions[0].blocks[0]
         inputs = len(op.operands) - len(op.results)
         accumulator = body.arguments[inputs + result]
+        if combine is not None and combine.name == "arith.select":
+            return self.arg_reduce(op, result, loops, reduced, combine, idx)
         if combine is None or combine.name not in COMBINERS:
             raise Unsupported(f"a reduction combined by {combine.name if combine else 'nothing'}")
         operands = list(combine.operands)
@@ -555,24 +898,106 @@ class Lowering:
         outs = list(body.arguments)[inputs:]
         if _depends(term, outs):
             raise Unsupported("a reduction whose term reads an accumulator (an argmax?)")
-        extents = [ranges(op)[d] for d in reduced]
-        block, mask = self.frame.reduction(extents)
-        axes = frozenset().union(*(i.axes for i in block))
-        if any(index is not None and index.axes & axes for index in loops):
-            raise Unsupported("a reduction whose rows lie along the block")
-        for d, index in zip(reduced, block, strict=True):
-            loops[d] = index
-        value = Body(self, op, [i or ZERO for i in loops]).scalar(term)
+        bound, mask = self.along_block(op, loops, reduced)
+        value = Body(self, op, bound).scalar(term)
         reduction, identity, fold = COMBINERS[combine.name]
         kind = element_type(op.results[result])
         neutral = literal(float(identity) if kind in FLOATS else int(identity), kind)
         masked = f"tl.where({mask}, {value.code}, {neutral.code})"
-        reduced_value = self.emit(f"{reduction}({masked}, axis=0)", kind, frozenset())
+        if combine.name in NAN_PROPAGATING:
+            lanes = self.emit(masked, kind, value.axes).code
+            found = self.emit(f"{reduction}({lanes}, axis=0)", kind, frozenset())
+            nan = f"tl.max(tl.where({lanes} != {lanes}, 1, 0), axis=0) > 0"
+            code = f'tl.where({nan}, float("nan"), {found.code})'
+            reduced_value = self.emit(code, kind, frozenset())
+        else:
+            reduced_value = self.emit(f"{reduction}({masked}, axis=0)", kind, frozenset())
         init = self.element(op.operands[inputs + result], idx)
         if init.literal and init.value == neutral.value:
             return reduced_value
         code = fold.format(self.tensor_of(init), reduced_value.code)
         return self.emit(code, kind, init.axes)
+
+    def along_block(
+        self, op: ir.Operation, loops: list[Index | None], reduced: list[int]
+    ) -> tuple[list[Index], str]:
+        """The loops with the reduced ones along the family's block, and the lanes' mask."""
+        block, mask = self.frame.reduction([ranges(op)[d] for d in reduced])
+        axes = frozenset().union(*(i.axes for i in block))
+        if any(index is not None and index.axes & axes for index in loops):
+            raise Unsupported("a reduction whose rows lie along the block")
+        bound = [i or ZERO for i in loops]
+        for d, index in zip(reduced, block, strict=True):
+            bound[d] = index
+        return bound, mask
+
+    def arg_reduce(
+        self,
+        op: ir.Operation,
+        result: int,
+        loops: list[Index | None],
+        reduced: list[int],
+        select: ir.Operation,
+        idx: tuple[Index, ...],
+    ) -> Scalar:
+        """The index result of an argmax or argmin body along the block: `select(term > best,
+        new, index)`, where another result keeps `best`, the running max (min) of the term.
+        The strict comparison keeps the first position of the extreme, as tl.argmax's left
+        tie break does; an extreme that does not beat the initial best keeps the initial
+        index. NaN terms are ordered as the sequential body orders them."""
+        body = op.regions[0].blocks[0]
+        inputs = len(op.operands) - len(op.results)
+        outs = list(body.arguments)[inputs:]
+        refused = Unsupported("a reduction combined by arith.select other than an arg-max/min")
+        cond, new, old = select.operands
+        compare = owner(cond)
+        if old != outs[result] or compare is None or compare.name != "arith.cmpf":
+            raise refused
+        predicate = ir.IntegerAttr(compare.attributes["predicate"]).value
+        a, b = compare.operands
+        if predicate not in (2, 4) or (a in outs) == (b in outs):  # ogt, olt
+            raise refused
+        term, best = (a, b) if b in outs else (b, a)
+        larger = (predicate == 2) == (best == b)  # term > best: an argmax
+        j = outs.index(best)
+        keeper = owner(list(body.operations)[-1].operands[j])  # what result j yields
+        if keeper is None or keeper.name not in COMBINERS:
+            raise refused
+        if COMBINERS[keeper.name][0] != ("tl.max" if larger else "tl.min"):
+            raise refused
+        if set(keeper.operands) != {term, best} or _depends(term, outs) or _depends(new, outs):
+            raise refused
+        kind = element_type(op.results[j])
+        if kind not in FLOATS:
+            raise refused
+        bound, mask = self.along_block(op, loops, reduced)
+        value = Body(self, op, bound).scalar(term)
+        neutral = literal(-math.inf if larger else math.inf, kind)
+        extents = [ranges(op)[d] for d in reduced]
+        lanes = linearize([bound[d] for d in reduced], extents).code
+        nan = f"({value.code} != {value.code})"
+        if keeper.name in NAN_PROPAGATING:
+            # From the first NaN on, the best is NaN and no term beats it: the lanes after
+            # it do not count (nor does it, a NaN being greater than nothing).
+            first = f"tl.min(tl.where({mask} & {nan}, {lanes}, {math.prod(extents)}), axis=0)"
+            counted = f"{mask} & ({lanes} < {self.emit(first, 'index', frozenset()).code})"
+        else:  # maxnum/minnum: a NaN term changes nothing
+            counted = f"{mask} & ({value.code} == {value.code})"
+        masked = self.emit(f"tl.where({counted}, {value.code}, {neutral.code})", kind, value.axes)
+        which = "max" if larger else "min"
+        extreme = self.emit(f"tl.{which}({masked.code}, axis=0)", kind, frozenset())
+        position = self.emit(
+            f"tl.arg{which}({masked.code}, axis=0, tie_break_left=True)", "index", frozenset()
+        )
+        at = list(bound)
+        for d, index in zip(reduced, delinearize(Index(position.code), extents), strict=True):
+            at[d] = index
+        chosen = Body(self, op, at).scalar(new)
+        first_best = self.tensor_of(self.element(op.operands[inputs + j], idx))
+        first_index = self.element(op.operands[inputs + result], idx)
+        beats = f"{extreme.code} {'>' if larger else '<'} {first_best}"
+        code = f"tl.where({beats}, {self.tensor_of(chosen)}, {self.tensor_of(first_index)})"
+        return self.emit(code, element_type(op.results[result]), first_index.axes)
 
 
 def _depends(value: ir.Value, on: list[ir.Value]) -> bool:
@@ -585,13 +1010,19 @@ def _depends(value: ir.Value, on: list[ir.Value]) -> bool:
 class Body:
     """One evaluation of a `linalg.generic` body with its loops bound to coordinates."""
 
-    def __init__(self, lowering: Lowering, op: ir.Operation, loops: list[Index]) -> None:
+    def __init__(
+        self,
+        lowering: Lowering,
+        op: ir.Operation,
+        loops: list[Index],
+        bound: dict[ir.Value, Scalar] | None = None,
+    ) -> None:
         self.lowering = lowering
         self.op = op
         self.loops = loops
         self.block = op.regions[0].blocks[0]
         self.maps = maps(op)
-        self.memo: dict[ir.Value, Scalar] = {}
+        self.memo: dict[ir.Value, Scalar] = dict(bound or {})  # block arguments given values
 
     def scalar(self, value: ir.Value) -> Scalar:
         if value not in self.memo:
@@ -616,8 +1047,14 @@ class Body:
             index = self.loops[ir.IntegerAttr(op.attributes["dim"]).value]
             if index == ZERO:
                 return literal(0, "index")
+            if index.axes and index.axes <= low.loop_vars:  # a Python int under a static loop
+                return low.emit(
+                    f"tl.zeros([], tl.int32) + {paren(index.code)}", "index", index.axes
+                )
             return Scalar(paren(index.code), "index", index.axes)
         args = [self.scalar(v) for v in op.operands]
+        axes = frozenset().union(*(a.axes for a in args))
+        low = low.scope_of(axes)  # what does not vary in a loop is computed before it
         if name in CASTS:
             return low.cast(args[0], kind)
         if name == "arith.uitofp" and args[0].type == "i1":
@@ -625,13 +1062,12 @@ class Body:
         if name == "arith.extui" and args[0].type == "i1":
             return low.cast(args[0], kind)
         if name in ("math.powf", "math.fpowi"):
-            return self.power(args)
+            return self.power(low, args)
         template = self.template(op, args)
         if all(a.literal for a in args):  # keep the result a tensor, whatever tl takes
             args[0] = Scalar(low.tensor_of(args[0]), args[0].type)
         elif template.startswith("tl."):
             args = [Scalar(low.tensor_of(a), a.type, a.axes) for a in args]
-        axes = frozenset().union(*(a.axes for a in args))
         return low.emit(template.format(*(a.code for a in args)), kind, axes)
 
     def template(self, op: ir.Operation, args: list[Scalar]) -> str:
@@ -650,12 +1086,11 @@ class Body:
             return UNARY[name]
         raise Unsupported(f"{name} in an op body")
 
-    def power(self, args: list[Scalar]) -> Scalar:
+    def power(self, low: Lowering, args: list[Scalar]) -> Scalar:
         """x ** y for a constant y: a small integer multiplies; a fraction goes through
         exp2/log2, right for any base since a negative one has no real power. A variable y
         could be an integer at run time, which exp2/log2 gets wrong for a negative base."""
         base, exponent = args
-        low = self.lowering
         if not exponent.literal:
             raise Unsupported("a power with a variable exponent")
         assert exponent.value is not None
