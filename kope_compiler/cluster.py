@@ -139,16 +139,18 @@ def optimize_remote(job: Job, seed: Seed, queue: Any) -> TaskSummary:
     import torch
 
     from kope.agents import make_agent
+    from kope.compiler import target_for
     from kope.memory.recorder import Recorder
     from kope.optimize import optimize_task
     from kope.passes.keys import task_key
-    from kope.targets import get_target
     from kope.targets.jit import set_openmp_threads
     from kope.vocabulary.events import Events
 
     torch.set_num_threads(job.threads)
     set_openmp_threads(job.threads)
-    target = get_target(job.target, workers=1, timeout_s=job.timeout_s)
+    # One target per Ray worker process, kept for its next tasks: starting a target's
+    # isolated worker (torch and torch-mlir imports) costs seconds, once.
+    target = target_for(job.target, 1, job.timeout_s)
     # Keyed for this node's hardware: a node unlike the driver's records under its own key.
     task = replace(job.task, key=task_key(job.task.payload, target.key()))
     with tempfile.TemporaryDirectory(prefix="kope-cluster-") as scratch:
@@ -164,7 +166,6 @@ def optimize_remote(job: Job, seed: Seed, queue: Any) -> TaskSummary:
             )
         finally:
             agent.close()
-            target.close()
 
 
 def run_tasks(
