@@ -12,6 +12,9 @@ one machine.
 
 - **Keys.** A task keys its operator by the target key of the node it runs on: a node with
   other hardware than the driver's records under its own key, never mixed in.
+- **Devices.** A task of a Triton target asks for one of its devices (Ray's `GPU`, the `NPU`
+  resource of Ascend hosts) when the cluster has any (`device_request`), else it verifies
+  under the interpreter on a CPU node.
 - **Threads.** Ray sets `OMP_NUM_THREADS` to a task's CPU request; a task requests the
   threads it measures with (`threads`, default 1) and sets torch's and OpenMP's counts to
   them, so each figure claims the threads it ran with. On a node, candidates of several
@@ -187,8 +190,11 @@ def run_tasks(
     pending: dict[Any, tuple[Job, int]] = {}
     seed_ref = ray.put(seed_of(store))
 
+    devices = device_request(jobs[0].target if jobs else "", ray.cluster_resources())
+
     def dispatch(job: Job, tries: int, seed: Any) -> None:
-        ref = remote.options(num_cpus=job.threads, max_retries=0).remote(job, seed, queue)
+        options = {"num_cpus": job.threads, "max_retries": 0, **devices}
+        ref = remote.options(**options).remote(job, seed, queue)
         pending[ref] = (job, tries)
 
     for job in jobs:
@@ -244,6 +250,21 @@ def run_tasks(
     finally:
         drain()
         queue.shutdown()
+
+
+# The Ray resource each Triton target's device is (Ray's own GPU, and the NPU resource
+# Ascend hosts declare: `ray start --resources '{"NPU": 8}'`).
+DEVICE_RESOURCES = {"cuda": "GPU", "ascend": "NPU"}
+
+
+def device_request(target: str, available: dict[str, float]) -> dict[str, Any]:
+    """The device a task of `target` asks Ray for: one of the target's devices when the
+    cluster has any (its kernels then run and are timed there), else none (they are verified
+    under Triton's interpreter on CPU nodes, untimed)."""
+    resource = DEVICE_RESOURCES.get(target)
+    if resource is None or available.get(resource, 0) < 1:
+        return {}
+    return {"num_gpus": 1} if resource == "GPU" else {"resources": {resource: 1}}
 
 
 def _job_of(event: TaskSeen, by_key: dict[str, Job], found: dict[str, Task]) -> Job | None:

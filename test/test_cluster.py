@@ -135,3 +135,12 @@ def test_without_ray_the_flag_says_how_to_install_it(monkeypatch: pytest.MonkeyP
     with pytest.raises(ClusterError, match=r"pip install 'kope\[ray\]'"):
         with connected("ray"):
             pass
+
+
+def test_triton_tasks_ask_for_a_device_only_where_the_cluster_has_one() -> None:
+    from kope.cluster import device_request
+
+    assert device_request("cuda", {"CPU": 16.0, "GPU": 8.0}) == {"num_gpus": 1}
+    assert device_request("ascend", {"CPU": 16.0, "NPU": 8.0}) == {"resources": {"NPU": 1}}
+    assert device_request("cuda", {"CPU": 2.0}) == {}  # interpreted on CPU nodes
+    assert device_request("cpu", {"CPU": 2.0, "GPU": 1.0}) == {}
