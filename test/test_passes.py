@@ -52,7 +52,7 @@ def test_pipeline_mixes_upstream_and_kope_passes() -> None:
         ("kope-outline-operators{target}", "not of the form key=value"),
         (
             "kope-apply-kernels{target=tpu}",
-            "option target='tpu' is not a known target; known targets: cpu",
+            "option target='tpu' is not a known target; known targets: ascend, cpu, cuda",
         ),
         ("func.func(cse,kope-outline-operators)", "put 'kope-outline-operators' at the top level"),
     ],

@@ -2,7 +2,7 @@
 // RUN: rm -rf %t && mkdir -p %t
 
 // RUN: not kope-opt --kope-apply-kernels="store=%t/store target=tpu" %s 2>&1 | FileCheck %s --check-prefix=TARGET
-// TARGET: pass 'kope-apply-kernels' option target='tpu' is not a known target; known targets: cpu
+// TARGET: pass 'kope-apply-kernels' option target='tpu' is not a known target; known targets: ascend, cpu, cuda
 
 // RUN: not kope-opt --kope-apply-kernels="store=%t/store color=red" %s 2>&1 | FileCheck %s --check-prefix=OPTION
 // OPTION: pass 'kope-apply-kernels' has no option 'color'; its options are: store, target

@@ -6,7 +6,7 @@
 // OPTION: pass 'kope-outline-operators' has no option 'tgt'; its options are: target
 
 // RUN: not kope-opt --kope-outline-operators="target=tpu" %s 2>&1 | FileCheck %s --check-prefix=TARGET
-// TARGET: pass 'kope-outline-operators' option target='tpu' is not a known target; known targets: cpu
+// TARGET: pass 'kope-outline-operators' option target='tpu' is not a known target; known targets: ascend, cpu, cuda
 
 // RUN: not kope-opt --pass-pipeline="builtin.module(kope-lower-cpu)" --canonicalize %s 2>&1 | FileCheck %s --check-prefix=BOTH
 // BOTH: either with --pass-pipeline or as flags, not both
