@@ -545,3 +545,26 @@ def test_nan_terms_reduce_as_the_payload_says(
         (got,), _ = _run(source, path, monkeypatch, [x], spec.outputs)
         want = (answer or fn)(x)
         torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+
+
+def test_constants_fold_by_the_operator_asked_for() -> None:
+    """`x + 0` with both constant folds to x: no division by the zero addend (a padded
+    convolution's `index - 0` crashed the generator once)."""
+    from kope.agents.triton_index import combine, constant_of, number
+
+    assert constant_of(combine(number(3), "+", number(0))) == 3
+    assert constant_of(combine(number(7), "//", number(2))) == 3
+
+
+def test_a_generator_defect_costs_the_operator_its_kernel_not_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import kope.agents.heuristic as heuristic
+    from kope.agents.base import ProposalRequest, TaskView
+
+    def broken(*_: Any) -> Any:
+        raise ZeroDivisionError("a defect")
+
+    monkeypatch.setattr(heuristic, "triton_space", broken)
+    view = TaskView("k", "aten.relu.default", "relu", "", (), (), "cuda", {}, ("triton",))
+    assert heuristic.HeuristicAgent().propose(ProposalRequest(view)) is None

@@ -296,7 +296,11 @@ class HeuristicAgent(Agent):
         task = request.task
         if task.capabilities.get("interpreter") and _verified(request.history) >= UNTIMED_KERNELS:
             return None  # nothing is timed here: a few verified variants are the device's to rank
-        space = triton_space(task.payload, task.inputs, task.outputs, task.capabilities)
+        try:
+            space = triton_space(task.payload, task.inputs, task.outputs, task.capabilities)
+        except Exception:  # a generator defect must cost this operator its kernel, not the run
+            log.exception("%s: the Triton kernel generator failed; no Triton kernel", task.label)
+            return None
         if not space:
             log.info("%s: no Triton kernel: %s", task.label, triton_unsupported(task))
             return None
@@ -304,7 +308,13 @@ class HeuristicAgent(Agent):
         if found is None:
             return None
         choice, parent, why = found
-        source = render_triton(task.payload, task.inputs, task.outputs, choice, task.capabilities)
+        try:
+            source = render_triton(
+                task.payload, task.inputs, task.outputs, choice, task.capabilities
+            )
+        except Exception:
+            log.exception("%s: the Triton kernel generator failed on %s", task.label, choice)
+            return None
         return Proposal(
             source=source,
             decision=f"{describe_triton(choice)} ({why})",

@@ -11,8 +11,9 @@ vary with it before the loop (`Lowering.split`).
 from __future__ import annotations
 
 import math
+import operator as operator_module
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from torch_mlir import ir
@@ -107,12 +108,19 @@ def affine_index(parts: list[tuple[Index, int]], code: str) -> Index:
     )
 
 
+FOLD: dict[str, Callable[[int, int], int]] = {
+    "+": operator_module.add,
+    "*": operator_module.mul,
+    "//": operator_module.floordiv,
+    "%": operator_module.mod,
+}
+
+
 def combine(a: Index, operator: str, b: Index) -> Index:
     """`a <operator> b` as a coordinate: constants fold, and + 0, * 1, * 0 vanish."""
     ka, kb = constant_of(a), constant_of(b)
     if ka is not None and kb is not None:
-        folded = {"+": ka + kb, "*": ka * kb, "//": ka // kb, "%": ka % kb}[operator]
-        return number(folded)
+        return number(FOLD[operator](ka, kb))  # only the operator asked for: b may be 0
     if operator == "+" and (ka == 0 or kb == 0):
         return b if ka == 0 else a
     if operator == "*" and (ka == 0 or kb == 0):
