@@ -38,6 +38,7 @@ from kope.passes.keys import task_key
 from kope.targets import verify
 from kope.targets.host import package_version
 from kope.targets.measure import estimate_work
+from kope.targets.triton import triton_target_key
 from kope.vocabulary.events import AttemptEvaluated, TaskSeen
 from kope.vocabulary.evidence import (
     TIMING_CLEAN,
@@ -193,9 +194,8 @@ def import_results(
     if results.get("pack") != manifest["id"]:
         raise PackError(f"{results_path} holds results of another pack than {pack}")
     target = manifest["target"]
-    device_key = (
-        f"{target}|{results['device']}|triton-{results['triton']}|torch-{results['torch']}"
-        f"|kope-{manifest['kope']}"
+    device_key = triton_target_key(
+        target, results["device"], results["triton"], results["torch"], manifest["kope"]
     )
     events = recording(store)
     kernels = {k["digest"]: k for k in manifest["kernels"]}

@@ -51,6 +51,12 @@ def triton_version() -> str:
     return package_version("triton")
 
 
+def triton_target_key(target: str, device: str, triton: str, torch_version: str, kope: str) -> str:
+    """A Triton target's key: the device as it names itself (or "interpreter") and the versions
+    that change a kernel's result or speed. A kernel pack's results are keyed by it too."""
+    return f"{target}|{device}|triton-{triton}|torch-{torch_version}|kope-{kope}"
+
+
 class TritonKernel:
     """A screened, loaded Triton kernel module: `run` calls its `launch`."""
 
@@ -205,9 +211,8 @@ class TritonTarget(Target):
     # -- describing ---------------------------------------------------------------------------
     def key(self) -> str:
         device = self.device_name() if not self.interpreting() else "interpreter"
-        return (
-            f"{self.name}|{device}|triton-{triton_version()}|torch-{package_version('torch')}"
-            f"|kope-{package_version('kope')}"
+        return triton_target_key(
+            self.name, device, triton_version(), package_version("torch"), package_version("kope")
         )
 
     def device_name(self) -> str:
