@@ -5,15 +5,27 @@
 `OPSET` is the suite of the agents issue (matmuls at three shapes, one odd; a padded 3x3
 conv; softmax; layer norm; row sum; row max; a 4-op elementwise chain). `SEQUENCE` is the
 fixed sequence of related operators of the memory ablation. Inputs are seeded.
+
+`load_suite(directory)` reads a suite kept as files (`benchmarks/suite/` is the operator suite
+of issue 13): one file per operator in the convention of public kernel benchmarks (`Model`,
+`get_inputs()`, `get_init_inputs()`), named `NNN_<family>_<name>.py` so that sorted order groups
+a family and puts its smaller shapes first; files starting with `_` are skipped.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import itertools
+import sys
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from kope.errors import ModelLoadError
 
 Example = tuple[nn.Module, tuple[torch.Tensor, ...]]
 
@@ -122,3 +134,80 @@ SEQUENCE: dict[str, Callable[[], Example]] = {
 }
 
 globals().update({name: factory for name, factory in {**OPSET, **SEQUENCE}.items()})
+
+
+# Each import of a suite file gets a module name of its own, so two loads never share state.
+_import_count = itertools.count()
+
+
+def load_suite(directory: str | Path) -> dict[str, Callable[[], Example]]:
+    """One factory per suite file of `directory`, in sorted file-name order, keyed by file stem.
+
+    A factory imports its file afresh and returns `(Model(*get_init_inputs()).eval(),
+    tuple(get_inputs()))`, seeding torch with 0 before building the model and again before
+    making the inputs, so weights and inputs are the same on every call. A file that does not
+    import, or lacks `Model`, `get_inputs` or `get_init_inputs` (as `kope precompile FILE.py`
+    needs them too), raises ModelLoadError when its factory is called."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise ModelLoadError(
+            f"suite directory {str(root)!r} does not exist or is not a directory: "
+            "give a directory of operator files such as benchmarks/suite"
+        )
+    files = sorted(p for p in root.glob("*.py") if not p.name.startswith("_"))
+    if not files:
+        raise ModelLoadError(
+            f"suite directory {str(root)!r} has no suite files: add files NNN_<family>_<name>.py "
+            "defining Model, get_inputs() and get_init_inputs()"
+        )
+    return {path.stem: _file_factory(path) for path in files}
+
+
+def _file_factory(path: Path) -> Callable[[], Example]:
+    def factory() -> Example:
+        module = _import_file(path)
+        missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if not hasattr(module, n)]
+        if missing:
+            raise ModelLoadError(
+                f"suite file {path} does not define {', '.join(missing)}: a suite file "
+                "defines class Model(nn.Module), get_inputs() and get_init_inputs()"
+            )
+        try:
+            torch.manual_seed(0)
+            model = module.Model(*module.get_init_inputs())
+            torch.manual_seed(0)
+            inputs = tuple(module.get_inputs())
+        except Exception as err:
+            raise ModelLoadError(
+                f"suite file {path}: building the model or its inputs failed: "
+                f"{type(err).__name__}: {err}; fix Model, get_init_inputs() or get_inputs()"
+            ) from err
+        if not isinstance(model, nn.Module):
+            raise ModelLoadError(
+                f"suite file {path}: Model(...) is a {type(model).__name__}, not an nn.Module; "
+                "make Model a subclass of torch.nn.Module"
+            )
+        return model.eval(), inputs
+
+    factory.__name__ = path.stem
+    return factory
+
+
+def _import_file(path: Path) -> ModuleType:
+    name = f"kope_suite_file_{next(_import_count)}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ModelLoadError(f"suite file {path} cannot be imported: it is not a Python module")
+    module = importlib.util.module_from_spec(spec)
+    # Registered as `import` does, so what looks a class up by its module (dataclasses, pickle,
+    # dynamo) finds it.
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:
+        del sys.modules[name]
+        raise ModelLoadError(
+            f"suite file {path} failed to import: {type(err).__name__}: {err}; fix the file "
+            "or move it out of the suite directory"
+        ) from err
+    return module

@@ -1,0 +1,22 @@
+"""GELU (exact, erf form), elementwise, on a 257x513 matrix."""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROWS, COLS = 257, 513
+
+
+class Model(nn.Module):
+    """F.gelu(x)"""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(x)
+
+
+def get_inputs() -> list[torch.Tensor]:
+    return [torch.randn(ROWS, COLS)]
+
+
+def get_init_inputs() -> list[int]:
+    return []

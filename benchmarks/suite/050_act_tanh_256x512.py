@@ -1,0 +1,21 @@
+"""Tanh, elementwise, on a 256x512 matrix."""
+
+import torch
+import torch.nn as nn
+
+ROWS, COLS = 256, 512
+
+
+class Model(nn.Module):
+    """torch.tanh(x)"""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x)
+
+
+def get_inputs() -> list[torch.Tensor]:
+    return [torch.randn(ROWS, COLS)]
+
+
+def get_init_inputs() -> list[int]:
+    return []

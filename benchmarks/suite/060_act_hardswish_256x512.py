@@ -1,0 +1,22 @@
+"""Hardswish, elementwise, on a 256x512 matrix."""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROWS, COLS = 256, 512
+
+
+class Model(nn.Module):
+    """F.hardswish(x)"""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.hardswish(x)
+
+
+def get_inputs() -> list[torch.Tensor]:
+    return [torch.randn(ROWS, COLS)]
+
+
+def get_init_inputs() -> list[int]:
+    return []

@@ -1,0 +1,22 @@
+"""Softplus (beta 1, threshold 20), elementwise, on a 256x512 matrix."""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROWS, COLS = 256, 512
+
+
+class Model(nn.Module):
+    """F.softplus(x)"""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.softplus(x)
+
+
+def get_inputs() -> list[torch.Tensor]:
+    return [torch.randn(ROWS, COLS)]
+
+
+def get_init_inputs() -> list[int]:
+    return []

@@ -1,0 +1,21 @@
+"""Sum over the last dim, of a 512x1024 tensor."""
+
+import torch
+import torch.nn as nn
+
+SHAPE = (512, 1024)
+
+
+class Model(nn.Module):
+    """x.sum(dim=-1)"""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.sum(dim=-1)
+
+
+def get_inputs() -> list[torch.Tensor]:
+    return [torch.randn(SHAPE)]
+
+
+def get_init_inputs() -> list[int]:
+    return []

@@ -1,0 +1,29 @@
+"""Group norm (8 groups, affine), of a 8x32x16x16 NCHW tensor."""
+
+import torch
+import torch.nn as nn
+
+N, C, H, W = 8, 32, 16, 16
+GROUPS = 8
+
+
+class Model(nn.Module):
+    """nn.GroupNorm(groups, channels) with random affine parameters."""
+
+    def __init__(self, groups: int, channels: int) -> None:
+        super().__init__()
+        self.norm = nn.GroupNorm(groups, channels)
+        with torch.no_grad():
+            self.norm.weight.copy_(1 + 0.1 * torch.randn(channels))
+            self.norm.bias.copy_(0.1 * torch.randn(channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x)
+
+
+def get_inputs() -> list[torch.Tensor]:
+    return [torch.randn(N, C, H, W)]
+
+
+def get_init_inputs() -> list[int]:
+    return [GROUPS, C]

@@ -1,0 +1,21 @@
+"""A 4-op elementwise chain tanh(x * 0.5 + 1) * x, of a 129x513 matrix."""
+
+import torch
+import torch.nn as nn
+
+ROWS, COLS = 129, 513
+
+
+class Model(nn.Module):
+    """torch.tanh(x * 0.5 + 1.0) * x"""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x * 0.5 + 1.0) * x
+
+
+def get_inputs() -> list[torch.Tensor]:
+    return [torch.randn(ROWS, COLS)]
+
+
+def get_init_inputs() -> list[int]:
+    return []
