@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from kope.bench import run_suite
+from kope.bench import BenchConfig, run_bench
 from kope.memory.store import ExperienceStore
 from kope.optimize import Budget
 from kope.options import Options
@@ -108,14 +108,16 @@ def competing_load(nice: int = 0, limit_s: float = 1800.0) -> Iterator[list[int]
 
 
 def suite_run(target: Target, store: Path, budget: int, names: list[str]) -> dict[str, Any]:
-    report = run_suite(target, store, budget, names, progress=False)
+    """The named suite operators precompiled into `store` (one seed, one arm)."""
+    config = BenchConfig(target, budget, progress=False)
+    report = run_bench({n: OPSET[n] for n in names}, config, store)
     return {row["name"]: row for row in report["operators"]}
 
 
 def quiet_retime(target: Target, store: Path, names: list[str]) -> dict[str, dict[str, Any]]:
     """Each operator's chosen kernel in `store`, re-timed against eager now: speedup, quality."""
     result: dict[str, dict[str, Any]] = {}
-    memory = ExperienceStore(store)
+    memory = ExperienceStore(store / "default-seed0")  # where run_bench kept the one arm's
     for name in names:
         model, inputs = OPSET[name]()
         (task,) = trace_tasks(model, inputs, target)[:1]

@@ -1,215 +1,307 @@
-"""`kope bench`: the operator suite and the memory ablation, as paper-style tables.
+"""`kope bench`: a suite of operators through `kope precompile`, as paper-style tables.
 
-suite    — `kope precompile` on every operator of `kope.suite.OPSET` (one store), reporting per
-           operator the speedup over eager and over the pinned reference lowering, attempts
-           and verdict counts, against the agents issue's goals.
-ablation — the same agent with the same static priors on the fixed `kope.suite.SEQUENCE`, at a
-           small budget, with the experience graph (one store through the sequence) vs with
-           an empty one (a fresh store per operator), over several seeds: geomean speedup,
-           pass rate, and attempts needed to reach 90% of the best kernel either arm found.
+One engine, `run_bench`, runs a suite (`kope.suite.load_suite` of a directory, or the built-in
+`OPSET` / `SEQUENCE`) in a fixed order, seed by seed, in one or two arms:
+
+- no ablation: one arm, `default`, one store per seed through the whole suite;
+- `memory`: `memory_on` (one store per seed, the suite in order, so later operators can use
+  what earlier ones taught) against `memory_off` (an empty store for every operator);
+- `context`: `context_acmi` (ACMI packing at the loop's default context budget) against
+  `context_passive` (no retrieved experience; every earlier attempt of the operator, kernel
+  text and feedback, appended to the prompt: agent-led context construction). Only the LLM
+  agent reads the prompt, so only it differs between these arms.
+
+Fair arms: each seed starts from fresh stores, the two arms of one operator run back to back
+(which goes first alternates), and their winners are then re-timed against eager together in
+one interleaved round, so that the speedups compared come from one measurement.
+
+Per arm the report has the pass rate (`PASS_RATE`), geomean speedups over eager and over the
+reference lowering (of the kernel each operator runs: eager, 1.0, when no kernel beats it),
+fast_p for p = 1.0 and 1.2 (KernelBench's: the share of ALL operators whose running kernel
+is the agent's, verified, and more than p times faster than eager), prompt and completion
+tokens, attempts needed to reach 90% of the best kernel either arm found (`budget + 1` when
+never reached), and wall time; each as the mean over seeds with its spread.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from kope.measuring import seed_for, stored_kernel, threads_now
 from kope.memory.store import ExperienceStore
-from kope.optimize import Budget
-from kope.precompile import geomean, precompile
-from kope.report import PASS_RATE, table_lines, timing_text
+from kope.optimize import Budget, is_proposal
+from kope.precompile import geomean, precompile, trace_tasks
+from kope.report import PASS_RATE, table_lines
 from kope.report import speedup_text as _x
-from kope.suite import ELEMENTWISE, OPSET, SEQUENCE, Example
+from kope.suite import Example
 from kope.targets.base import Target
-from kope.vocabulary.evidence import SOURCE_AGENT
+from kope.targets.measure import MeasureConfig, eager_threads, measure_interleaved, rotating
+from kope.targets.verify import timing_inputs
+from kope.vocabulary.evidence import SOURCE_AGENT, SOURCE_REFERENCE, TIMING_CLEAN, VERIFIED
+
+Suite = dict[str, Callable[[], Example]]
+
+ABLATIONS: dict[str | None, tuple[str, str] | tuple[str]] = {
+    None: ("default",),
+    "memory": ("memory_on", "memory_off"),
+    "context": ("context_acmi", "context_passive"),
+}
+FAST_P = (1.0, 1.2)
+REACH = 0.9  # attempts_to_90: attempts until a kernel within 90% of the best either arm found
+METRICS = (
+    "pass_rate",
+    "geomean_speedup_vs_eager",
+    "geomean_speedup_vs_reference",
+    *(f"fast_{p}" for p in FAST_P),
+    "tokens",
+    "prompt_tokens",
+    "completion_tokens",
+    "attempts_to_90",
+    "wall_s",
+)
 
 
-def run_suite(
-    target: Target,
-    store_dir: Path,
-    budget: int,
-    names: list[str] | None = None,
-    seed: int = 0,
-    progress: bool = True,
-    cluster: str | None = None,
-) -> dict[str, Any]:
-    """Precompile each suite operator (on `cluster`, when given: `kope.cluster`); the report
-    has one row per operator and the goals."""
-    store = ExperienceStore(store_dir)
+@dataclass
+class BenchConfig:
+    target: Target
+    budget: int
+    seeds: list[int] = field(default_factory=lambda: [0])
+    ablate: str | None = None  # None | "memory" | "context"
+    agent: str = "heuristic"
+    agent_config: dict[str, Any] = field(default_factory=dict)
+    progress: bool = True
+    cluster: str | None = None
+
+    @property
+    def arms(self) -> tuple[str, ...]:
+        return ABLATIONS[self.ablate]
+
+
+def run_bench(suite: Suite, config: BenchConfig, work_dir: Path, name: str = "") -> dict[str, Any]:
+    """Run `suite` in order, seed by seed and arm by arm; the report (module docstring)."""
+    if config.ablate not in ABLATIONS:
+        raise ValueError(f"unknown ablation {config.ablate!r}: use memory or context")
     rows: list[dict[str, Any]] = []
-    start = time.monotonic()
-    for name in names or list(OPSET):
-        model, inputs = OPSET[name]()
-        report = precompile(
-            model,
-            inputs,
-            target=target,
-            store=store,
-            budget=Budget(attempts=budget),
-            seed=seed,
-            progress=progress,
-            cluster=cluster,
-        )
-        for row in report["operators"]:
-            rows.append({"name": name, **row})
-    non_elementwise = [r for r in rows if r["name"] not in ELEMENTWISE]
-    wins = [r for r in rows if r["winner"] == "agent" and (r["speedup_vs_eager"] or 0) >= 1.1]
+    wall: dict[tuple[str, int], float] = {}
+    for seed in config.seeds:
+        stores = {arm: ExperienceStore(work_dir / f"{arm}-seed{seed}") for arm in config.arms}
+        for index, (op_name, factory) in enumerate(suite.items()):
+            model, inputs = factory()
+            order = config.arms if (index + seed) % 2 == 0 else config.arms[::-1]
+            used: dict[str, ExperienceStore] = {}
+            for arm in order:
+                store = stores[arm]
+                if arm == "memory_off":  # an empty store for every operator
+                    store = ExperienceStore(work_dir / f"{arm}-seed{seed}" / f"{index:03d}")
+                used[arm] = store
+                start = time.monotonic()
+                report = precompile(
+                    model,
+                    inputs,
+                    target=config.target,
+                    store=store,
+                    agent_name=config.agent,
+                    agent_config={**config.agent_config, **_arm_agent_config(arm)},
+                    budget=Budget(attempts=config.budget),
+                    seed=seed,
+                    progress=config.progress,
+                    cluster=config.cluster,
+                )
+                wall[arm, seed] = wall.get((arm, seed), 0.0) + time.monotonic() - start
+                for summary in report["operators"]:
+                    rows.append(_row(arm, seed, op_name, store, summary, config.agent))
+            if len(used) > 1:
+                _retime_together(model, inputs, config.target, used, rows, seed)
+    return summarize(rows, config, wall, name)
+
+
+def _arm_agent_config(arm: str) -> dict[str, Any]:
+    return {"context": "passive"} if arm == "context_passive" else {}
+
+
+def _row(
+    arm: str,
+    seed: int,
+    name: str,
+    store: ExperienceStore,
+    summary: dict[str, Any],
+    agent: str,
+) -> dict[str, Any]:
+    attempts = [a for a in store.attempts(summary["key"]) if is_proposal(a, agent)]
     return {
-        "operators": rows,
-        "summary": {
-            "operators": len(rows),
-            "pass_rate": sum(1 for r in rows if r["verified"]) / max(len(rows), 1),
-            "geomean_speedup_vs_eager": geomean([r["speedup_vs_eager"] for r in rows]),
-            "geomean_speedup_vs_reference": geomean([r["speedup_vs_reference"] for r in rows]),
-            "geomean_speedup_vs_reference_non_elementwise": geomean(
-                [r["speedup_vs_reference"] for r in non_elementwise]
-            ),
-            "agent_beats_eager_1_1x": len(wins),
-            "tokens": sum(r["tokens"] for r in rows),
-            "budget": budget,
-            "timed": target.timed(),  # False: kernels interpreted, no figures
-            "wall_s": time.monotonic() - start,
-        },
+        "arm": arm,
+        "seed": seed,
+        "name": name,
+        **summary,
+        "trajectory": _trajectory(attempts),
+        "tokens_in": sum(a.tokens_in for a in attempts),
+        "tokens_out": sum(a.tokens_out for a in attempts),
+        "store": str(store.root),
     }
 
 
-def format_suite(report: dict[str, Any]) -> str:
-    header = (
-        "operator",
-        "winner",
-        "eager µs",
-        "best µs",
-        "vs eager",
-        "vs reference",
-        "timing",
-        "attempts",
-        "verdicts",
-    )
-    rows = [header]
-    timed = report["summary"].get("timed", True)
-    for r in report["operators"]:
-        rows.append(
-            (
-                r["name"],
-                r["winner"],
-                _f(r["eager_us"]),
-                _f(r["best_us"]),
-                _x(r["speedup_vs_eager"], r["timing_quality"]),
-                _x(r["speedup_vs_reference"], r["timing_quality"]),
-                timing_text(r) if timed else "untimed",
-                str(r["attempts"]),
-                " ".join(f"{k}:{v}" for k, v in r["verdicts"].items()),
-            )
-        )
-    s = report["summary"]
-    lines = table_lines(rows)
-    lines += [
-        f"pass rate {s['pass_rate']:.0%} of {s['operators']} operators ({PASS_RATE}); "
-        f"geomean speedup {_x(s['geomean_speedup_vs_eager'])} vs eager, "
-        f"{_x(s['geomean_speedup_vs_reference'])} vs reference",
-        f"goal: geomean >= 5x over the reference on non-elementwise operators: "
-        f"{_x(s['geomean_speedup_vs_reference_non_elementwise'])}",
-        f"goal: the agent's kernel beats eager by >= 1.1x on >= {math.ceil(s['operators'] / 3)} "
-        f"operators: {s['agent_beats_eager_1_1x']}",
-        f"budget {s['budget']} attempts per operator; {s['wall_s']:.0f} s",
-    ]
-    return "\n".join(lines)
-
-
-# -- the memory ablation -----------------------------------------------------------------------
-
-
-def _trajectory(store: ExperienceStore, key: str, agent: str) -> list[float]:
-    """Best-so-far latency (µs) after each agent attempt, inf before a verified one."""
-    best, out = math.inf, []
-    for attempt in store.attempts(key):
-        if attempt.source != SOURCE_AGENT or attempt.agent != agent or attempt.confirms:
-            continue
-        if attempt.verdict == "verified" and attempt.latency_us:
-            best = min(best, attempt.latency_us)
+def _trajectory(attempts: list[Any]) -> list[float | None]:
+    """The best verified speedup over eager after each agent attempt (None before one)."""
+    best: float | None = None
+    out: list[float | None] = []
+    for attempt in attempts:
+        if attempt.verdict == VERIFIED and attempt.speedup_vs_eager:
+            best = max(best or 0.0, attempt.speedup_vs_eager)
         out.append(best)
     return out
 
 
-def run_ablation(
+def _retime_together(
+    model: Any,
+    inputs: Any,
     target: Target,
-    budget: int,
-    seeds: list[int],
-    work_dir: Path,
-    sequence: dict[str, Callable[[], Example]] = SEQUENCE,
-    progress: bool = False,
-    agent_config: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Memory vs empty memory, seed by seed, operator by operator (the two arms interleaved)."""
-    results: dict[str, dict[int, list[dict[str, Any]]]] = {"memory": {}, "empty": {}}
-    for seed in seeds:
-        shared = ExperienceStore(work_dir / f"memory-seed{seed}")
-        for arm in results:
-            results[arm][seed] = []
-        for index, (name, factory) in enumerate(sequence.items()):
-            model, inputs = factory()
-            arms = ["memory", "empty"] if (index + seed) % 2 == 0 else ["empty", "memory"]
-            for arm in arms:
-                store = (
-                    shared
-                    if arm == "memory"
-                    else ExperienceStore(work_dir / f"empty-seed{seed}-{index}")
-                )
-                report = precompile(
-                    model,
-                    inputs,
-                    target=target,
-                    store=store,
-                    budget=Budget(attempts=budget),
-                    seed=seed,
-                    progress=progress,
-                    agent_config=agent_config,
-                )
-                row = report["operators"][0]
-                row["name"] = name
-                row["trajectory"] = _trajectory(store, row["key"], "heuristic")
-                results[arm][seed].append(row)
-    summary = summarize_ablation(results, budget)
-    summary["agent_config"] = agent_config or {}
-    return summary
-
-
-def summarize_ablation(
-    results: dict[str, dict[int, list[dict[str, Any]]]], budget: int
-) -> dict[str, Any]:
-    arms: dict[str, dict[str, Any]] = {}
-    seeds = sorted(results["memory"])
-    for arm, by_seed in results.items():
-        geo, passes, reach = [], [], []
-        for seed in seeds:
-            rows = by_seed[seed]
-            others = results["empty" if arm == "memory" else "memory"][seed]
-            geo.append(geomean([r["speedup_vs_eager"] for r in rows]) or 0.0)
-            passes.append(sum(1 for r in rows if r["verified"]) / len(rows))
-            needed = []
-            for row, other in zip(rows, others, strict=True):
-                best = min(
-                    min(row["trajectory"], default=math.inf),
-                    min(other["trajectory"], default=math.inf),
-                )
-                hit = next(
-                    (i + 1 for i, lat in enumerate(row["trajectory"]) if lat <= best / 0.9),
-                    budget + 1,
-                )
-                needed.append(hit)
-            reach.append(statistics.mean(needed))
-        arms[arm] = {
-            "geomean_speedup_vs_eager": _spread(geo),
-            "pass_rate": _spread(passes),
-            "attempts_to_90pct_of_best": _spread(reach),
+    stores: dict[str, ExperienceStore],
+    rows: list[dict[str, Any]],
+    seed: int,
+) -> None:
+    """Time each arm's running kernel of every task of this operator against eager in one
+    interleaved round, and put those figures in the arms' rows (the precompile figures stay,
+    as `*_own_run`). Only where the target times kernels in this process (the CPU)."""
+    if not target.timed() or target.memory_device() != "cpu":
+        return
+    tasks = {t.key: t for t in trace_tasks(model, inputs, target)}
+    mine = {(r["arm"], r["key"]): r for r in rows if r["seed"] == seed and r["arm"] in stores}
+    for key, task in tasks.items():
+        arm_rows = {arm: mine.get((arm, key)) for arm in stores}
+        if task.spec.eager is None or any(r is None for r in arm_rows.values()):
+            continue
+        sets = timing_inputs(task.spec.inputs, seed_for(key), MeasureConfig().input_sets)
+        fns: dict[str, Callable[[], Any]] = {
+            "eager": rotating([task.spec.eager.bind(s) for s in sets])[0]
         }
-    return {"budget": budget, "seeds": seeds, "arms": arms, "runs": results}
+        threads = {"eager": eager_threads()}
+        for arm, store in stores.items():
+            pinned = store.standing(key, threads_now()).pinned
+            if pinned is None:
+                continue  # eager runs in this arm
+            kernel = task.reference if pinned.source == SOURCE_REFERENCE else None
+            kernel = kernel or stored_kernel(store, pinned)
+            if kernel is None:
+                continue
+            built = target.load(task.spec, kernel)
+            fns[arm] = rotating([partial(built, *s) for s in sets])[0]
+            threads[arm] = target.kernel_threads(built, eager_threads())
+        for row in arm_rows.values():
+            assert row is not None
+            row["retimed"] = len(fns) > 1  # False: eager runs in every arm, nothing to compare
+        if len(fns) == 1:
+            continue
+        timings = measure_interleaved(fns, MeasureConfig(), threads)
+        eager = timings["eager"]
+        for arm, row in arm_rows.items():
+            assert row is not None
+            row["speedup_vs_eager_own_run"] = row["speedup_vs_eager"]
+            timing = timings.get(arm)
+            row["speedup_vs_eager"] = eager.median_us / timing.median_us if timing else 1.0
+            row["retimed_quality"] = (
+                TIMING_CLEAN
+                if eager.quality == TIMING_CLEAN
+                and (timing is None or timing.quality == eager.quality)
+                else "contaminated"
+            )
+
+
+# -- the figures -------------------------------------------------------------------------------
+
+
+def summarize(
+    rows: list[dict[str, Any]],
+    config: BenchConfig,
+    wall: dict[tuple[str, int], float],
+    name: str = "",
+) -> dict[str, Any]:
+    reach = _attempts_to_reach(rows, config.budget)
+    arms: dict[str, dict[str, Any]] = {}
+    for arm in config.arms:
+        per_seed = {m: [] for m in METRICS}  # type: dict[str, list[float]]
+        for seed in config.seeds:
+            mine = [r for r in rows if r["arm"] == arm and r["seed"] == seed]
+            figures = _figures(mine, reach, wall.get((arm, seed), 0.0))
+            for metric, value in figures.items():
+                if value is not None:
+                    per_seed[metric].append(value)
+        arms[arm] = {
+            **{m: statistics.mean(v) if v else None for m, v in per_seed.items()},
+            "spread": {m: _spread(v) for m, v in per_seed.items() if v},
+        }
+    return {
+        "suite": name,
+        "target": config.target.name,
+        "timed": config.target.timed(),  # False: kernels interpreted, no figures
+        "agent": config.agent,
+        "budget": config.budget,
+        "seeds": list(config.seeds),
+        "ablate": config.ablate,
+        "pass_rate_means": PASS_RATE,
+        "arms": arms,
+        "operators": rows,
+    }
+
+
+def _figures(
+    rows: list[dict[str, Any]], reach: dict[tuple[str, int, str], int], wall_s: float
+) -> dict[str, float | None]:
+    total = max(len(rows), 1)
+    needed = [
+        reach[r["arm"], r["seed"], r["key"]]
+        for r in rows
+        if (r["arm"], r["seed"], r["key"]) in reach
+    ]
+    figures: dict[str, float | None] = {
+        "pass_rate": sum(1 for r in rows if r["verified"]) / total,
+        "geomean_speedup_vs_eager": geomean([r["speedup_vs_eager"] for r in rows]),
+        "geomean_speedup_vs_reference": geomean([r["speedup_vs_reference"] for r in rows]),
+        "prompt_tokens": float(sum(r["tokens_in"] for r in rows)),
+        "completion_tokens": float(sum(r["tokens_out"] for r in rows)),
+        "tokens": float(sum(r["tokens_in"] + r["tokens_out"] for r in rows)),
+        "attempts_to_90": statistics.mean(needed) if needed else None,
+        "wall_s": wall_s,
+    }
+    for p in FAST_P:
+        figures[f"fast_{p}"] = (
+            sum(
+                1
+                for r in rows
+                if r["winner"] == SOURCE_AGENT and (r["speedup_vs_eager"] or 0.0) > p
+            )
+            / total
+        )
+    return figures
+
+
+def _attempts_to_reach(rows: list[dict[str, Any]], budget: int) -> dict[tuple[str, int, str], int]:
+    """Per (arm, seed, task): attempts until its best-so-far reached REACH of the best kernel
+    any arm found for that task in that seed; budget + 1 if never. Tasks no arm found a timed
+    kernel for are left out."""
+    best: dict[tuple[int, str], float] = {}
+    for r in rows:
+        top = max((s for s in r["trajectory"] if s), default=None)
+        if top is not None:
+            k = (r["seed"], r["key"])
+            best[k] = max(best.get(k, 0.0), top)
+    out: dict[tuple[str, int, str], int] = {}
+    for r in rows:
+        target = best.get((r["seed"], r["key"]))
+        if target is None:
+            continue
+        out[r["arm"], r["seed"], r["key"]] = next(
+            (i + 1 for i, s in enumerate(r["trajectory"]) if s and s >= REACH * target),
+            budget + 1,
+        )
+    return out
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -221,34 +313,85 @@ def _spread(values: list[float]) -> dict[str, float]:
     }
 
 
-def format_ablation(result: dict[str, Any]) -> str:
-    rows = [("arm", "geomean speedup vs eager", "pass rate", "attempts to 90% of best")]
-    for arm, m in result["arms"].items():
-        g, p, a = m["geomean_speedup_vs_eager"], m["pass_rate"], m["attempts_to_90pct_of_best"]
-        rows.append(
-            (
-                "with experience graph" if arm == "memory" else "empty memory",
-                f"{g['mean']:.2f}x ± {g['stdev']:.2f}",
-                f"{p['mean']:.0%} ± {p['stdev']:.0%}",
-                f"{a['mean']:.2f} ± {a['stdev']:.2f}",
-            )
-        )
+# -- the tables --------------------------------------------------------------------------------
+
+
+def format_bench(report: dict[str, Any]) -> str:
+    """Per-operator speedups (one column per arm, mean over seeds), then the arms' figures."""
+    arms = list(report["arms"])
+    timed = report.get("timed", True)
+    by_op: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
+    for r in report["operators"]:
+        by_op.setdefault((r["name"], r["label"]), {}).setdefault(r["arm"], []).append(r)
+    rows: list[tuple[str, ...]] = [
+        ("operator", *(f"{a} vs eager" for a in arms), *(f"{a} attempts" for a in arms))
+    ]
+    for (name, label), per_arm in by_op.items():
+        title = name if label == name or len(label) > 40 else f"{name}: {label}"
+        speed = [
+            _x(geomean([r["speedup_vs_eager"] for r in per_arm.get(a, [])])) if timed else "untimed"
+            for a in arms
+        ]
+        tried = [
+            f"{statistics.mean(r['attempts'] for r in per_arm[a]):.1f}" if a in per_arm else "-"
+            for a in arms
+        ]
+        rows.append((title, *speed, *tried))
     lines = table_lines(rows)
-    prior = (
-        "flat prior" if result.get("agent_config", {}).get("prior_weight") == 0 else "static prior"
+    lines.append("")
+    header = ("arm", "pass rate", "vs eager", "vs reference", "fast_1.0", "fast_1.2")
+    lines += table_lines(
+        [
+            (*header, "tokens (prompt/completion)", "attempts to 90%", "wall s"),
+            *(_arm_line(a, report["arms"][a]) for a in arms),
+        ]
     )
-    lines.append(
-        f"heuristic agent, {prior}; budget {result['budget']} attempts per operator; "
-        f"seeds {result['seeds']}; "
-        f"{len(next(iter(result['runs']['memory'].values())))} operators in sequence "
-        "(mean ± stdev over seeds; 'budget+1' counts an operator never reaching 90%)"
-    )
-    lines.append(f"pass rate: {PASS_RATE}")
+    seeds = report["seeds"]
+    lines += [
+        f"{report['agent']} agent on {report['target']}; budget {report['budget']} attempts per "
+        f"operator; seeds {seeds}" + ("; mean ± stdev over seeds" if len(seeds) > 1 else ""),
+        f"pass rate: {PASS_RATE}; speedups are of the kernel each operator runs (eager = 1.0 "
+        "when none beats it); fast_p: share of all operators whose running kernel is the "
+        "agent's and beats eager by more than p",
+        f"attempts to 90%: attempts until the best kernel so far is within {REACH:.0%} of the "
+        "best any arm found for the operator (budget + 1: never)",
+    ]
+    if len(arms) == 2 and timed:
+        a, b = (report["arms"][arm]["geomean_speedup_vs_eager"] for arm in arms)
+        if a and b:
+            lines.append(f"{arms[0]} / {arms[1]} geomean speedup: {a / b:.2f}x")
+        ta, tb = (report["arms"][arm]["prompt_tokens"] for arm in arms)
+        if ta and tb:
+            lines.append(f"{arms[1]} / {arms[0]} prompt tokens: {tb / ta:.1f}x")
     return "\n".join(lines)
 
 
-def _f(value: float | None) -> str:
-    return f"{value:.1f}" if value else "-"
+def _arm_line(arm: str, m: dict[str, Any]) -> tuple[str, ...]:
+    def cell(metric: str, fmt: Callable[[float], str]) -> str:
+        value = m.get(metric)
+        if value is None:
+            return "-"
+        spread = m["spread"].get(metric, {}).get("stdev", 0.0)
+        return fmt(value) + (f" ± {fmt(spread)}" if spread else "")
+
+    def pct(v: float) -> str:
+        return f"{v:.0%}"
+
+    def times(v: float) -> str:
+        return f"{v:.2f}x"
+
+    prompt, completion = m.get("prompt_tokens") or 0, m.get("completion_tokens") or 0
+    return (
+        arm,
+        cell("pass_rate", pct),
+        cell("geomean_speedup_vs_eager", times),
+        cell("geomean_speedup_vs_reference", times),
+        cell("fast_1.0", pct),
+        cell("fast_1.2", pct),
+        f"{prompt + completion:.0f} ({prompt:.0f}/{completion:.0f})",
+        cell("attempts_to_90", lambda v: f"{v:.2f}"),
+        cell("wall_s", lambda v: f"{v:.0f}"),
+    )
 
 
 def write_json(data: dict[str, Any], path: Path) -> None:

@@ -392,74 +392,131 @@ def _add_precompile(sub: Any) -> None:
 def _add_bench(sub: Any) -> None:
     p = sub.add_parser(
         "bench",
-        help="the operator suite and the memory ablation (paper-style tables)",
-        description="suite: kope precompile on every operator of kope.suite.OPSET; ablation: "
-        "the heuristic agent with the experience graph vs with an empty one on "
-        f"kope.suite.SEQUENCE over several seeds. Pass rate is {PASS_RATE}.",
+        help="a suite of operators through kope precompile, and the ablations (paper-style tables)",
+        description="Run a suite of operators through kope precompile in a fixed order on one "
+        "store per seed and print the paper-style table: pass rate, geomean speedup vs eager "
+        "and vs the reference lowering, fast_1.0 and fast_1.2, tokens, attempts to 90% of "
+        "the best kernel, wall time. The suite is a directory of files each defining Model, "
+        "get_inputs and get_init_inputs (--suite DIR; benchmarks/suite in the repository), or "
+        "a built-in one: 'suite' (kope.suite.OPSET) or 'ablation' (kope.suite.SEQUENCE with "
+        "--ablate memory). --ablate runs two arms side by side at identical inputs and budgets "
+        "(memory: one store through the suite vs an empty store per operator; context: ACMI "
+        "vs every earlier attempt replayed in the prompt, for --agent llm), each operator's "
+        "arms back to back and their winners re-timed together in one round. "
+        f"Pass rate is {PASS_RATE}.",
     )
     p.add_argument(
         "what",
+        nargs="?",
         choices=["suite", "ablation"],
-        help="suite: every operator of the suite; ablation: memory on vs off",
+        help="a built-in suite instead of --suite: suite (kope.suite.OPSET), ablation "
+        "(kope.suite.SEQUENCE, --ablate memory)",
     )
+    p.add_argument("--suite", metavar="DIR", help="a directory of suite files (Model, get_inputs)")
+    p.add_argument(
+        "--ablate", choices=["memory", "context"], help="two arms side by side (see above)"
+    )
+    for name in ("target", "agent"):
+        _add_option(p, name)
     p.add_argument(
         "--budget",
         type=int,
-        help=f"attempts per operator (default: suite {_default('budget')}, "
-        f"ablation {ABLATION_BUDGET})",
+        help=f"attempts per operator (default: {_default('budget')}; with --ablate "
+        f"{ABLATION_BUDGET})",
     )
-    p.add_argument("--seeds", default="0,1,2", help="ablation seeds (default: 0,1,2)")
-    p.add_argument("--ops", help="suite operators, comma-separated (default: all)")
+    p.add_argument("--seeds", help="comma-separated seeds (default: 0; with --ablate 0,1,2)")
+    p.add_argument("--ops", help="only these suite operators, comma-separated (default: all)")
     p.add_argument(
         "--flat-prior",
         action="store_true",
-        help="ablation: give the agent a flat prior, to see what memory adds alone",
+        help="give the heuristic agent a flat prior, to see what memory adds alone",
     )
-    p.add_argument("--store", help="suite store (default: a fresh temporary directory)")
-    p.add_argument("--report", help="write the JSON results here")
+    p.add_argument(
+        "--store",
+        metavar="DIR",
+        help="where the arms' stores are kept (default: a fresh temporary directory)",
+    )
+    p.add_argument("--report", help="write the JSON report here")
+    p.add_argument(
+        "--plot",
+        metavar="DIR",
+        help="write plots here (PNG and SVG; needs pip install 'kope[bench]')",
+    )
+    p.add_argument("--llm-base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
+    p.add_argument("--llm-model", help="model name (default: $KOPE_LLM_MODEL)")
     p.add_argument(
         "--cluster",
         metavar="SPEC",
-        help="suite: run each operator's precompile on a Ray cluster (as `kope precompile "
+        help="run each operator's precompile on a Ray cluster (as `kope precompile "
         "--cluster`: ray, ray://HOST:PORT or auto)",
     )
-    for name in ("target", "timeout_s"):
-        _add_option(p, name)
+    _add_option(p, "timeout_s")
     p.set_defaults(run=_bench_command)
 
 
 def _bench_command(args: argparse.Namespace) -> int:
+    from contextlib import nullcontext
     from pathlib import Path
 
     from kope import bench
     from kope.compiler import target_for
+    from kope.suite import OPSET, SEQUENCE, load_suite
 
-    target = target_for(args.target, 1, args.timeout_s)
-    if args.what == "suite":
-        store = Path(args.store) if args.store else bench.scratch_dir("kope-suite-")
-        names = args.ops.split(",") if args.ops else None
-        budget = args.budget or _default("budget")
-        if args.cluster:
-            from kope.cluster import connected
-
-            with connected(args.cluster):  # one cluster for the whole suite
-                result = bench.run_suite(target, store, budget, names, cluster=args.cluster)
-        else:
-            result = bench.run_suite(target, store, budget, names)
-        print(bench.format_suite(result))
+    if args.suite and args.what:
+        raise KopeError(f"give either --suite DIR or the built-in {args.what!r} suite, not both")
+    if args.suite:
+        suite, name = load_suite(args.suite), str(args.suite)
+    elif args.what == "ablation":
+        suite, name = SEQUENCE, "kope.suite.SEQUENCE"
     else:
-        seeds = [int(s) for s in args.seeds.split(",")]
-        config = {"prior_weight": 0.0} if args.flat_prior else None
-        result = bench.run_ablation(
-            target,
-            args.budget or ABLATION_BUDGET,
-            seeds,
-            bench.scratch_dir("kope-ablation-"),
-            agent_config=config,
-        )
-        print(bench.format_ablation(result))
+        suite, name = OPSET, "kope.suite.OPSET"
+    ablate = args.ablate or ("memory" if args.what == "ablation" else None)
+    if args.ops:
+        wanted = args.ops.split(",")
+        unknown = [n for n in wanted if n not in suite]
+        if unknown:
+            raise KopeError(
+                f"--ops names {', '.join(unknown)}, not in the suite {name}; it has "
+                f"{', '.join(suite)}"
+            )
+        suite = {n: suite[n] for n in wanted}
+    check_options({"target": args.target, "agent": args.agent, "timeout_s": args.timeout_s})
+    agent_config: dict[str, Any] = {}
+    if args.flat_prior:
+        agent_config["prior_weight"] = 0.0
+    if args.agent == "llm":
+        agent_config.update(base_url=args.llm_base_url, model=args.llm_model)
+    seeds = [int(s) for s in (args.seeds or ("0,1,2" if ablate else "0")).split(",")]
+    config = bench.BenchConfig(
+        target_for(args.target, 1, args.timeout_s),
+        args.budget or (ABLATION_BUDGET if ablate else _default("budget")),
+        seeds=seeds,
+        ablate=ablate,
+        agent=args.agent,
+        agent_config=agent_config,
+        cluster=args.cluster,
+    )
+    work = Path(args.store) if args.store else bench.scratch_dir("kope-bench-")
+    if args.cluster:
+        from kope.cluster import connected
+
+        cluster: Any = connected(args.cluster)  # one cluster for the whole suite
+    else:
+        cluster = nullcontext()
+    with cluster:
+        result = bench.run_bench(suite, config, work, name)
+    print(bench.format_bench(result))
     if args.report:
         bench.write_json(result, Path(args.report))
+    if args.plot:
+        from kope.memory.store import ExperienceStore
+        from kope.plots import plot_report
+
+        deepest = max(result["operators"], key=lambda r: r["attempts"], default=None)
+        store = ExperienceStore(Path(deepest["store"])) if deepest else None
+        for path in plot_report(result, Path(args.plot), store):
+            print(f"plot: {path}")
+    print(f"stores: {work}")
     return 0
 
 

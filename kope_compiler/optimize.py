@@ -28,6 +28,7 @@ from kope.measuring import (
     oracle_for,
     recording,
     seed_for,
+    stored_kernel,
     threads_now,
 )
 from kope.memory.schema import AttemptRecord
@@ -143,7 +144,7 @@ def optimize_task(
         return summarize(task, store, stopped=f"reference lowering {reference.verdict}")
     view = task_view(task, target)
     # Resuming: this agent's earlier attempts on the operator count against the budget.
-    history = [_feedback(a) for a in store.attempts(task.key) if is_proposal(a, agent.name)]
+    history = [_feedback(a, store) for a in store.attempts(task.key) if is_proposal(a, agent.name)]
     tokens = 0
     start = time.monotonic()
     stopped = "budget spent"
@@ -179,7 +180,7 @@ def optimize_task(
             break
         tokens += proposal.tokens_in + proposal.tokens_out
         attempt = _attempt(task, target, store, events, agent, proposal, seed + index + 1)
-        history.append(_feedback(attempt))
+        history.append(_feedback(attempt, store))
         log.info(
             "%s attempt %d: %s -> %s%s",
             task.label,
@@ -261,7 +262,8 @@ def _attempt(
     return announce(events, event, store)
 
 
-def _feedback(attempt: AttemptRecord) -> Feedback:
+def _feedback(attempt: AttemptRecord, store: ExperienceStore) -> Feedback:
+    kernel = stored_kernel(store, attempt)
     return Feedback(
         attempt.id,
         attempt.decision,
@@ -272,6 +274,7 @@ def _feedback(attempt: AttemptRecord) -> Feedback:
         attempt.eager_us,
         attempt.speedup_vs_eager,
         attempt.speedup_vs_reference,
+        source=kernel.source if kernel is not None else "",
     )
 
 

@@ -132,7 +132,7 @@ def test_every_cli_default_is_the_options_default() -> None:
             continue
         if command == "bench" and action.dest == "budget":
             assert action.default is None  # resolved per mode; the suite's is Options().budget
-            assert f"suite {default}" in action.help
+            assert f"(default: {default};" in action.help
             continue
         assert action.default == default, (command, action.dest)
         if action.help and "(default: " in action.help and default is not None:

@@ -48,6 +48,12 @@ class Experience:
     speedup_vs_eager: float | None
     speedup_vs_reference: float | None
     error: str | None = None
+    # What its operator's cost depends on, for a learned cost model: output shapes, and the
+    # loop trip counts of the op a schedule tiles and the payload's linalg op count (empty / 0
+    # where its payload is not stored).
+    outputs: tuple[tuple[int, ...], ...] = ()
+    loop_ranges: tuple[int, ...] = ()
+    linalg_ops: int = 0
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,7 @@ class Feedback:
     eager_us: float | None
     speedup_vs_eager: float | None
     speedup_vs_reference: float | None
+    source: str = ""  # the kernel text the attempt proposed (what a passive context replays)
 
 
 @dataclass

@@ -3,7 +3,11 @@
 Configuration: `base_url` / `OPENAI_BASE_URL`, `api_key` / `OPENAI_API_KEY` (read from the
 environment, never logged or stored), `model` / `KOPE_LLM_MODEL`. The prompt describes the
 target and the kernel forms it accepts, shows the operator's reference MLIR, the experience
-retrieved from memory, and the feedback on the previous attempt. The answer is data: the MLIR
+retrieved from memory (ACMI: the most relevant attempts of related operators, packed under a
+token budget), and the feedback on the last few attempts. With `context="passive"` it is
+prompted as agent-led context construction does instead: no retrieved experience, and every
+earlier attempt on the operator (its kernel text and its feedback) appended, which is what the
+context ablation of `kope bench` compares ACMI with. The answer is data: the MLIR
 is extracted, screened (`kope.agents.screen`), then built and verified by the target like any
 other candidate; an answer with no kernel, or with hostile content, is a recorded failed
 attempt. The client retries 429 and 5xx with exponential backoff; an endpoint that cannot be
@@ -41,6 +45,9 @@ You are given its reference lowering: MLIR linalg-on-tensors, one `func.func @ma
 {description}
 Every kernel is verified against the reference on random and edge inputs (NaN, Inf, -0).
 Start your answer with one line `Decision: <what you changed and why>`."""
+
+CONTEXT_MODES = ("acmi", "passive")
+FEEDBACK_WINDOW = 4  # attempts of this operator an ACMI prompt repeats
 
 # The fence languages that hold each kernel form, and the screen each must pass before build.
 _FENCES = {FORM_MLIR: ("mlir", ""), FORM_TRITON: ("python", "py", "triton")}
@@ -97,9 +104,17 @@ class LLMAgent(Agent):
         max_retries: int = 3,
         temperature: float = 0.2,
         seed: int = 0,
+        context: str = "acmi",
         **_: Any,
     ):
         import openai
+
+        if context not in CONTEXT_MODES:
+            raise KopeError(
+                f"unknown context mode {context!r} for the llm agent: use one of "
+                f"{', '.join(CONTEXT_MODES)}"
+            )
+        self.context = context
 
         url = base_url or os.environ.get("OPENAI_BASE_URL")
         self.base_url = url or DEFAULT_BASE_URL
@@ -221,16 +236,19 @@ class LLMAgent(Agent):
             + ", ".join(str(s) for s in task.outputs),
             "Reference lowering:\n```mlir\n" + task.payload.strip() + "\n```",
         ]
-        if request.context:
-            parts.append(
-                "What KOPE learned from related operators (most relevant first):\n"
-                + request.context
-            )
-        if request.history:
-            parts.append(
-                "Your previous attempts on this operator:\n"
-                + "\n".join(_feedback_line(f) for f in request.history[-4:])
-            )
+        if self.context == "passive":
+            parts += [_replayed(i, f, task.kernel_forms) for i, f in enumerate(request.history)]
+        else:
+            if request.context:
+                parts.append(
+                    "What KOPE learned from related operators (most relevant first):\n"
+                    + request.context
+                )
+            if request.history:
+                parts.append(
+                    "Your previous attempts on this operator:\n"
+                    + "\n".join(_feedback_line(f) for f in request.history[-FEEDBACK_WINDOW:])
+                )
         parts.append(f"Attempts left: {request.attempts_left}. Propose your next kernel.")
         return [
             {"role": "system", "content": system},
@@ -249,6 +267,13 @@ def _cause(err: Exception) -> str:
     cause = err.__cause__ or err.__context__
     text = f"{type(cause).__name__}: {cause}" if cause is not None and str(cause) else str(err)
     return text.strip().rstrip(".")
+
+
+def _replayed(index: int, f: Feedback, forms: tuple[str, ...]) -> str:
+    """One earlier attempt in full, as a passive context carries it: kernel and feedback."""
+    fence = _FENCES.get(forms[0], ("",))[0] if forms else ""
+    kernel = f"```{fence}\n{f.source.strip()}\n```\n" if f.source else ""
+    return f"Attempt {index + 1}:\n{kernel}{_feedback_line(f)}"
 
 
 def _feedback_line(f: Feedback) -> str:

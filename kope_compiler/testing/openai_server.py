@@ -2,7 +2,8 @@
 
 Each request to `POST /v1/chat/completions` consumes the next `Reply`: a message (good,
 broken or hostile kernels), an HTTP error status (429, 500, ...), a delay (to exercise
-timeouts), or a raw malformed body. Requests are kept for inspection. It binds to 127.0.0.1.
+timeouts), or a raw malformed body. Its usage reports the scripted token counts, or counts the
+prompt it was sent. Requests are kept for inspection. It binds to 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ class Reply:
     content: str = ""
     status: int = 200
     delay_s: float = 0.0
-    prompt_tokens: int = 100
+    # None: counted from the request's messages (KOPE's token counter), as an endpoint would
+    prompt_tokens: int | None = 100
     completion_tokens: int = 50
     raw_body: str | None = None  # sent as is, e.g. malformed JSON
 
@@ -80,6 +82,9 @@ class ScriptedOpenAIServer:
                         },
                     )
                     return
+                prompt_tokens = reply.prompt_tokens
+                if prompt_tokens is None:
+                    prompt_tokens = _prompt_tokens(request)
                 self._send(
                     200,
                     {
@@ -95,9 +100,9 @@ class ScriptedOpenAIServer:
                             }
                         ],
                         "usage": {
-                            "prompt_tokens": reply.prompt_tokens,
+                            "prompt_tokens": prompt_tokens,
                             "completion_tokens": reply.completion_tokens,
-                            "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+                            "total_tokens": prompt_tokens + reply.completion_tokens,
                         },
                     },
                 )
@@ -140,3 +145,12 @@ class ScriptedOpenAIServer:
 
     def __exit__(self, *_: Any) -> None:
         self.stop()
+
+
+def _prompt_tokens(request: dict[str, Any]) -> int:
+    """The prompt's size in tokens by KOPE's own counter (o200k where bpe-openai is installed)."""
+    from kope.memory.tokens import default_counter
+
+    counter = default_counter()
+    messages = request.get("messages") or []
+    return sum(counter.count(str(m.get("content", ""))) for m in messages if isinstance(m, dict))

@@ -1,0 +1,169 @@
+"""`kope bench`: the figures of a suite run and of its ablations, and the arms' fairness."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from kope.agents.base import Feedback, ProposalRequest
+from kope.bench import BenchConfig, run_bench, summarize
+from kope.cli import main
+from kope.optimize import task_view
+from kope.precompile import trace_tasks
+from kope.suite import load_suite
+from kope.targets.cpu import CpuTarget
+from kope.testing import Reply, ScriptedOpenAIServer
+
+RELU = '''"""relu on a small matrix."""
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+
+
+def get_inputs():
+    return [torch.randn(16, 40)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def _row(arm: str, seed: int, key: str, trajectory, *, winner="agent", speedup=None, verified=True):
+    return {
+        "arm": arm,
+        "seed": seed,
+        "name": key,
+        "key": key,
+        "label": key,
+        "winner": winner,
+        "verified": verified,
+        "attempts": len(trajectory),
+        "speedup_vs_eager": speedup,
+        "speedup_vs_reference": speedup,
+        "trajectory": trajectory,
+        "tokens_in": 100,
+        "tokens_out": 10,
+        "store": "",
+    }
+
+
+def test_figures_follow_their_definitions() -> None:
+    rows = [
+        # op a: memory_on reaches 90% of the best (2.0) at attempt 1, memory_off at attempt 3
+        _row("memory_on", 0, "a", [1.9, 2.0], speedup=2.0),
+        _row("memory_off", 0, "a", [None, 1.0, 1.85], speedup=1.85),
+        # op b: memory_off never reaches 90% of memory_on's 1.5: counted as budget + 1
+        _row("memory_on", 0, "b", [1.5], speedup=1.5),
+        _row("memory_off", 0, "b", [1.1, 1.1, 1.1], speedup=1.1),
+        # op c: nothing verified anywhere: out of attempts_to_90, eager runs (1.0)
+        _row("memory_on", 0, "c", [None], winner="eager", speedup=1.0, verified=False),
+        _row("memory_off", 0, "c", [None], winner="eager", speedup=1.0, verified=False),
+    ]
+    config = BenchConfig(CpuTarget(), budget=3, seeds=[0], ablate="memory")
+    report = summarize(rows, config, {("memory_on", 0): 5.0, ("memory_off", 0): 7.0})
+    on, off = report["arms"]["memory_on"], report["arms"]["memory_off"]
+    assert on["pass_rate"] == pytest.approx(2 / 3) and off["pass_rate"] == pytest.approx(2 / 3)
+    assert on["geomean_speedup_vs_eager"] == pytest.approx((2.0 * 1.5 * 1.0) ** (1 / 3))
+    assert on["fast_1.0"] == pytest.approx(2 / 3)  # c runs eager: not faster
+    assert on["fast_1.2"] == pytest.approx(2 / 3) and off["fast_1.2"] == pytest.approx(1 / 3)
+    assert on["attempts_to_90"] == pytest.approx(1.0)
+    assert off["attempts_to_90"] == pytest.approx((3 + 4) / 2)
+    assert on["prompt_tokens"] == 300 and on["tokens"] == 330
+    assert off["wall_s"] == 7.0 and report["ablate"] == "memory"
+
+
+def test_memory_ablation_on_a_suite_directory(tmp_path: Path) -> None:
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "001_relu_small.py").write_text(RELU)
+    (suite / "002_relu_wide.py").write_text(RELU.replace("16, 40", "24, 64"))
+    report_path = tmp_path / "report.json"
+    argv = ["bench", "--suite", str(suite), "--ablate", "memory", "--budget", "1"]
+    argv += ["--seeds", "0", "--store", str(tmp_path / "stores"), "--report", str(report_path)]
+    assert main(argv) == 0
+    report = json.loads(report_path.read_text())
+    assert set(report["arms"]) == {"memory_on", "memory_off"}
+    for figures in report["arms"].values():
+        for metric in ("pass_rate", "geomean_speedup_vs_eager", "fast_1.0", "fast_1.2"):
+            assert figures[metric] is not None
+    rows = report["operators"]
+    assert [(r["name"], r["arm"]) for r in rows] == [
+        ("001_relu_small", "memory_on"),
+        ("001_relu_small", "memory_off"),
+        ("002_relu_wide", "memory_off"),  # the order alternates operator by operator
+        ("002_relu_wide", "memory_on"),
+    ]
+    on = {r["store"] for r in rows if r["arm"] == "memory_on"}
+    off = {r["store"] for r in rows if r["arm"] == "memory_off"}
+    assert len(on) == 1 and len(off) == 2  # one store through the suite; an empty one per op
+    assert all(len(r["trajectory"]) == r["attempts"] == 1 for r in rows)
+    # The arms' winners were re-timed together wherever one of them runs a kernel.
+    assert all(
+        r["retimed"]
+        == (
+            r["winner"] != "eager"
+            or any(o["winner"] != "eager" for o in rows if o["name"] == r["name"])
+        )
+        for r in rows
+    )
+    assert all("speedup_vs_eager_own_run" in r for r in rows if r["retimed"])
+
+
+def test_passive_context_replays_every_attempt() -> None:
+    task = trace_tasks(torch.nn.ReLU(), (torch.randn(4, 8),), CpuTarget())[0]
+    view = task_view(task, CpuTarget())
+    history = [
+        Feedback(f"a{i}", f"try {i}", None, "verified", None, 1.0, 1.0, 1.0, 1.0, f"KERNEL-{i}")
+        for i in range(6)
+    ]
+    request = ProposalRequest(view, [], "ACMI-CONTEXT", history, 3, 0)
+    with ScriptedOpenAIServer([Reply()]) as server:
+        from kope.agents import make_agent
+
+        acmi = make_agent("llm", base_url=server.base_url, model="m")
+        passive = make_agent("llm", base_url=server.base_url, model="m", context="passive")
+        acmi_prompt = acmi.messages(request)[1]["content"]
+        passive_prompt = passive.messages(request)[1]["content"]
+    assert "ACMI-CONTEXT" in acmi_prompt and "ACMI-CONTEXT" not in passive_prompt
+    assert "KERNEL-0" not in acmi_prompt and "try 1" not in acmi_prompt  # a window of 4
+    assert all(f"KERNEL-{i}" in passive_prompt and f"try {i}" in passive_prompt for i in range(6))
+
+
+def test_context_ablation_counts_the_endpoints_tokens(tmp_path: Path) -> None:
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "001_relu.py").write_text(RELU)
+    (task,) = trace_tasks(*load_suite(suite)["001_relu"](), CpuTarget())
+    answer = f"Decision: the reference loops\n```mlir\n{task.payload}\n```\n"
+    with ScriptedOpenAIServer([Reply(content=answer, prompt_tokens=None)]) as server:
+        config = BenchConfig(
+            CpuTarget(),
+            budget=3,
+            ablate="context",
+            agent="llm",
+            agent_config={"base_url": server.base_url, "model": "scripted"},
+            progress=False,
+        )
+        report = run_bench(load_suite(suite), config, tmp_path / "stores")
+        sent = [r["messages"] for r in server.requests]
+    from kope.memory.tokens import default_counter
+
+    count = default_counter().count
+    used = [sum(count(m["content"]) for m in messages) for messages in sent]
+    acmi, passive = report["arms"]["context_acmi"], report["arms"]["context_passive"]
+    assert acmi["pass_rate"] == passive["pass_rate"] == 1.0
+    # The endpoint's usage, counted from what was sent (the arms ran in this order).
+    assert len(used) == 6
+    assert acmi["prompt_tokens"] == sum(used[:3]) and passive["prompt_tokens"] == sum(used[3:])
+    # Passive context grows by every replayed kernel; ACMI's stays within its budget.
+    kernel = count(task.payload)
+    assert used[5] - used[3] >= 2 * kernel
+    assert sent[5][1]["content"].count("Attempt 2:") == 1
