@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -19,11 +20,13 @@ from typing import Any
 @dataclass
 class Reply:
     content: str = ""
+    # Computes the content from the request instead (e.g. an answer built from the prompt).
+    answer: Callable[[dict[str, Any]], str] | None = None
     status: int = 200
     delay_s: float = 0.0
     # None: counted from the request's messages (KOPE's token counter), as an endpoint would
     prompt_tokens: int | None = 100
-    completion_tokens: int = 50
+    completion_tokens: int | None = 50  # None: counted from the answer
     raw_body: str | None = None  # sent as is, e.g. malformed JSON
 
 
@@ -82,9 +85,13 @@ class ScriptedOpenAIServer:
                         },
                     )
                     return
+                content = reply.answer(request) if reply.answer is not None else reply.content
                 prompt_tokens = reply.prompt_tokens
                 if prompt_tokens is None:
                     prompt_tokens = _prompt_tokens(request)
+                completion_tokens = reply.completion_tokens
+                if completion_tokens is None:
+                    completion_tokens = _count(content)
                 self._send(
                     200,
                     {
@@ -96,13 +103,13 @@ class ScriptedOpenAIServer:
                             {
                                 "index": 0,
                                 "finish_reason": "stop",
-                                "message": {"role": "assistant", "content": reply.content},
+                                "message": {"role": "assistant", "content": content},
                             }
                         ],
                         "usage": {
                             "prompt_tokens": prompt_tokens,
-                            "completion_tokens": reply.completion_tokens,
-                            "total_tokens": prompt_tokens + reply.completion_tokens,
+                            "completion_tokens": completion_tokens,
+                            "total_tokens": prompt_tokens + completion_tokens,
                         },
                     },
                 )
@@ -147,10 +154,13 @@ class ScriptedOpenAIServer:
         self.stop()
 
 
-def _prompt_tokens(request: dict[str, Any]) -> int:
-    """The prompt's size in tokens by KOPE's own counter (o200k where bpe-openai is installed)."""
+def _count(text: str) -> int:
+    """Tokens in `text` by KOPE's own counter (o200k where bpe-openai is installed)."""
     from kope.memory.tokens import default_counter
 
-    counter = default_counter()
+    return default_counter().count(text)
+
+
+def _prompt_tokens(request: dict[str, Any]) -> int:
     messages = request.get("messages") or []
-    return sum(counter.count(str(m.get("content", ""))) for m in messages if isinstance(m, dict))
+    return sum(_count(str(m.get("content", ""))) for m in messages if isinstance(m, dict))
