@@ -223,7 +223,7 @@ def summarize(
     wall: dict[tuple[str, int], float],
     name: str = "",
 ) -> dict[str, Any]:
-    reach = _attempts_to_reach(rows, config.budget)
+    reach = attempts_to_reach(rows, config.budget)
     arms: dict[str, dict[str, Any]] = {}
     for arm in config.arms:
         per_seed = {m: [] for m in METRICS}  # type: dict[str, list[float]]
@@ -282,7 +282,7 @@ def _figures(
     return figures
 
 
-def _attempts_to_reach(rows: list[dict[str, Any]], budget: int) -> dict[tuple[str, int, str], int]:
+def attempts_to_reach(rows: list[dict[str, Any]], budget: int) -> dict[tuple[str, int, str], int]:
     """Per (arm, seed, task): attempts until its best-so-far reached REACH of the best kernel
     any arm found for that task in that seed; budget + 1 if never. Tasks no arm found a timed
     kernel for are left out."""
