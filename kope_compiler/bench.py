@@ -142,6 +142,8 @@ def _row(
         "name": name,
         **summary,
         "trajectory": _trajectory(attempts),
+        "attempt_verdicts": [a.verdict for a in attempts],
+        "attempt_decisions": [a.decision for a in attempts],
         "tokens_in": sum(a.tokens_in for a in attempts),
         "tokens_out": sum(a.tokens_out for a in attempts),
         "store": str(store.root),

@@ -1,0 +1,65 @@
+"""Same seed, same machine: the same verdicts and winners, and speedups within their spread?
+
+    python benchmarks/reproducibility.py [--ops a,b,...] [--budget 4] [--report out.json]
+
+Runs `kope bench` on the suite (by default one operator per family) twice from fresh stores
+with the same seed, then compares operator by operator: the agent's decisions and verdicts in
+order, the winner, and the speedup over eager (the difference against the spread of the two
+runs' own timings is what says whether a change is noise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from context_ablation import DEFAULT_OPS, ROOT  # noqa: E402
+
+from kope.bench import BenchConfig, run_bench, scratch_dir, write_json  # noqa: E402
+from kope.compiler import target_for  # noqa: E402
+from kope.suite import load_suite  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ops", default=DEFAULT_OPS)
+    parser.add_argument("--budget", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--report")
+    args = parser.parse_args()
+    suite = load_suite(ROOT / "benchmarks" / "suite")
+    suite = {n: suite[n] for n in args.ops.split(",")}
+    target = target_for("cpu", 1, 60.0)
+    config = BenchConfig(target, args.budget, [args.seed], progress=False)
+    runs = [run_bench(suite, config, scratch_dir("kope-repro-")) for _ in range(2)]
+    target.close()
+    first, second = ({(r["name"], r["key"]): r for r in run["operators"]} for run in runs)
+    same_verdicts = same_winner = 0
+    print(f"{'operator':58} {'decisions+verdicts':18} {'winner':14} speedup 1st / 2nd")
+    for key, a in first.items():
+        b = second[key]
+        verdicts = a["attempt_verdicts"] == b["attempt_verdicts"]
+        decisions = a["attempt_decisions"] == b["attempt_decisions"]
+        winner = a["winner"] == b["winner"] and a["best_decision"] == b["best_decision"]
+        same_verdicts += verdicts and decisions
+        same_winner += winner
+        print(
+            f"{a['name'] + ': ' + a['label']:58.58} "
+            f"{'same' if verdicts and decisions else 'DIFFERENT':18} "
+            f"{'same' if winner else 'DIFFERENT':14} "
+            f"{a['speedup_vs_eager'] or 0:.2f}x / {b['speedup_vs_eager'] or 0:.2f}x"
+        )
+    print(
+        f"{same_verdicts} of {len(first)} operators with the same decisions and verdicts; "
+        f"{same_winner} with the same winner"
+    )
+    if args.report:
+        write_json({"runs": runs}, Path(args.report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
