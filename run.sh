@@ -14,9 +14,10 @@ cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
 
 # The tests need the test tools, triton (whose interpreter runs the cuda and ascend
-# targets' kernels on the CPU) and ray (the cluster tests); the demo needs none of them.
+# targets' kernels on the CPU), ray (the cluster tests) and matplotlib (the bench plots);
+# the demo needs none of them.
 install() {
-  local extras=${1-test,cuda,ray}
+  local extras=${1-test,cuda,ray,bench}
   "$PYTHON" -m pip install --quiet --disable-pip-version-check torch==2.13.0
   "$PYTHON" -m pip install --quiet --disable-pip-version-check -e ".${extras:+[$extras]}"
 }

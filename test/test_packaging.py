@@ -59,7 +59,7 @@ def test_every_third_party_import_is_declared() -> None:
     # Optional imports, each guarded where it is used and named in an extra or the README.
     # torch_npu is the NPU host's own (its PyPI builds pair with another torch than KOPE's):
     # only the kernel pack's runner imports it, there.
-    optional = {"bpe_openai", "triton", "torch_npu", "ray"}
+    optional = {"bpe_openai", "triton", "torch_npu", "ray", "matplotlib"}
     assert third_party - optional <= declared, sorted(third_party - optional - declared)
 
 
@@ -71,3 +71,17 @@ def test_accelerator_toolchains_are_extras() -> None:
     assert "triton-ascend" in {_name(r) for r in project["optional-dependencies"]["ascend"]}
     assert "ray" not in defaults
     assert "ray" in {_name(r) for r in project["optional-dependencies"]["ray"]}
+
+
+def test_a_plain_install_holds_every_subpackage() -> None:
+    """`pip install .` (not -e) installs only the packages listed: every folder of Python
+    under a mapped root must be one of them, or the installed kope lacks it (as kope.agents
+    once did)."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
+    found = set()
+    for package, folder in setuptools["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            relative = init.parent.relative_to(ROOT / folder).parts
+            found.add(".".join((package, *relative)))
+    assert found - listed == set(), "add these to [tool.setuptools] packages"
