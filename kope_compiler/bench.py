@@ -45,7 +45,9 @@ from kope.suite import Example
 from kope.targets.base import Target
 from kope.targets.measure import MeasureConfig, eager_threads, measure_interleaved, rotating
 from kope.targets.verify import timing_inputs
-from kope.vocabulary.evidence import SOURCE_AGENT, SOURCE_REFERENCE, TIMING_CLEAN, VERIFIED
+from kope.task import Task
+from kope.vocabulary.evidence import SOURCE_AGENT, SOURCE_REFERENCE, TIMING_CLEAN, VERIFIED, Timing
+from kope.vocabulary.kernels import Kernel
 
 Suite = dict[str, Callable[[], Example]]
 
@@ -161,6 +163,22 @@ def _trajectory(attempts: list[Any]) -> list[float | None]:
     return out
 
 
+def time_against_eager(task: Task, target: Target, kernels: dict[str, Kernel]) -> dict[str, Timing]:
+    """Eager and each of `kernels` (verified kernels of `task`) timed in this process in one
+    interleaved measurement, on the same rotating input sets; timings by name ("eager" too)."""
+    sets = timing_inputs(task.spec.inputs, seed_for(task.key), MeasureConfig().input_sets)
+    assert task.spec.eager is not None, "an operator known only as IR has no eager to time"
+    fns: dict[str, Callable[[], Any]] = {
+        "eager": rotating([task.spec.eager.bind(s) for s in sets])[0]
+    }
+    threads = {"eager": eager_threads()}
+    for name, kernel in kernels.items():
+        built = target.load(task.spec, kernel)
+        fns[name] = rotating([partial(built, *s) for s in sets])[0]
+        threads[name] = target.kernel_threads(built, eager_threads())
+    return measure_interleaved(fns, MeasureConfig(), threads)
+
+
 def _retime_together(
     model: Any,
     inputs: Any,
@@ -180,40 +198,31 @@ def _retime_together(
         arm_rows = {arm: mine.get((arm, key)) for arm in stores}
         if task.spec.eager is None or any(r is None for r in arm_rows.values()):
             continue
-        sets = timing_inputs(task.spec.inputs, seed_for(key), MeasureConfig().input_sets)
-        fns: dict[str, Callable[[], Any]] = {
-            "eager": rotating([task.spec.eager.bind(s) for s in sets])[0]
-        }
-        threads = {"eager": eager_threads()}
+        kernels: dict[str, Kernel] = {}
         for arm, store in stores.items():
             pinned = store.standing(key, threads_now()).pinned
             if pinned is None:
                 continue  # eager runs in this arm
             kernel = task.reference if pinned.source == SOURCE_REFERENCE else None
             kernel = kernel or stored_kernel(store, pinned)
-            if kernel is None:
-                continue
-            built = target.load(task.spec, kernel)
-            fns[arm] = rotating([partial(built, *s) for s in sets])[0]
-            threads[arm] = target.kernel_threads(built, eager_threads())
+            if kernel is not None:
+                kernels[arm] = kernel
         for row in arm_rows.values():
             assert row is not None
-            row["retimed"] = len(fns) > 1  # False: eager runs in every arm, nothing to compare
-        if len(fns) == 1:
+            row["retimed"] = bool(kernels)  # False: eager runs in every arm, nothing to compare
+        if not kernels:
             continue
-        timings = measure_interleaved(fns, MeasureConfig(), threads)
+        timings = time_against_eager(task, target, kernels)
         eager = timings["eager"]
         for arm, row in arm_rows.items():
             assert row is not None
             row["speedup_vs_eager_own_run"] = row["speedup_vs_eager"]
             timing = timings.get(arm)
             row["speedup_vs_eager"] = eager.median_us / timing.median_us if timing else 1.0
-            row["retimed_quality"] = (
-                TIMING_CLEAN
-                if eager.quality == TIMING_CLEAN
-                and (timing is None or timing.quality == eager.quality)
-                else "contaminated"
+            clean = eager.quality == TIMING_CLEAN and (
+                timing is None or timing.quality == TIMING_CLEAN
             )
+            row["retimed_quality"] = TIMING_CLEAN if clean else "contaminated"
 
 
 # -- the figures -------------------------------------------------------------------------------
