@@ -1,11 +1,12 @@
 """Partitioning an aten graph into Tasks, views, and operators that run eagerly (with a reason).
 
-A chain of elementwise nodes, each used only by the next, becomes one Task (one kernel, one
-pass over memory). Every other compute node becomes a Task at the coarsest level torch-mlir
-lowers: a node is first
-imported as it is (softmax, layer_norm, ... stay one Task); only when that fails and a
-decomposition is known (torch-mlir's table, plus KOPE's own for fused fast paths) is the node
-replaced by its decomposition in the graph, whose nodes are partitioned in turn.
+A connected group of elementwise and row-reduction nodes whose only value seen outside is its
+output becomes one Task (one kernel, one pass over memory): an elementwise chain, RMSNorm or
+softmax written by hand, GELU-tanh expanded. Every other compute node becomes a Task at the
+coarsest level torch-mlir lowers: a node is first imported as it is (softmax, layer_norm, ...
+stay one Task); only when that fails and a decomposition is known (torch-mlir's table, plus
+KOPE's own for fused fast paths) is the node replaced by its decomposition in the graph, whose
+nodes are partitioned in turn.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from kope.decompositions import FAST_PATHS, decomposition_table
 from kope.targets.base import Target
-from kope.task import LoweringError, Task, make_task, op_name
+from kope.task import LoweringError, Task, group_inputs, make_task, op_name
 
 log = logging.getLogger("kope.compiler")
 
@@ -163,54 +164,101 @@ def drop_unused_outputs(gm: fx.GraphModule) -> int:
     return rewritten
 
 
+# Row-wise reductions a fused group may hold besides elementwise ops: with them RMSNorm, layer
+# norm and softmax as user code writes them (x * rsqrt(mean(x * x) + eps), exp(x - amax) /
+# sum) become one Task, one pass over each row, instead of one Task and one pass per step.
+_ROW_OPS = frozenset(
+    (
+        "sum.dim_IntList",
+        "sum.default",
+        "mean.dim",
+        "mean.default",
+        "amax.default",
+        "amin.default",
+        "var.correction",
+        "_softmax.default",
+        "_log_softmax.default",
+        "layer_norm.default",
+    )
+)
+# Eval-mode batch norm is elementwise per channel (its `training` argument, here index 5).
+_BATCH_NORM = "batch_norm.default"
+
+
 def _fusible(node: fx.Node, target: Target) -> bool:
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    name = f"{node.target._opname}.{node.target._overloadname}"
+    kind = (
+        torch.Tag.pointwise in node.target.tags
+        or name in _ROW_OPS
+        or (name == _BATCH_NORM and len(node.args) > 5 and node.args[5] is False)
+    )
     return (
-        node.op == "call_function"
-        and isinstance(node.target, torch._ops.OpOverload)
-        and torch.Tag.pointwise in node.target.tags
+        kind
         and isinstance(node.meta.get("val"), torch.Tensor)
         and eager_reason(node, target) is None
     )
 
 
-def elementwise_chains(gm: fx.GraphModule, target: Target) -> list[list[fx.Node]]:
-    """Maximal chains of elementwise nodes, each feeding only the next: one kernel each."""
-    chains: list[list[fx.Node]] = []
+def fused_groups(
+    gm: fx.GraphModule, target: Target, within: set[fx.Node] | None = None
+) -> list[list[fx.Node]]:
+    """Connected groups of elementwise and row-reduction nodes with one output: one kernel each.
+
+    A group grows backwards from its output (the last node of the graph not yet taken): a
+    producer joins when it is fusible and all its users are already in the group, so nothing
+    but the output is seen outside it and the group computes in one pass (a chain, each node
+    feeding only the next, is the simplest case). Groups are in graph order. With `within`,
+    only those nodes are grouped (the nodes a decomposition just made)."""
+    nodes = [n for n in gm.graph.nodes if within is None or n in within]
+    order = {node: i for i, node in enumerate(nodes)}
+    groups: list[list[fx.Node]] = []
     taken: set[fx.Node] = set()
-    for node in gm.graph.nodes:
-        if node in taken or not _fusible(node, target):
+    for sink in reversed(nodes):
+        if sink in taken or not _fusible(sink, target):
             continue
-        chain = [node]
-        while len(chain[-1].users) == 1:
-            user = next(iter(chain[-1].users))
-            if user in taken or not _fusible(user, target):
-                break
-            chain.append(user)
-        if len(chain) >= 2:
-            chains.append(chain)
-            taken.update(chain)
-    return chains
+        group = {sink}
+        grown = True
+        while grown:
+            grown = False
+            for member in sorted(group, key=order.__getitem__, reverse=True):
+                for arg in member.all_input_nodes:
+                    if (
+                        arg not in group
+                        and arg not in taken
+                        and (within is None or arg in within)
+                        and _fusible(arg, target)
+                        and all(user in group for user in arg.users)
+                    ):
+                        group.add(arg)
+                        grown = True
+        if len(group) >= 2:
+            groups.append(sorted(group, key=order.__getitem__))
+            taken.update(group)
+    return groups[::-1]
 
 
 def partition(
     gm: fx.GraphModule, target: Target, fuse: bool = True, fast_paths: bool = True
 ) -> Partition:
-    """Make Tasks of `gm`'s compute nodes for `target`: chains of elementwise nodes fused into
-    one Task, other nodes one Task each, decomposing nodes torch-mlir cannot lower. With
-    `fast_paths` False, a fused eager fast path (e.g. nn.TransformerEncoderLayer's) is not
-    decomposed: one native kernel beats its parts run one by one, so it runs eagerly whole."""
+    """Make Tasks of `gm`'s compute nodes for `target`: connected groups of elementwise and
+    row-reduction nodes fused into one Task (`fused_groups`), other nodes one Task each,
+    decomposing nodes torch-mlir cannot lower. With `fast_paths` False, a fused eager fast
+    path (e.g. nn.TransformerEncoderLayer's) is not decomposed: one native kernel beats its
+    parts run one by one, so it runs eagerly whole."""
     result = Partition()
     table = decomposition_table(fast_paths)
     drop_unused_outputs(gm)
     target_key = target.key()
     fused: set[fx.Node] = set()
-    for chain in elementwise_chains(gm, target) if fuse else []:
+    for group in fused_groups(gm, target) if fuse else []:
         try:
-            result.tasks.append(make_task(chain, target_key))
+            result.tasks.append(make_task(group, target_key))
         except LoweringError as err:
-            log.debug("the chain %s does not lower as one kernel: %s", [n.name for n in chain], err)
+            log.debug("the group %s does not lower as one kernel: %s", [n.name for n in group], err)
             continue
-        fused.update(chain)
+        fused.update(group)
     depth: dict[fx.Node, int] = {}
     worklist = [n for n in gm.graph.nodes if n not in fused]
     while worklist:
@@ -262,7 +310,16 @@ def partition(
         )
         for new in replacement:
             depth[new] = level + 1
+        for group in fused_groups(gm, target, set(replacement)) if fuse else []:
+            try:  # the decomposition's elementwise and row steps, fused as any others are
+                result.tasks.append(make_task(group, target_key))
+            except LoweringError:
+                continue
+            replacement = [n for n in replacement if n not in group]
         worklist = replacement + worklist
+    for task in result.tasks:
+        if len(task.nodes) > 1:  # a group's input may since have been decomposed and replaced
+            task.input_nodes[:] = group_inputs(task.nodes)
     return result
 
 

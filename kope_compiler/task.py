@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
 from torch_mlir.extras.fx_importer import FxImporter
@@ -41,8 +41,8 @@ class LoweringError(Exception):
 
 @dataclass
 class Task:
-    """One operator (or a fused group of elementwise operators): the fx nodes it came from,
-    its signature, reference lowering and key."""
+    """One operator (or a fused group of elementwise and row operators): the fx nodes it came
+    from, its signature, reference lowering and key."""
 
     nodes: list[fx.Node]  # program order; the last produces the Task's outputs
     input_nodes: list[fx.Node]
@@ -105,21 +105,30 @@ def output_values(node: fx.Node) -> list[torch.Tensor]:
     return list(val) if isinstance(val, (tuple, list)) else [val]
 
 
+def group_inputs(nodes: list[fx.Node]) -> list[fx.Node]:
+    """The values a fused group reads from outside it, in the order its Program numbers them."""
+    inside, inputs = set(nodes), []
+    for node in nodes:
+        for value in tree_flatten((tuple(node.args), list(node.kwargs.values())))[0]:
+            if isinstance(value, fx.Node) and value not in inside and value not in inputs:
+                inputs.append(value)
+    return inputs
+
+
 def group_signature(
     nodes: list[fx.Node],
 ) -> tuple[list[fx.Node], OpCall | Program, tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-    """Like `node_signature`, for a chain of single-output nodes computed as one kernel."""
+    """Like `node_signature`, for a fused group of single-output nodes computed as one kernel
+    (in graph order; the last is the group's output)."""
     if len(nodes) == 1:
         return node_signature(nodes[0])
     position = {node: i for i, node in enumerate(nodes)}
-    inputs: list[fx.Node] = []
+    inputs = group_inputs(nodes)
 
     def ref(value: Any) -> Any:
         if isinstance(value, fx.Node):
             if value in position:
                 return StepRef(position[value])
-            if value not in inputs:
-                inputs.append(value)
             return InputRef(inputs.index(value))
         return value
 
@@ -194,7 +203,7 @@ def group_graph(nodes: list[fx.Node]) -> fx.GraphModule:
 
 
 def import_group(nodes: list[fx.Node]) -> str:
-    """The reference lowering of a node (or chain): linalg-on-tensors module text (`@main`)."""
+    """The reference lowering of a node (or fused group): linalg-on-tensors text (`@main`)."""
     gm = group_graph(nodes)
     node = nodes[-1]
     context = ir.Context()
@@ -215,7 +224,7 @@ def import_group(nodes: list[fx.Node]) -> str:
 
 
 def make_task(nodes: fx.Node | list[fx.Node], target_key: str) -> Task:
-    """Import a node (or a chain of nodes fused into one kernel) and key it; raises
+    """Import a node (or a group of nodes fused into one kernel) and key it; raises
     LoweringError when torch-mlir cannot lower it."""
     group = nodes if isinstance(nodes, list) else [nodes]
     inputs, call, in_specs, out_specs = group_signature(group)

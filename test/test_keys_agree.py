@@ -31,22 +31,18 @@ WEIGHTS = (
 DIFFERS = {
     "aten.addmm.default": WEIGHTS + " (transpose + matmul + bias add, three outlined functions)",
     "aten.convolution.default": WEIGHTS + " (the padded input is a separate operator)",
-    "aten.batch_norm.default": WEIGHTS + " (the running statistics are constants)",
     "aten.max_pool2d.default": "the import pads the input with -inf as an operator of its own",
     "aten.layer_norm.default": (
         "torch.export decomposes layer norm into mean, variance and normalization generics; "
         "the backend keeps it one Task"
     ),
-    "aten._softmax.default": (
-        "torch.export decomposes softmax into max, exp, sum and divide generics; the backend "
-        "keeps it one Task"
-    ),
     "aten.clone.default": (
         "the import folds the contiguous copy of a transposed view into the transpose itself"
     ),
     "fused": (
-        "the backend fuses a chain of elementwise operators into one Task; outlining makes one "
-        "function per linalg operator"
+        "the backend fuses connected elementwise and row-reduction operators (a scaled "
+        "softmax, eval batch norm + relu) into one Task; outlining makes one function per "
+        "linalg operator"
     ),
 }
 

@@ -1,0 +1,95 @@
+"""Fusion beyond chains: connected groups of elementwise and row ops as one Task, verified.
+
+Each model is written the way user code writes it (RMSNorm, softmax and layer norm by hand,
+GELU-tanh expanded, eval batch norm + relu, a scaled softmax), at odd shapes. The partition
+must make its row-wise part one fused Task, and the compiled model, running every Task's
+reference lowering, must match eager.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+
+from kope.precompile import trace_tasks
+from kope.targets.cpu import CpuTarget
+
+
+class RmsNorm(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(dim) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+
+
+class HandSoftmax(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        e = torch.exp(x - x.amax(-1, keepdim=True))
+        return e / e.sum(-1, keepdim=True)
+
+
+class HandLayerNorm(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean = x.mean(-1, keepdim=True)
+        centred = x - mean
+        var = (centred * centred).mean(-1, keepdim=True)
+        return centred / torch.sqrt(var + 1e-5)
+
+
+class GeluTanh(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inner = math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)
+        return 0.5 * x * (1 + torch.tanh(inner))
+
+
+class ConvBnRelu(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(5, 7, 3, padding=1)
+        self.bn = nn.BatchNorm2d(7)
+        self.bn.running_mean.uniform_(-1, 1)
+        self.bn.running_var.uniform_(0.5, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn(self.conv(x)))
+
+
+class ScaledSoftmax(nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, dim=-1)
+
+
+CASES = {
+    # name: (model, inputs, ops the fused Task must hold)
+    "rms_norm": (RmsNorm(129), (torch.randn(37, 129),), {"mean", "rsqrt", "mul"}),
+    "softmax": (HandSoftmax(), (torch.randn(37, 129) * 4,), {"amax", "exp", "sum", "div"}),
+    "layer_norm": (HandLayerNorm(), (torch.randn(5, 37, 33),), {"mean", "sub", "sqrt", "div"}),
+    "gelu_tanh": (GeluTanh(), (torch.randn(37, 129),), {"tanh", "mul", "add"}),
+    "conv_bn_relu": (ConvBnRelu(), (torch.randn(2, 5, 11, 13),), {"batch_norm", "relu"}),
+    "scaled_softmax": (
+        ScaledSoftmax(),
+        (torch.randn(3, 37, 16), torch.randn(3, 29, 16)),
+        {"mul", "_softmax"},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_fused_group_is_one_task_and_matches_eager(name: str) -> None:
+    torch.manual_seed(0)
+    model, inputs, ops = CASES[name]
+    model.eval()
+    tasks = trace_tasks(model, inputs, CpuTarget())
+    fused = [t for t in tasks if "+" in t.op]
+    assert len(fused) == 1, [t.label for t in tasks]
+    held = {op.split(".")[1] for op in fused[0].op.split("+")}
+    assert ops <= held, (ops - held, fused[0].op)
+    with torch.no_grad():
+        compiled = torch.compile(model, backend="kope", options={"kernels": "reference"})
+        got, want = compiled(*inputs), model(*inputs)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
