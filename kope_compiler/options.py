@@ -32,7 +32,7 @@ class Options:
     timeout_s: float = 60.0
     """Wall-clock limit for building, verifying and timing one candidate in a worker."""
     fuse: bool = True
-    """Fuse chains of elementwise operators into one kernel each."""
+    """Fuse connected groups of elementwise and row operators into one kernel each."""
     optimize: bool = False
     """Let the agent optimize operators the store has not seen optimized, inline."""
     agent: str = "heuristic"
