@@ -7,6 +7,7 @@ GraphModule, so dispatch costs a Python call per Task and nothing per view.
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import time
@@ -17,10 +18,10 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from kope.measuring import recording
+from kope.measuring import recording, threads_now
 from kope.memory.store import ExperienceStore
 from kope.options import Options
-from kope.partition import partition
+from kope.partition import Partition, has_fast_path, partition
 from kope.report import EagerReport, GraphReport, TaskReport, add_graph
 from kope.selection import choose
 from kope.targets import get_target
@@ -80,12 +81,12 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
     target = target_for(options.target, options.workers, options.timeout_s)
     store = store_at(options.store_path)
     events = recording(store)
-    part = partition(
-        gm,
-        target,
-        fuse=options.fuse,
-        fast_paths=options.kernels == "reference" or options.optimize,
-    )
+    take_apart = options.kernels == "reference" or options.optimize
+    part = None
+    if not take_apart and options.kernels == "auto" and has_fast_path(gm):
+        gm, part = _fast_paths_taken_apart(gm, target, store, options)
+    if part is None:
+        part = partition(gm, target, fuse=options.fuse, fast_paths=take_apart)
     graph = GraphReport(views=part.views, policy=options.kernels, code=gm.code)
     graph.eager = [EagerReport(e.op, e.reason, e.compute) for e in part.eager]
     for e in part.eager:
@@ -131,6 +132,31 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
     graph.compile_s = time.perf_counter() - start
     add_graph(graph)
     return gm, graph
+
+
+def _fast_paths_taken_apart(
+    gm: fx.GraphModule, target: Target, store: ExperienceStore, options: Options
+) -> tuple[fx.GraphModule, Partition | None]:
+    """The graph to compile, decomposed with its partition when its fused fast paths should
+    be taken apart; `gm` and None when they stay whole.
+
+    A fast path (nn.TransformerEncoderLayer's) is one native kernel, faster than its parts run
+    one by one; its decomposition can pay only if the store has kernels for its parts. Then
+    the decomposed graph is compiled, and the whole-graph check times it against the eager
+    graph, which runs the fast path whole: it is kept only if it wins."""
+    decomposed = copy.deepcopy(gm)
+    part = partition(decomposed, target, fuse=options.fuse, fast_paths=True)
+    threads = threads_now()
+    known = [t for t in part.tasks if store.standing(t.key, threads).pinned is not None]
+    if not known:
+        log.info("fused fast path kept whole: no kernel known for its decomposition's parts")
+        return gm, None
+    log.info(
+        "fused fast path taken apart: %d of its decomposition's %d Tasks have kernels",
+        len(known),
+        len(part.tasks),
+    )
+    return decomposed, part
 
 
 def settle_graph(

@@ -201,6 +201,11 @@ def _fusible(node: fx.Node, target: Target) -> bool:
     )
 
 
+def has_fast_path(gm: fx.GraphModule) -> bool:
+    """Whether `gm` calls a fused eager fast path that KOPE can take apart (`FAST_PATHS`)."""
+    return any(n.op == "call_function" and n.target in FAST_PATHS for n in gm.graph.nodes)
+
+
 def fused_groups(
     gm: fx.GraphModule, target: Target, within: set[fx.Node] | None = None
 ) -> list[list[fx.Node]]:
@@ -297,8 +302,9 @@ def partition(
         if replacement is None:
             if node.target in FAST_PATHS and not fast_paths:
                 failure = (
-                    f"{name} is a fused eager fast path, faster whole than decomposed "
-                    "(kernels=reference decomposes it)"
+                    f"{name} is a fused eager fast path, kept whole: the store knows no "
+                    "kernels for its parts (kope precompile optimizes them; then the backend "
+                    "takes it apart if the graph wins)"
                 )
             result.eager.append(EagerNode(node, name, failure, True))
             continue

@@ -11,6 +11,7 @@ confirmation replaces the stale figure), so a store measured on a busy machine c
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -36,7 +37,7 @@ from kope.memory.schema import AttemptRecord
 from kope.memory.store import ExperienceStore
 from kope.optimize import Budget, TaskSummary, is_proposal, optimize_task, summarize
 from kope.options import Options
-from kope.partition import partition
+from kope.partition import has_fast_path, partition
 from kope.passes.pipeline import REPRO_MARKER
 from kope.report import shorten, speedup_text
 from kope.targets.base import Target
@@ -61,9 +62,12 @@ def trace(
     eager: dict[tuple[str, str], int] = {}
 
     def forward_compiler(gm: fx.GraphModule, _inputs: Sequence[Any]) -> Callable[..., Any]:
-        # As the backend partitions by default: fused eager fast paths stay whole.
+        # As the backend partitions by default: fused eager fast paths stay whole. Their
+        # decompositions' Tasks are optimized too, so that the backend can choose between the
+        # fast path whole and its parts from evidence (`kope.compiler`).
+        apart = partition(copy.deepcopy(gm), target, fast_paths=True) if has_fast_path(gm) else None
         part = partition(gm, target, fast_paths=False)
-        for task in part.tasks:
+        for task in part.tasks + (apart.tasks if apart is not None else []):
             found.setdefault(task.key, task)
         for node in part.eager:
             if node.compute:
