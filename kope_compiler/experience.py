@@ -4,17 +4,26 @@
 them under a token budget. A language model reads that rendered text; the heuristic agent
 reads the same chosen attempts as structured `Experience` (decision, configuration, verdict,
 speedup, and how similar their operator is), so both agents see exactly what ACMI selected.
+Each item also carries what its operator's cost depends on (output shapes, the loop trip counts
+of the op a schedule tiles, read from the stored reference lowering), for the heuristic agent's
+learned cost model.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+from collections import OrderedDict
 
 from kope.agents.base import Experience
+from kope.agents.schedules import principal_op
 from kope.memory import retrieve
 from kope.memory.schema import AttemptRecord, TaskRecord
 from kope.memory.similarity import Features, distance, features
 from kope.memory.store import ExperienceStore
+from kope.passes.analysis import analyze
+
+log = logging.getLogger("kope.experience")
 
 ATTEMPT_KINDS = ("best", "attempt", "failure")
 
@@ -36,6 +45,7 @@ def retrieve_experience(
         other = store.task(item.task)
         if not isinstance(attempt, AttemptRecord) or other is None:
             continue
+        loops = _loops(store, other.payload)
         items.append(
             Experience(
                 attempt_id=attempt.id,
@@ -52,9 +62,43 @@ def retrieve_experience(
                 error=(attempt.error or "").strip().splitlines()[0][:200]
                 if attempt.error
                 else None,
+                outputs=tuple(tuple(s) for s, _ in other.outputs),
+                loop_ranges=loops[0],
+                linalg_ops=loops[1],
             )
         )
     return items, context.text
+
+
+# Loops of a stored payload by its digest (content-addressed: the same in every store). Every
+# attempt of the loop retrieves again, and analysing a payload parses it.
+_LOOPS: OrderedDict[str, tuple[tuple[int, ...], int]] = OrderedDict()
+_LOOPS_KEPT = 4096
+_NO_LOOPS: tuple[tuple[int, ...], int] = ((), 0)
+
+
+def _loops(store: ExperienceStore, digest: str | None) -> tuple[tuple[int, ...], int]:
+    """The loop trip counts of the op a schedule tiles in a task's stored reference lowering,
+    and its count of linalg ops; ((), 0) where the payload is not stored."""
+    if not digest:
+        return _NO_LOOPS
+    if digest in _LOOPS:
+        _LOOPS.move_to_end(digest)
+        return _LOOPS[digest]
+    text = store.get_artifact(digest)
+    if text is None:
+        return _NO_LOOPS
+    try:
+        info = analyze(text)
+    except Exception:  # a payload this KOPE no longer parses: the item keeps its shapes only
+        log.warning("stored payload %s does not parse; its loops are unknown", digest[:12])
+        return _NO_LOOPS
+    op = principal_op(info)
+    found = (tuple(op.ranges) if op else (), len(info.ops))
+    _LOOPS[digest] = found
+    if len(_LOOPS) > _LOOPS_KEPT:
+        _LOOPS.popitem(last=False)
+    return found
 
 
 def _features(task: TaskRecord) -> Features:

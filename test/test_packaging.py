@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE_DIRS = ("kope_compiler", "passes", "memory", "targets")
 # Distribution name -> the top-level module it installs, where the two differ.
-IMPORT_NAME = {"torch-mlir": "torch_mlir"}
+IMPORT_NAME = {"torch-mlir": "torch_mlir", "scikit-learn": "sklearn"}
 
 
 def _project() -> dict:

@@ -5,13 +5,23 @@ the operator's linalg payload; for Triton targets (CUDA, Ascend) it writes Trito
 translated from that payload (`kope.agents.triton_kernels`). It searches either space with
 this policy:
 
-1. Candidates: a small grid per kernel family (threads, cache and register tiles, rows per
+1. Candidates: a grid per kernel family (threads, cache and register tiles, k-unroll, rows per
    step, vector length, polynomial math), ordered by a static prior (a crude cost model: use
-   every core on big work, keep 16 accumulators in vector registers, vectorize math).
-2. Memory: experience from similar operators adjusts the order. A decision value (e.g.
-   `threads=2`, `register=8x32x1`) that sped up similar operators gains, in proportion to the
-   similarity and the log of the speedup; one that failed on a similar operator loses, and a
-   whole configuration that failed on a very similar operator is not tried again. A
+   every core on big work, keep 16 accumulators in vector registers, vectorize math). A core
+   grid is widened by more tile, unroll, row and vector choices; until a cost model is fitted
+   a widened point ranks below every core point (`WIDENED`), so with no experience the search
+   is the core grid's, in the prior's order, and the widened points follow it; once a cost
+   model is fitted, they compete, losing only ties to core points (`UNPROVEN`) except on
+   exploring attempts.
+2. Memory: experience from similar operators reorders the candidates. Once at least
+   `cost_model.MIN_ROWS` timed attempts of operators at least half alike are known (this
+   session's own attempts count), a learned cost model (`kope.agents.cost_model`, gradient-
+   boosted trees fitted on their measured speedups, refitted every attempt) predicts each
+   candidate's log speedup, and the score blends prior and prediction with a weight that
+   grows with the evidence. With less, a decision value (e.g. `threads=2`, `register=8x32x1`)
+   that sped up similar operators gains, in proportion to the similarity and the log of the
+   speedup. Either way, a decision value that failed on a similar operator loses, a whole
+   configuration that failed on a very similar operator is not tried again, and a
    configuration proven on a very similar operator earns a bonus by its gain, so the first
    attempt reuses it when the evidence outweighs the prior.
 3. Search: after the first verified kernel, it climbs: the next attempt changes one decision
@@ -31,10 +41,11 @@ import json
 import logging
 import math
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kope.agents import cost_model
 from kope.agents.base import (
     Agent,
     Experience,
@@ -61,6 +72,13 @@ log = logging.getLogger("kope.agents.heuristic")
 
 APPROXIMABLE = {"math.exp", "math.erf", "math.tanh"}
 BIG_WORK = 1 << 16  # iterations above which threads are expected to pay off
+# Prior points a widened grid point gives up while nothing is learned: more than the prior's
+# whole span plus the seeded jitter, so that with no experience the core grid is searched
+# first, in its own order. Under a fitted cost model it gives up only UNPROVEN, more than the
+# jitter: where the model cannot tell a widened point from its core twin (a decision no
+# similar operator varied), the core point goes first, except on an exploring attempt.
+WIDENED = 5.0
+UNPROVEN = 0.5
 # Verified Triton kernels per operator where nothing is timed (under Triton's interpreter):
 # more would only verify more variants that no figure ranks.
 UNTIMED_KERNELS = 3
@@ -84,14 +102,35 @@ def _work(info: PayloadInfo) -> int:
 # -- the space ----------------------------------------------------------------------------------
 
 
+def _grid(core: list[list[Any]], wider: list[list[Any]]) -> Iterator[tuple[tuple[Any, ...], bool]]:
+    """The core grid's points in order, then the points the wider values add (flagged)."""
+    yield from ((point, False) for point in itertools.product(*core))
+    for point in itertools.product(*(c + w for c, w in zip(core, wider, strict=True))):
+        if any(value not in c for value, c in zip(point, core, strict=True)):
+            yield point, True
+
+
 def candidate_space(info: PayloadInfo, capabilities: dict[str, Any]) -> list[tuple[Config, float]]:
-    """Every configuration worth trying for this payload, with its prior score."""
+    """Every configuration worth trying for this payload, with its prior score (a widened
+    point's less WIDENED: what the agent ranks by while it has learned nothing)."""
+    space, widened = schedule_space(info, capabilities)
+    return [
+        (config, prior - (WIDENED if config_key(config) in widened else 0.0))
+        for config, prior in space
+    ]
+
+
+def schedule_space(
+    info: PayloadInfo, capabilities: dict[str, Any]
+) -> tuple[list[tuple[Config, float]], set[str]]:
+    """Every configuration worth trying for this payload with its prior score, the core grid
+    first, and the keys of the widened points."""
     if not any(op.is_root for op in info.ops):
-        return []  # no linalg op computes the result (a copy or reshape): nothing to schedule
+        return [], set()  # no linalg op computes the result (a copy or reshape): nothing to do
     lanes = _lanes(capabilities, info.element_type)
     threads = _threads(capabilities)
     big = _work(info) >= BIG_WORK
-    found: list[tuple[Config, float]] = []
+    found: list[tuple[Config, float, bool]] = []
     if info.kind == "contraction":
         registers = [
             (8, 2 * lanes),
@@ -102,7 +141,19 @@ def candidate_space(info: PayloadInfo, capabilities: dict[str, Any]) -> list[tup
             (16, lanes),
         ]
         caches = [(64, 128, 256), (32, 256, 128), (128, 128, 64), (64, 64, 64), (256, 64, 128)]
-        for t, (mr, nr), cache in itertools.product(threads, registers, caches):
+        # Wider: register tiles of 12 and 24 accumulators (16 vector registers hold 12 and a
+        # row of B; 32 hold 24), more cache tiles, and the k loop unrolled in registers.
+        more_registers = [
+            (6, 4 * lanes),
+            (8, 3 * lanes),
+            (4, 3 * lanes),
+            (12, lanes),
+            (2, 4 * lanes),
+        ]
+        more_caches = [(32, 128, 128), (64, 256, 256), (128, 64, 256), (16, 256, 512)]
+        for (t, (mr, nr), cache, kr), wide in _grid(
+            [threads, registers, caches, [1]], [[], more_registers, more_caches, [2, 4]]
+        ):
             score = 0.0
             score += 2.0 if (t > 1) == big else 0.0
             score += 1.0 if (mr, nr) == (8, 2 * lanes) else 0.5 if mr * nr // lanes >= 8 else 0.0
@@ -115,16 +166,19 @@ def candidate_space(info: PayloadInfo, capabilities: dict[str, Any]) -> list[tup
                         "family": "contraction",
                         "threads": t,
                         "cache": list(cache),
-                        "register": [mr, nr, 1],
+                        "register": [mr, nr, kr],
                     },
                     score,
+                    wide,
                 )
             )
     elif info.kind == "convolution" and info.find(CONVOLUTIONS):
         conv = info.find(CONVOLUTIONS)
         assert conv is not None
         channels, columns = conv.ranges[1], conv.ranges[3]
-        for t, f, ow, c in itertools.product(threads, [16, 8], [2 * lanes, lanes], [1, 4]):
+        for (t, f, ow, c), wide in _grid(
+            [threads, [16, 8], [2 * lanes, lanes], [1, 4]], [[], [32, 4], [4 * lanes], [2, 8]]
+        ):
             # Column tiles are whole vectors (a conv row of another width has been seen to
             # vectorize wrongly), thread chunks hold whole channel tiles, and input-channel
             # tiles divide the input channels (a partial one makes the 1-D conv dynamic).
@@ -133,7 +187,11 @@ def candidate_space(info: PayloadInfo, capabilities: dict[str, Any]) -> list[tup
             score = (2.0 if (t > 1) == big else 0.0) + (1.0 if f == 16 else 0.0)
             score += 0.5 if columns % ow == 0 else 0.0
             found.append(
-                ({"family": "conv", "threads": t, "channels": f, "columns": ow, "inputs": c}, score)
+                (
+                    {"family": "conv", "threads": t, "channels": f, "columns": ow, "inputs": c},
+                    score,
+                    wide,
+                )
             )
     elif info.kind == "convolution" and info.find(DEPTHWISE):
         conv = info.find(DEPTHWISE)
@@ -141,20 +199,31 @@ def candidate_space(info: PayloadInfo, capabilities: dict[str, Any]) -> list[tup
         columns, channels = conv.ranges[2], conv.ranges[3]
         # Whole vectors along the output row, or the whole row when it is shorter.
         widths = sorted({w for w in (2 * lanes, lanes) if w <= columns} | {min(columns, lanes)})
-        for t, f, ow in itertools.product(threads, [8, 4, 1], widths):
+        wider = [w for w in (4 * lanes,) if w <= columns and w not in widths]
+        for (t, f, ow), wide in _grid([threads, [8, 4, 1], widths], [[], [16, 2], wider]):
             if f > channels or channels % (t * f):
                 continue
             score = (2.0 if (t > 1) == big else 0.0) + (1.0 if f == 8 else 0.5 if f == 4 else 0)
             score += 0.5 if columns % ow == 0 else 0.0
             score += 0.25 if ow == max(widths) else 0.0
             found.append(
-                ({"family": "depthwise", "threads": t, "channels": f, "columns": ow}, score)
+                (
+                    {"family": "depthwise", "threads": t, "channels": f, "columns": ow},
+                    score,
+                    wide,
+                )
             )
     elif info.kind in ("reduction", "elementwise"):
         approximate = [True, False] if info.math & APPROXIMABLE else [False]
         row_options = [1, 4, 8] if info.kind == "reduction" else [1, 4]
-        for t, rows, vector, approx in itertools.product(
-            threads, row_options, [4 * lanes, 2 * lanes, lanes], approximate
+        more_rows = [2, 16] if info.kind == "reduction" else [2, 8]
+        # Longer vectors where they still tile the row (a whole-row vector of exact math has
+        # failed to build; the core grid's vectors already cover rows this short).
+        row = info.root.ranges[-1] if info.root.ranges else 0
+        more_vectors = [8 * lanes] if row > 8 * lanes else []
+        for (t, rows, vector, approx), wide in _grid(
+            [threads, row_options, [4 * lanes, 2 * lanes, lanes], approximate],
+            [[], more_rows, more_vectors, []],
         ):
             score = 0.0
             score += 2.0 if (t > 1) == big else 0.0
@@ -164,11 +233,12 @@ def candidate_space(info: PayloadInfo, capabilities: dict[str, Any]) -> list[tup
             config: Config = {"family": "rows", "threads": t, "rows": rows, "vector": vector}
             if approx:
                 config["approximate_math"] = True
-            found.append((config, score))
-    unique: dict[str, tuple[Config, float]] = {}
-    for config, score in found:
-        unique.setdefault(config_key(config), (config, score))
-    return list(unique.values())
+            found.append((config, score, wide))
+    unique: dict[str, tuple[Config, float, bool]] = {}
+    for config, score, wide in found:
+        unique.setdefault(config_key(config), (config, score, wide))
+    space = [(config, score) for config, score, _ in unique.values()]
+    return space, {key for key, (_, _, wide) in unique.items() if wide}
 
 
 def decisions(config: Config) -> list[tuple[str, str]]:
@@ -185,13 +255,14 @@ def decisions(config: Config) -> list[tuple[str, str]]:
 
 @dataclass
 class MemoryAdvice:
-    value: dict[tuple[str, str], float]  # decision value -> learned score
+    value: dict[tuple[str, str], float]  # decision value -> score learned from timed attempts
+    penalty: dict[tuple[str, str], float]  # decision value -> score lost to failed attempts
     banned: set[str]  # configurations that failed on a very similar operator
     bonus: dict[str, tuple[float, str]]  # config key -> (score bonus, attempt it was proven by)
 
 
 MIN_TRANSFER = 0.85  # similarity below which a configuration is not reused as is
-VALUE_SCALE = 3.0  # weight of learned decision values against the prior's units
+VALUE_SCALE = 3.0  # weight of learned log speedups against the prior's units
 
 
 def learn(experience: Iterable[Experience], family: str) -> MemoryAdvice:
@@ -206,6 +277,7 @@ def learn(experience: Iterable[Experience], family: str) -> MemoryAdvice:
     """
     verified: list[tuple[float, float, list[tuple[str, str]]]] = []
     value: dict[tuple[str, str], float] = {}
+    penalty: dict[tuple[str, str], float] = {}
     banned: set[str] = set()
     bonus: dict[str, tuple[float, str]] = {}
     for item in experience:
@@ -225,7 +297,7 @@ def learn(experience: Iterable[Experience], family: str) -> MemoryAdvice:
                     bonus[key] = (score, item.attempt_id)
         else:
             for decision in decisions(config):
-                value[decision] = value.get(decision, 0.0) - 0.5 * weight
+                penalty[decision] = penalty.get(decision, 0.0) - 0.5 * weight
             if item.similarity >= 0.8:
                 banned.add(config_key(config))
     total = sum(w for w, _, _ in verified)
@@ -239,10 +311,58 @@ def learn(experience: Iterable[Experience], family: str) -> MemoryAdvice:
                 entry[1] += weight
         for decision, (weighted, weights) in sums.items():
             confidence = weights / (weights + 1.0)
-            value[decision] = (
-                value.get(decision, 0.0) + VALUE_SCALE * confidence * weighted / weights
-            )
-    return MemoryAdvice(value, banned, bonus)
+            value[decision] = VALUE_SCALE * confidence * weighted / weights
+    return MemoryAdvice(value, penalty, banned, bonus)
+
+
+class Scorer:
+    """A candidate's score: its prior and what memory says of it.
+
+    With a fitted cost model, `(1 - b) * prior + b * VALUE_SCALE * predicted log speedup`
+    (b: the model's blend, growing with the evidence), a widened point's less UNPROVEN unless
+    `exploring`; without one, the prior (a widened point's less WIDENED) plus the learned
+    decision values. Failed decision values and the proven-transfer bonus apply to both."""
+
+    def __init__(
+        self,
+        advice: MemoryAdvice,
+        model: cost_model.CostModel | None,
+        here: cost_model.Workload,
+        prior_weight: float,
+        widened: set[str],
+        exploring: bool = False,
+    ):
+        self.advice = advice
+        self.model = model
+        self.here = here
+        self.prior_weight = prior_weight
+        self.widened = widened
+        self.exploring = exploring
+
+    def scores(self, candidates: Sequence[tuple[Config, float]]) -> list[float]:
+        advice = self.advice
+        learned: list[float]
+        if self.model is None:
+            blend = 0.0
+            learned = [
+                sum(advice.value.get(d, 0.0) for d in decisions(config))
+                - (WIDENED if config_key(config) in self.widened else 0.0)
+                for config, _ in candidates
+            ]
+        else:
+            blend = self.model.blend
+            predicted = self.model.predict(self.here, [config for config, _ in candidates])
+            handicap = 0.0 if self.exploring else UNPROVEN
+            learned = [
+                blend * VALUE_SCALE * p - (handicap if config_key(config) in self.widened else 0.0)
+                for p, (config, _) in zip(predicted, candidates, strict=True)
+            ]
+        scores = []
+        for (config, prior), gained in zip(candidates, learned, strict=True):
+            score = (1.0 - blend) * self.prior_weight * prior + gained
+            score += sum(advice.penalty.get(d, 0.0) for d in decisions(config))
+            scores.append(score + advice.bonus.get(config_key(config), (0.0, ""))[0])
+        return scores
 
 
 # -- the agent ---------------------------------------------------------------------------------
@@ -278,7 +398,8 @@ class HeuristicAgent(Agent):
 
     def _propose_schedule(self, request: ProposalRequest) -> Proposal | None:
         info = analyze(self._payload(request, False))
-        found = self._search(candidate_space(info, request.task.capabilities), request)
+        space, widened = schedule_space(info, request.task.capabilities)
+        found = self._search(space, request, info, widened)
         if found is None:
             return None
         choice, parent, why = found
@@ -304,7 +425,12 @@ class HeuristicAgent(Agent):
         if not space:
             log.info("%s: no Triton kernel: %s", task.label, triton_unsupported(task))
             return None
-        found = self._search(space, request)
+        try:
+            info: PayloadInfo | None = analyze(self._payload(request, False))
+        except Exception:  # its loops only sharpen the cost model's features
+            log.warning("%s: the payload's loops are unknown to the cost model", task.label)
+            info = None
+        found = self._search(space, request, info)
         if found is None:
             return None
         choice, parent, why = found
@@ -325,7 +451,11 @@ class HeuristicAgent(Agent):
         )
 
     def _search(
-        self, space: list[tuple[Config, float]], request: ProposalRequest
+        self,
+        space: list[tuple[Config, float]],
+        request: ProposalRequest,
+        info: PayloadInfo | None = None,
+        widened: set[str] | None = None,
     ) -> tuple[Config, str | None, str] | None:
         """The next configuration of `space` by prior, memory and the session's history: the
         configuration, the attempt it refines, and why it was chosen; None to stop."""
@@ -334,32 +464,33 @@ class HeuristicAgent(Agent):
             return None
         family = space[0][0]["family"]
         advice = learn(request.experience, family)
+        here = cost_model.task_workload(request.task, info)
+        model = cost_model.fit(
+            cost_model.training_rows(request.experience, request.history, here, family)
+        )
+        exploring = _exploring(request.history)
+        scorer = Scorer(advice, model, here, self.prior_weight, widened or set(), exploring)
         tried = {config_key(f.config) for f in request.history if f.config}
         rng = random.Random(f"{self.seed}:{request.task.key}")
-        scored = []
-        for config, prior in space:
-            key = config_key(config)
-            if key in tried or key in advice.banned:
-                continue
-            score = self.prior_weight * prior + sum(
-                advice.value.get(d, 0.0) for d in decisions(config)
-            )
-            score += advice.bonus.get(key, (0.0, ""))[0]
-            scored.append((score + rng.uniform(0.0, self.jitter), config))
-        for key, (bonus, _) in advice.bonus.items():  # proven configurations off this grid
-            config = json.loads(key)
-            if (
-                key not in tried
-                and key not in advice.banned
-                and all(config_key(c) != key for _, c in scored)
-            ):
-                score = sum(advice.value.get(d, 0.0) for d in decisions(config)) + bonus
-                scored.append((score + rng.uniform(0.0, self.jitter), config))
+        candidates = [
+            (config, prior)
+            for config, prior in space
+            if config_key(config) not in tried and config_key(config) not in advice.banned
+        ]
+        on_grid = {config_key(config) for config, _ in candidates}
+        for key in advice.bonus:  # proven configurations off this grid, with no prior
+            if key not in tried and key not in advice.banned and key not in on_grid:
+                candidates.append((json.loads(key), 0.0))
+        scored = [
+            (score + rng.uniform(0.0, self.jitter), config)
+            for score, (config, _) in zip(scorer.scores(candidates), candidates, strict=True)
+        ]
         choice, parent = self._choose(scored, request)
         if choice is None:
             return None
         self._transferred = advice.bonus.get(config_key(choice), (0.0, None))[1]
-        return choice, parent, self._why(choice, parent, self._transferred, request)
+        why = self._why(choice, parent, self._transferred, request, model is not None)
+        return choice, parent, why
 
     def _choose(
         self, scored: list[tuple[float, Config]], request: ProposalRequest
@@ -372,8 +503,7 @@ class HeuristicAgent(Agent):
         if not history:
             return scored[0][1], None
         best = _best(history)
-        explore = len(history) % 3 == 2
-        if best is not None and best.config and not explore:
+        if best is not None and best.config and not _exploring(history):
             neighbours = [(s, c) for s, c in scored if _distance(c, best.config) == 1]
             if neighbours:
                 return neighbours[0][1], best.attempt_id
@@ -387,7 +517,11 @@ class HeuristicAgent(Agent):
 
     @staticmethod
     def _why(
-        config: Config, parent: str | None, transferred: str | None, request: ProposalRequest
+        config: Config,
+        parent: str | None,
+        transferred: str | None,
+        request: ProposalRequest,
+        learned: bool,
     ) -> str:
         if transferred:
             source = next((e for e in request.experience if e.attempt_id == transferred), None)
@@ -401,7 +535,14 @@ class HeuristicAgent(Agent):
                 if best and best.config and config.get(k) != best.config.get(k)
             ]
             return f"changes {', '.join(changed) or 'nothing'} of the best so far"
-        return "highest prior" if not request.history else "exploring"
+        if request.history:
+            return "exploring"
+        return "highest score by the cost model" if learned else "highest prior"
+
+
+def _exploring(history: list[Feedback]) -> bool:
+    """Whether the next attempt explores (every third) instead of refining the best."""
+    return len(history) % 3 == 2
 
 
 def _verified(history: list[Feedback]) -> int:

@@ -7,9 +7,10 @@ addresses the payload's ops by their `kope.op` index (see `kope.passes.analysis`
 Families:
 - `contraction` (matmul, batch matmul, and their elementwise consumers such as a bias add):
   threads over an outer dimension (`scf.forall`, run by OpenMP), cache tiles, register tiles
-  with the k-loop innermost, the accumulator tile hoisted into registers, contractions
-  lowered to outer products (FMAs); tiles that do not divide the shape are vectorized with
-  masks.
+  with the k-loop innermost (unrolled by the register tile's k), the accumulator tile hoisted
+  into registers, contractions lowered to outer products (FMAs); a contraction that is the
+  result is padded to whole register tiles, other tiles that do not divide the shape are
+  vectorized with masks.
 - `rows` (reductions and elementwise ops over rows: softmax, layer norm, sums, maxima,
   elementwise chains): threads over row blocks, all producers fused into a per-row loop so a
   row stays in cache across ops, each op vectorized along the row.
@@ -211,6 +212,15 @@ def attach(payload: str, script: str) -> str:
 # -- families -----------------------------------------------------------------------------------
 
 
+def principal_op(info: PayloadInfo) -> OpInfo | None:
+    """The op whose loops a schedule tiles: the contraction or convolution, else the root
+    (None for a payload without linalg ops)."""
+    for op in info.ops:
+        if op.name in CONTRACTIONS or op.name in CONVOLUTIONS or op.name in DEPTHWISE:
+            return op
+    return next((op for op in info.ops if op.is_root), None)
+
+
 def render(info: PayloadInfo, config: Config) -> str:
     family = config["family"]
     if family == "contraction":
@@ -265,11 +275,11 @@ def _contraction(info: PayloadInfo, config: Config) -> str:
     # Shapes the register tile does not divide are padded (with zeros, which add nothing to a
     # sum of products) so that every tile is static; a masked partial tile is several times
     # slower. Only when the contraction is the result: a consumer would read a padded slice.
-    if root.index == contraction.index and (m % rows_multiple or n % nr):
+    if root.index == contraction.index and (m % rows_multiple or n % nr or k % kr):
         padded = s.fresh("padded")
         zeros = ", ".join(["0.0 : f32"] * 3)
         dims = "[1, 2, 3]" if batch else "[0, 1, 2]"
-        multiples = ([1] if batch else []) + [rows_multiple, nr, 1]
+        multiples = [rows_multiple, nr, kr]  # one per padded dimension, the batch unpadded
         s.emit(
             f"{padded}, {s.fresh('pad')}, {s.fresh('copy')} = transform.structured.pad "
             f"{handles[contraction.index]} pad_to_multiple_of {_list(multiples)} "
@@ -277,7 +287,7 @@ def _contraction(info: PayloadInfo, config: Config) -> str:
             "(!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)"
         )
         handles[contraction.index] = padded
-        m, n = _ceil_to(m, rows_multiple), _ceil_to(n, nr)
+        m, n, k = _ceil_to(m, rows_multiple), _ceil_to(n, nr), _ceil_to(k, kr)
         contraction = replace(contraction, init_producers=[])  # the fill now feeds a pad
         root = contraction
         info = replace(info, ops=[op for op in info.ops if op.index == contraction.index])
