@@ -39,7 +39,7 @@ from kope.measuring import seed_for, stored_kernel, threads_now
 from kope.memory.store import ExperienceStore
 from kope.optimize import Budget, is_proposal
 from kope.precompile import geomean, precompile, trace_tasks
-from kope.report import PASS_RATE, table_lines
+from kope.report import PASS_RATE, shorten, table_lines
 from kope.report import speedup_text as _x
 from kope.suite import Example
 from kope.targets.base import Target
@@ -95,6 +95,9 @@ def run_bench(suite: Suite, config: BenchConfig, work_dir: Path, name: str = "")
     wall: dict[tuple[str, int], float] = {}
     for seed in config.seeds:
         stores = {arm: ExperienceStore(work_dir / f"{arm}-seed{seed}") for arm in config.arms}
+        # A Task met again in a later suite entry (the same linear in two models) counts once,
+        # where it first appeared: the arms then compare the same set of Tasks.
+        counted: set[str] = set()
         for index, (op_name, factory) in enumerate(suite.items()):
             model, inputs = factory()
             order = config.arms if (index + seed) % 2 == 0 else config.arms[::-1]
@@ -119,7 +122,9 @@ def run_bench(suite: Suite, config: BenchConfig, work_dir: Path, name: str = "")
                 )
                 wall[arm, seed] = wall.get((arm, seed), 0.0) + time.monotonic() - start
                 for summary in report["operators"]:
-                    rows.append(_row(arm, seed, op_name, store, summary, config.agent))
+                    if summary["key"] not in counted:
+                        rows.append(_row(arm, seed, op_name, store, summary, config.agent))
+            counted.update(r["key"] for r in rows if r["seed"] == seed)
             if len(used) > 1:
                 _retime_together(model, inputs, config.target, used, rows, seed)
     return summarize(rows, config, wall, name)
@@ -338,7 +343,7 @@ def format_bench(report: dict[str, Any]) -> str:
         ("operator", *(f"{a} vs eager" for a in arms), *(f"{a} attempts" for a in arms))
     ]
     for (name, label), per_arm in by_op.items():
-        title = name if label == name or len(label) > 40 else f"{name}: {label}"
+        title = f"{name}: {shorten(label, 48)}"
         speed = [
             _x(geomean([r["speedup_vs_eager"] for r in per_arm.get(a, [])])) if timed else "untimed"
             for a in arms
