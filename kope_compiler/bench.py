@@ -81,6 +81,7 @@ class BenchConfig:
     agent_config: dict[str, Any] = field(default_factory=dict)
     progress: bool = True
     cluster: str | None = None
+    report_path: Path | None = None  # rewritten after every operator while the run goes on
 
     @property
     def arms(self) -> tuple[str, ...]:
@@ -127,7 +128,10 @@ def run_bench(suite: Suite, config: BenchConfig, work_dir: Path, name: str = "")
             counted.update(r["key"] for r in rows if r["seed"] == seed)
             if len(used) > 1:
                 _retime_together(model, inputs, config.target, used, rows, seed)
-    return summarize(rows, config, wall, name)
+            if config.report_path is not None:  # a run cut short keeps what it measured
+                partial = summarize(rows, config, wall, name)
+                write_json({**partial, "complete": False}, config.report_path)
+    return {**summarize(rows, config, wall, name), "complete": True}
 
 
 def _arm_agent_config(arm: str) -> dict[str, Any]:

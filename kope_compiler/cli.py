@@ -436,7 +436,11 @@ def _add_bench(sub: Any) -> None:
         metavar="DIR",
         help="where the arms' stores are kept (default: a fresh temporary directory)",
     )
-    p.add_argument("--report", help="write the JSON report here")
+    p.add_argument(
+        "--report",
+        help="write the JSON report here (rewritten after every operator, so a run cut short "
+        "keeps its figures, marked complete: false)",
+    )
     p.add_argument(
         "--plot",
         metavar="DIR",
@@ -495,6 +499,7 @@ def _bench_command(args: argparse.Namespace) -> int:
         agent=args.agent,
         agent_config=agent_config,
         cluster=args.cluster,
+        report_path=Path(args.report) if args.report else None,
     )
     work = Path(args.store) if args.store else bench.scratch_dir("kope-bench-")
     if args.cluster:

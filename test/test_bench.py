@@ -90,6 +90,7 @@ def test_memory_ablation_on_a_suite_directory(tmp_path: Path) -> None:
     argv += ["--seeds", "0", "--store", str(tmp_path / "stores"), "--report", str(report_path)]
     assert main(argv) == 0
     report = json.loads(report_path.read_text())
+    assert report["complete"] is True  # rewritten after each operator; whole at the end
     assert set(report["arms"]) == {"memory_on", "memory_off"}
     for figures in report["arms"].values():
         for metric in ("pass_rate", "geomean_speedup_vs_eager", "fast_1.0", "fast_1.2"):
