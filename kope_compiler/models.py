@@ -36,7 +36,9 @@ def load_model(spec: str) -> tuple[torch.nn.Module, tuple[Any, ...]]:
     )
 
 
-def _from_file(path: Path) -> tuple[torch.nn.Module, tuple[Any, ...]]:
+def _from_file(path: Path, seed: int | None = None) -> tuple[torch.nn.Module, tuple[Any, ...]]:
+    """The Model and inputs a file defines; with `seed`, torch is seeded with it before the
+    model is built and again before its inputs are made (the operator suite's files)."""
     if not path.is_file():
         raise ModelLoadError(f"{path}: no such file")
     name = f"kope_model_{abs(hash(str(path.resolve())))}"
@@ -56,7 +58,11 @@ def _from_file(path: Path) -> tuple[torch.nn.Module, tuple[Any, ...]]:
             "(expected Model, get_inputs() and get_init_inputs())"
         )
     try:
+        if seed is not None:
+            torch.manual_seed(seed)
         model = module.Model(*module.get_init_inputs())
+        if seed is not None:
+            torch.manual_seed(seed)
         inputs = tuple(module.get_inputs())
     except Exception as err:
         raise ModelLoadError(

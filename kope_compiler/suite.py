@@ -14,12 +14,8 @@ a family and puts its smaller shapes first; files starting with `_` are skipped.
 
 from __future__ import annotations
 
-import importlib.util
-import itertools
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 import torch
 import torch.nn as nn
@@ -137,7 +133,6 @@ globals().update({name: factory for name, factory in {**OPSET, **SEQUENCE}.items
 
 
 # Each import of a suite file gets a module name of its own, so two loads never share state.
-_import_count = itertools.count()
 
 
 def load_suite(directory: str | Path) -> dict[str, Callable[[], Example]]:
@@ -165,49 +160,10 @@ def load_suite(directory: str | Path) -> dict[str, Callable[[], Example]]:
 
 def _file_factory(path: Path) -> Callable[[], Example]:
     def factory() -> Example:
-        module = _import_file(path)
-        missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if not hasattr(module, n)]
-        if missing:
-            raise ModelLoadError(
-                f"suite file {path} does not define {', '.join(missing)}: a suite file "
-                "defines class Model(nn.Module), get_inputs() and get_init_inputs()"
-            )
-        try:
-            torch.manual_seed(0)
-            model = module.Model(*module.get_init_inputs())
-            torch.manual_seed(0)
-            inputs = tuple(module.get_inputs())
-        except Exception as err:
-            raise ModelLoadError(
-                f"suite file {path}: building the model or its inputs failed: "
-                f"{type(err).__name__}: {err}; fix Model, get_init_inputs() or get_inputs()"
-            ) from err
-        if not isinstance(model, nn.Module):
-            raise ModelLoadError(
-                f"suite file {path}: Model(...) is a {type(model).__name__}, not an nn.Module; "
-                "make Model a subclass of torch.nn.Module"
-            )
+        from kope.models import _from_file  # as `kope precompile FILE.py` reads one
+
+        model, inputs = _from_file(path, seed=0)
         return model.eval(), inputs
 
     factory.__name__ = path.stem
     return factory
-
-
-def _import_file(path: Path) -> ModuleType:
-    name = f"kope_suite_file_{next(_import_count)}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ModelLoadError(f"suite file {path} cannot be imported: it is not a Python module")
-    module = importlib.util.module_from_spec(spec)
-    # Registered as `import` does, so what looks a class up by its module (dataclasses, pickle,
-    # dynamo) finds it.
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as err:
-        del sys.modules[name]
-        raise ModelLoadError(
-            f"suite file {path} failed to import: {type(err).__name__}: {err}; fix the file "
-            "or move it out of the suite directory"
-        ) from err
-    return module

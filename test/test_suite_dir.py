@@ -169,7 +169,9 @@ def test_a_directory_without_suite_files_is_an_error(tmp_path: Path) -> None:
 def test_a_file_that_fails_to_import_is_named(tmp_path: Path) -> None:
     (tmp_path / "000_act_broken_4.py").write_text("import torch\nraise ValueError('boom')\n")
     factory = load_suite(tmp_path)["000_act_broken_4"]
-    with pytest.raises(KopeError, match=r"000_act_broken_4\.py failed to import: ValueError: boom"):
+    with pytest.raises(
+        KopeError, match=r"000_act_broken_4\.py: failed to import: ValueError: boom"
+    ):
         factory()
 
 
@@ -178,7 +180,7 @@ def test_a_file_missing_a_definition_is_named(tmp_path: Path, name: str) -> None
     text = SUITE_FILE.replace(f"class {name}", "class Other").replace(f"def {name}", "def other")
     (tmp_path / "000_act_partial_4.py").write_text(text)
     factory = load_suite(tmp_path)["000_act_partial_4"]
-    with pytest.raises(KopeError, match=rf"000_act_partial_4\.py does not define {name}"):
+    with pytest.raises(KopeError, match=rf"000_act_partial_4\.py: does not define {name}"):
         factory()
 
 
