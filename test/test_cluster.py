@@ -29,11 +29,12 @@ class Mixed(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
+        self.norm = torch.nn.LayerNorm(24)
         self.linear = torch.nn.Linear(24, 32)
-        self.norm = torch.nn.LayerNorm(32)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(self.norm(self.linear(x)), -1)
+        # The linear between the row ops keeps them three Tasks (norm + softmax would fuse).
+        return torch.softmax(self.linear(self.norm(x)), -1)
 
 
 @pytest.fixture(scope="module")
