@@ -2,7 +2,8 @@
 schedule families before: convolutions of every window shape, stride, dilation and grouping
 (1x1 convs came out with one output channel per tile; depthwise ones had no schedule), integer
 powers (whose vectorized form did not lower), and NaN/Inf-sensitive ops with boolean inputs
-or outputs (whose vectors of i1 were stored bit-packed into byte-per-element buffers)."""
+or outputs (whose vectors of i1 were stored bit-packed into byte-per-element buffers), and
+reductions whose whole tensor was vectorized at once (minutes to build)."""
 
 from __future__ import annotations
 
@@ -71,6 +72,24 @@ ELEMENTWISE = {
     "minimum": (torch.minimum, (_x(), _x())),
 }
 
+
+def _rows_of(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape)
+
+
+#: Reductions whose rows schedules vectorized a whole tensor at once and took minutes to build
+#: (a loss reduced to a scalar, a variance and a norm whose root divides per row, a middle dim).
+REDUCTIONS = {
+    "mse_loss": (
+        lambda x, y: torch.nn.functional.mse_loss(x, y),
+        (_rows_of(256, 512), _rows_of(256, 512)),
+    ),
+    "var_last": (lambda x: x.var(-1), (_rows_of(128, 256),)),
+    "norm_last": (lambda x: torch.linalg.vector_norm(x, dim=-1), (_rows_of(256, 512),)),
+    "mean_middle": (lambda x: x.mean(1), (_rows_of(8, 256, 128),)),
+    "sum_long_rows": (lambda x: x.sum(-1), (_rows_of(4, 4096),)),
+}
+
 #: Operators the agent does not schedule (no family covers them): it must say so, not fail.
 UNSCHEDULED = {"3x3_groups2"}
 
@@ -114,4 +133,10 @@ def test_convolution_schedules_verify(name: str, target: CpuTarget) -> None:
 @pytest.mark.parametrize("name", sorted(ELEMENTWISE))
 def test_nan_sensitive_and_power_schedules_verify(name: str, target: CpuTarget) -> None:
     fn, args = ELEMENTWISE[name]
+    _proposals_verify(name, fn, args, target)
+
+
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+def test_reduction_schedules_verify(name: str, target: CpuTarget) -> None:
+    fn, args = REDUCTIONS[name]
     _proposals_verify(name, fn, args, target)

@@ -221,8 +221,11 @@ def schedule_space(
         # failed to build; the core grid's vectors already cover rows this short).
         row = info.root.ranges[-1] if info.root.ranges else 0
         more_vectors = [8 * lanes] if row > 8 * lanes else []
+        # A full reduction (a loss) has no parallel rows to share: threads would only repeat
+        # the single-threaded kernel under another name.
+        row_threads = threads if info.root.ranges else [1]
         for (t, rows, vector, approx), wide in _grid(
-            [threads, row_options, [4 * lanes, 2 * lanes, lanes], approximate],
+            [row_threads, row_options, [4 * lanes, 2 * lanes, lanes], approximate],
             [[], more_rows, more_vectors, []],
         ):
             score = 0.0

@@ -339,45 +339,102 @@ def _vector_tile(op: OpInfo, rows: int, vector: int) -> list[int]:
     return sizes
 
 
+#: The longest reduced row a rows schedule vectorizes whole; longer rows are reduced in chunks.
+#: The vector tile is what LLVM compiles: a whole 256x512 reduction vectorized as one vector
+#: took minutes to build (a full reduction had no row loop to bound it).
+ROW_CHUNK = 1024
+
+
 def _rows(info: PayloadInfo, config: Config) -> str:
-    """Threads over row blocks; every op fused into a per-row loop; vectors along rows."""
+    """Threads over row blocks; every op fused into a per-row loop; vectors along rows.
+
+    The row loop is the root's; a root of lower rank than the ops feeding it (a variance or
+    a norm over the last dim, whose root divides per row) still tiles its rows, and a full
+    reduction (a loss: its root is a scalar) tiles the rows of its largest op instead. An op
+    whose leading dims are not the root's (group norm's statistics, over groups of channels,
+    feed the root through a reshape) cannot fuse into the root's loop: the last such op
+    anchors a row loop of its own, and the ops like it fuse into that one. Inside a row every
+    op is a vector along the row: reduced middle dims are walked one at a time (the
+    accumulator stays a row of vectors) and a reduced row longer than `ROW_CHUNK` is reduced
+    chunk by chunk, so no op is vectorized over more than a few rows."""
     s = Script()
     root = info.root
     handles = {op.index: s.match_op(op.index) for op in info.ops}
-    rank = len(root.ranges)
-    lead = max(1, len(root.parallel_dims) - (0 if root.reduction_dims else 1)) if rank > 1 else 1
     threads = config.get("threads", 1)
     rows = config["rows"]
     vector = config["vector"]
     root_inits = set(root.init_producers)
-    movable = [
+    pending = [
         op for op in reversed(info.ops) if op.index != root.index and op.index not in root_inits
     ]
-    root_handle = handles[root.index]
-    if threads > 1 and root.ranges and root.ranges[0] > 1:
-        sizes = [_chunk(root.ranges[0], threads)] + [0] * (rank - 1)
-        root_handle, loop = s.tile_forall(root_handle, sizes)
-        for op in movable:
-            handles[op.index], loop = s.fuse_into(handles[op.index], loop)
-    if rank > 1:
-        row_sizes = [1] * (lead - 1) + [rows] + [0] * (rank - lead)
-        root_handle, (row_loop, *_) = _tile_outer(s, root_handle, row_sizes)
-        for op in movable:
-            if op.is_fill:
-                continue
-            handles[op.index], row_loop = s.fuse_into(handles[op.index], row_loop)
-    for op in [*movable, root]:
-        handle = root_handle if op.index == root.index else handles[op.index]
+    largest = max(info.ops, key=lambda op: math.prod(op.ranges) if op.ranges else 0)
+    row_tiled: set[int] = set()  # ops whose leading (reduced) dim the row loop tiles itself
+    anchor: OpInfo | None = root
+    while anchor is not None:
+        rank = len(anchor.ranges)
+        lead = _row_dims(anchor)
+        members = [
+            op for op in pending if not op.is_fill and op.ranges[:lead] == anchor.ranges[:lead]
+        ]
+        inits = {index for op in [anchor, *members] for index in op.init_producers}
+        members += [op for op in pending if op.is_fill and op.index in inits]
+        members.sort(key=lambda op: -op.index)  # consumers first: each fuses into the loop
+        pending = [op for op in pending if op not in members]
+        handle = handles[anchor.index]
+        if threads > 1 and anchor.ranges and anchor.ranges[0] > 1 and 0 in anchor.parallel_dims:
+            sizes = [_chunk(anchor.ranges[0], threads)] + [0] * (rank - 1)
+            handle, loop = s.tile_forall(handle, sizes)
+            for op in members:
+                handles[op.index], loop = s.fuse_into(handles[op.index], loop)
+        if rank > 1 or (rank == 1 and len(largest.ranges) > 1):
+            row_sizes = [1] * (lead - 1) + [rows] + [0] * (rank - lead)
+            handle, (row_loop, *_) = _tile_outer(s, handle, row_sizes)
+            for op in members:
+                if not op.is_fill:
+                    handles[op.index], row_loop = s.fuse_into(handles[op.index], row_loop)
+        elif rank == 0 and len(largest.ranges) > 1 and not largest.is_fill:
+            sizes = [rows] + [0] * (len(largest.ranges) - 1)
+            handles[largest.index], _ = s.tile_for(handles[largest.index], sizes)
+            row_tiled.add(largest.index)
+            pending = [op for op in pending if op is not largest]
+        handles[anchor.index] = handle
+        anchor = next((op for op in pending if not op.is_fill), None)
+        pending = [op for op in pending if op is not anchor]
+    for op in [op for op in reversed(info.ops) if op.index not in root_inits or op.is_root]:
         if op.is_fill or not op.ranges:
             continue
         inner = [0] * len(op.ranges)
-        inner[-1] = vector
-        if op.ranges[-1] and op.ranges[-1] <= vector:
-            continue  # the whole row is one vector already
+        last = len(op.ranges) - 1
+        for dim in op.reduction_dims:
+            if dim != last and not (dim == 0 and op.index in row_tiled):
+                inner[dim] = 1
         if op.iterators[-1] == "parallel":
-            s.tile_for(handle, inner)
+            if not op.ranges[-1] or op.ranges[-1] > vector:
+                inner[-1] = vector
+        elif op.ranges[-1] > ROW_CHUNK:
+            inner[-1] = _row_chunk(op.ranges[-1], vector)
+        if any(inner):
+            handles[op.index], _ = s.tile_for(handles[op.index], inner)
     s.vectorize_function()
     return s.text()
+
+
+def _row_dims(op: OpInfo) -> int:
+    """How many leading dims of `op` a row loop walks: all its parallel dims but the
+    innermost (the row itself), or all of them when it reduces a row."""
+    if len(op.ranges) <= 1:
+        return 1
+    return max(1, len(op.parallel_dims) - (0 if op.reduction_dims else 1))
+
+
+def _row_chunk(length: int, vector: int) -> int:
+    """The largest power of two up to `ROW_CHUNK` that divides a reduced row (a static tile
+    vectorizes; a partial one would stay scalar); 0, the whole row, when none of at least
+    `vector` divides it."""
+    chunk = ROW_CHUNK
+    while chunk >= vector and length % chunk:
+        chunk //= 2
+    return chunk if chunk >= vector else 0
 
 
 CONVOLUTIONS = {"linalg.conv_2d_nchw_fchw"}
