@@ -129,7 +129,25 @@ def test_too_little_evidence_fits_no_model() -> None:
     unlike = few + [Row(_workload(s, s, s), _matmul(1), 1.0, 0.2**2) for s in (32, 64)]
     assert cost_model.fit(unlike) is None  # rows of unlike operators do not count
     model = cost_model.fit(few + [Row(_workload(256, 256, 256), _matmul(1), 1.0, 1.0)])
-    assert model is not None and 0.0 < model.blend < cost_model.MAX_BLEND
+    assert model is not None and model.blend == 0.0  # no operator's ranking to check it on
+
+
+def _planted(sizes: list[int], speedup: Any) -> list[Row]:
+    return [Row(_workload(s, s, s), _matmul(t), speedup(s, t), 1.0) for s in sizes for t in (1, 2)]
+
+
+def test_the_model_is_trusted_as_far_as_it_ranks_unseen_operators_right() -> None:
+    """Planted as above, a model fitted without an operator orders its two attempts as
+    measured: trusted, its blend grows with the evidence. Planted at random (each operator's
+    order a coin toss), it cannot: the static prior keeps the score."""
+    sizes = [16, 24, 32, 48, 192, 256, 320, 384]
+    learnable = CostModel(
+        _planted(sizes, lambda s, t: 1.0 if t == 1 else (2.0 if s >= 128 else 0.5))
+    )
+    assert learnable.trust > 0.5
+    assert 0.0 < learnable.blend < cost_model.MAX_BLEND
+    coin = CostModel(_planted(sizes, lambda s, t: 2.0 if (s // 8 + t) % 2 else 0.5))
+    assert coin.trust < learnable.trust and coin.blend < learnable.blend
 
 
 # -- cold start: the prior alone, as before ------------------------------------------------------

@@ -18,12 +18,13 @@ this policy:
    session's own attempts count), a learned cost model (`kope.agents.cost_model`, gradient-
    boosted trees fitted on their measured speedups, refitted every attempt) predicts each
    candidate's log speedup, and the score blends prior and prediction with a weight that
-   grows with the evidence. With less, a decision value (e.g. `threads=2`, `register=8x32x1`)
-   that sped up similar operators gains, in proportion to the similarity and the log of the
-   speedup. Either way, a decision value that failed on a similar operator loses, a whole
-   configuration that failed on a very similar operator is not tried again, and a
-   configuration proven on a very similar operator earns a bonus by its gain, so the first
-   attempt reuses it when the evidence outweighs the prior.
+   grows with the evidence and with how well the model, fitted without some operators,
+   ranks their attempts (`CostModel.trust`). With less, a decision value (e.g. `threads=2`,
+   `register=8x32x1`) that sped up similar operators gains, in proportion to the similarity
+   and the log of the speedup. Either way, a decision value that failed on a similar
+   operator loses, a whole configuration that failed on a very similar operator is not tried
+   again, and a configuration proven on a very similar operator earns a bonus by its gain, so
+   the first attempt reuses it when the evidence outweighs the prior.
 3. Search: after the first verified kernel, it climbs: the next attempt changes one decision
    of the best kernel so far (the highest-scoring such neighbour); every third attempt
    explores the best untried configuration instead.
