@@ -67,6 +67,8 @@ def _import_command(args: argparse.Namespace) -> int:
     from kope.models import load_model
 
     model, inputs = load_model(args.model)
+    if args.tasks:
+        return _import_tasks(model, inputs, args)
     try:
         with torch.no_grad():
             module = torch_mlir_fx.export_and_import(
@@ -86,6 +88,26 @@ def _import_command(args: argparse.Namespace) -> int:
         Path(args.output).write_text(text)
     else:
         sys.stdout.write(text)
+    return 0
+
+
+def _import_tasks(model: Any, inputs: Any, args: argparse.Namespace) -> int:
+    from kope.compiler import target_for
+    from kope.options import Options
+    from kope.precompile import trace
+    from kope.task import tasks_module
+
+    options = Options.parse({"target": args.target})
+    target = target_for(options.target, options.workers, options.timeout_s)
+    tasks, eager = trace(model.eval(), inputs, target)
+    text = tasks_module(tasks)
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    print(f"kope import: {len(tasks)} distinct Tasks of {args.model}", file=sys.stderr)
+    for (op, reason), count in sorted(eager.items()):
+        print(f"  stays eager: {op} ({count}x): {reason}", file=sys.stderr)
     return 0
 
 
@@ -209,6 +231,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_model(import_p)
     import_p.add_argument("-o", "--output", help="the file to write (default: standard output)")
+    import_p.add_argument(
+        "--tasks",
+        action="store_true",
+        help="write the backend's own partition instead: one function per distinct Task (its "
+        "reference lowering, with the backend's kope.key, its label and its ATen call), for "
+        "`kope-opt --pass-pipeline='builtin.module(kope-optimize{store=S},"
+        "kope-apply-kernels{store=S})'`; the kernels it finds are the ones "
+        "torch.compile(backend='kope') looks up",
+    )
+    _add_option(import_p, "target")
     import_p.set_defaults(run=_import_command)
     _add_precompile(sub)
     _add_bench(sub)

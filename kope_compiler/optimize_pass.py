@@ -10,11 +10,14 @@ left annotated with the outcome,
                       stopped = "budget spent", winner = "agent"}
 
 so that `kope-apply-kernels` in the same pipeline puts the winning kernel in its place.
-`speedup` is over the function's reference lowering, the baseline inside a pipeline: the IR
-carries no ATen call to time eagerly. An operator already optimized to `budget` by this agent is
-not redone; its annotation comes from the store. An operator that cannot be optimized (a type
-the target does not take, a reference lowering that does not build) gets a warning at its
-function and keeps its body; the pipeline goes on.
+`speedup` is over the function's reference lowering, the baseline inside a pipeline. Where the
+function carries the ATen call it came from (`kope.eager`, written by `kope import --tasks`), or
+the store holds one for its key (the backend met the same operator), eager is timed too, the
+winner is judged against it as on the backend's road, and `speedup_vs_eager` is annotated.
+An operator already optimized to `budget` by this agent is not redone; its annotation comes
+from the store. An operator that cannot be optimized (a type the target does not take, a
+reference lowering that does not build) gets a warning at its function and keeps its body;
+the pipeline goes on.
 
 The pass lives with the loop in the driver (`kope`), not in `kope.passes`, which never
 imports the driver; it is registered under the passes' entry point group, so `kope-opt` finds
@@ -23,6 +26,7 @@ it by name and imports it only when a pipeline names it.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,11 +38,25 @@ from kope.memory.store import ExperienceStore
 from kope.options import Options
 from kope.passes.base import ModulePass, PassError, check_target
 from kope.passes.experience import STORE_HELP, function_key, keyed_functions, symbol_name
-from kope.passes.keys import KERNEL_ATTR, LABEL_ATTR, canonical_function, task_key, workload_digest
+from kope.passes.keys import (
+    EAGER_ATTR,
+    KERNEL_ATTR,
+    LABEL_ATTR,
+    canonical_function,
+    task_key,
+    workload_digest,
+)
 from kope.targets.base import Target
 from kope.task import Task
 from kope.vocabulary.home import kope_home
-from kope.vocabulary.specs import DTYPES, TaskSpec, TensorSpec
+from kope.vocabulary.specs import (
+    DTYPES,
+    OpCall,
+    Program,
+    TaskSpec,
+    TensorSpec,
+    eager_from_json,
+)
 
 log = logging.getLogger("kope.passes")
 
@@ -120,7 +138,7 @@ class OptimizeOperators(ModulePass):
         from kope.optimize import Budget, optimize_task, summarize
         from kope.precompile import already_done
 
-        task = self._task(func, target, target_key)
+        task = self._task(func, target, target_key, store)
         budget = Budget(attempts=self.budget)
         if already_done(store, task.key, self.agent, budget):
             summary = summarize(task, store, stopped="done in an earlier run")
@@ -136,13 +154,21 @@ class OptimizeOperators(ModulePass):
         speedup = summary.speedup_vs_reference
         if speedup is not None:
             entries["speedup"] = ir.FloatAttr.get(ir.F64Type.get(), speedup)
+        if summary.speedup_vs_eager is not None:
+            entries["speedup_vs_eager"] = ir.FloatAttr.get(
+                ir.F64Type.get(), summary.speedup_vs_eager
+            )
         pinned = store.standing(task.key).pinned
         if pinned is not None:
             entries["best_attempt"] = ir.StringAttr.get(pinned.id)
         func.attributes[OPTIMIZED_ATTR] = ir.DictAttr.get(entries)
 
-    def _task(self, func: ir.Operation, target: Target, target_key: str) -> Task:
-        """The Task an outlined function is: its body the reference lowering, no eager call."""
+    def _task(
+        self, func: ir.Operation, target: Target, target_key: str, store: ExperienceStore
+    ) -> Task:
+        """The Task a keyed function is: its body the reference lowering; its eager call the
+        one it carries (`kope.eager`), else the one the store holds for its key (the backend
+        recorded it), else none."""
         key = function_key(func)
         payload = canonical_function(func)
         if task_key(payload, target_key) != key:
@@ -158,8 +184,21 @@ class OptimizeOperators(ModulePass):
             if LABEL_ATTR in func.attributes
             else f"@{symbol_name(func)}"
         )
-        spec = TaskSpec(label, inputs, outputs, None)
+        spec = TaskSpec(label, inputs, outputs, _eager_call(func, store, key))
         return Task([], [], spec, payload, key, workload_digest(payload))
+
+
+def _eager_call(func: ir.Operation, store: ExperienceStore, key: str) -> OpCall | Program | None:
+    if EAGER_ATTR in func.attributes:
+        text = ir.StringAttr(func.attributes[EAGER_ATTR]).value
+        try:
+            return eager_from_json(json.loads(text))
+        except (ValueError, KeyError, TypeError) as err:
+            raise _Skip(f"its {EAGER_ATTR} is not an ATen call KOPE wrote ({err})") from None
+    record = store.task(key)
+    if record is not None and record.eager is not None:
+        return eager_from_json(record.eager)
+    return None
 
 
 def _spec(t: ir.Type, target: Target) -> TensorSpec:

@@ -8,8 +8,11 @@ kernel.
 
 from __future__ import annotations
 
+import json
 import logging
 import operator
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,10 +23,25 @@ from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
 from torch_mlir.extras.fx_importer import FxImporter
 
-from kope.passes.keys import canonicalize_module_text, task_key, workload_digest
+from kope.passes.keys import (
+    EAGER_ATTR,
+    KEY_ATTR,
+    LABEL_ATTR,
+    canonicalize_module_text,
+    task_key,
+    workload_digest,
+)
 from kope.passes.pipeline import PipelineError, run_pipeline
 from kope.vocabulary.kernels import FORM_MLIR, Kernel
-from kope.vocabulary.specs import InputRef, OpCall, Program, StepRef, TaskSpec, TensorSpec
+from kope.vocabulary.specs import (
+    InputRef,
+    OpCall,
+    Program,
+    StepRef,
+    TaskSpec,
+    TensorSpec,
+    eager_json,
+)
 
 log = logging.getLogger("kope.compiler")
 
@@ -248,3 +266,27 @@ def make_task(nodes: fx.Node | list[fx.Node], target_key: str) -> Task:
 def _first_line(err: BaseException) -> str:
     text = str(err).strip() or type(err).__name__
     return text.splitlines()[0][:300]
+
+
+def tasks_module(tasks: Sequence[Task]) -> str:
+    """The Tasks as one MLIR module for `kope-opt`: each Task's reference lowering as a function
+    `@task<N>_<op>` carrying the key the backend gives it (`kope.key`: the function is the very
+    payload the backend keys, so the key is its own on every road), its label, and its ATen call
+    as JSON (`kope.eager`, when it has one) so that `kope-optimize` times it against eager."""
+    context = ir.Context()
+    functions = []
+    for index, task in enumerate(tasks):
+        module = ir.Module.parse(task.payload, context)
+        func = next(
+            op.operation for op in module.body.operations if op.operation.name == "func.func"
+        )
+        op = re.sub(r"[^A-Za-z0-9]+", "_", task.op).strip("_")[:48]
+        func.attributes["sym_name"] = ir.StringAttr.get(f"task{index}_{op}", context)
+        func.attributes[KEY_ATTR] = ir.StringAttr.get(task.key, context)
+        func.attributes[LABEL_ATTR] = ir.StringAttr.get(task.label, context)
+        eager = eager_json(task.spec.eager)
+        if eager is not None:
+            text = json.dumps(eager, sort_keys=True, separators=(",", ":"))
+            func.attributes[EAGER_ATTR] = ir.StringAttr.get(text, context)
+        functions.append(func.get_asm(enable_debug_info=False))
+    return "module {\n" + "\n".join(functions) + "}\n"

@@ -16,6 +16,9 @@ from torch_mlir.passmanager import PassManager
 CANONICAL_NAME = "main"
 KEY_ATTR = "kope.key"
 LABEL_ATTR = "kope.label"
+# The ATen call a function computes, as JSON (`kope.vocabulary.specs.eager_json`): written by
+# `kope import --tasks`, it lets `kope-optimize` time the function against eager.
+EAGER_ATTR = "kope.eager"
 KERNEL_ATTR = "kope.kernel"  # the body is a kernel from memory, not an outlined operator
 
 

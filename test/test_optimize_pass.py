@@ -96,3 +96,48 @@ def test_an_imported_model_is_optimized_applied_lowered_and_runs(
     with torch.no_grad():
         for inputs in (x, torch.randn(16, 64)):
             torch.testing.assert_close(jit(inputs)[0], model(inputs), rtol=1e-4, atol=1e-5)
+
+
+def test_the_backends_own_partition_goes_through_kope_opt_with_eager_timed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`kope import --tasks` writes the Tasks the backend makes, keyed as it keys them, with
+    their ATen calls: `kope-optimize` times them against eager, and what it pins is what
+    `torch.compile(backend="kope")` then runs, by the same keys."""
+    import kope
+    from kope.precompile import trace_tasks
+    from kope.targets.cpu import CpuTarget
+
+    (tmp_path / "models.py").write_text(FACTORY)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from models import mlp
+    finally:
+        sys.path.remove(str(tmp_path))
+    source = tmp_path / "tasks.mlir"
+    proc = run("kope", "import", "models:mlp", "--tasks", "-o", str(source))
+    model, inputs = mlp()
+    backend_keys = [task.key for task in trace_tasks(model, inputs, CpuTarget())]
+    text = source.read_text()
+    assert re.findall(r'kope\.key = "(\w+)"', text) == backend_keys
+    assert text.count("kope.eager = ") == len(backend_keys) and "Tasks" in proc.stderr
+
+    store = tmp_path / "store"
+    pipeline = (
+        f"builtin.module(kope-optimize{{budget=2 store={store}}},"
+        f"kope-apply-kernels{{store={store}}})"
+    )
+    optimized = run("kope-opt", f"--pass-pipeline={pipeline}", str(source)).stdout
+    assert optimized.count("speedup_vs_eager = ") == len(backend_keys)
+    recorded = ExperienceStore(store)
+    assert {t.key for t in recorded.tasks()} == set(backend_keys)
+    assert all(
+        a.eager_us is not None for key in backend_keys for a in recorded.attempts(key)
+    )  # each timed against eager, as on the backend's road
+
+    kope.reset_report()
+    with torch.no_grad():
+        compiled = torch.compile(model, backend="kope", options={"store": str(store)})
+        torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
+    assert [t.key for graph in kope.report().graphs for t in graph.tasks] == backend_keys
