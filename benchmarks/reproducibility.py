@@ -11,8 +11,11 @@ runs' own timings is what says whether a change is noise).
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -29,16 +32,35 @@ def main() -> int:
     parser.add_argument("--budget", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--report")
+    parser.add_argument(
+        "--compare", metavar="REPORT", help="print the comparison of a saved report"
+    )
     args = parser.parse_args()
-    suite = load_suite(ROOT / "benchmarks" / "suite")
-    suite = {n: suite[n] for n in args.ops.split(",")}
-    target = target_for("cpu", 1, 60.0)
-    config = BenchConfig(target, args.budget, [args.seed], progress=False)
-    runs = [run_bench(suite, config, scratch_dir("kope-repro-")) for _ in range(2)]
-    target.close()
+    if args.compare:
+        runs = json.loads(Path(args.compare).read_text())["runs"]
+    else:
+        suite = load_suite(ROOT / "benchmarks" / "suite")
+        suite = {n: suite[n] for n in args.ops.split(",")}
+        target = target_for("cpu", 1, 60.0)
+        config = BenchConfig(target, args.budget, [args.seed], progress=False)
+        runs = [run_bench(suite, config, scratch_dir("kope-repro-")) for _ in range(2)]
+        target.close()
+    compare(runs)
+    if args.report:
+        write_json({"runs": runs}, Path(args.report))
+    return 0
+
+
+def compare(runs: list[dict[str, Any]]) -> None:
+    """Operator by operator: the same decisions, verdicts and winner? And is the change of its
+    speedup larger than the drift of its eager time between the runs (the same ATen call,
+    timed the same way: what the machine alone moved)?"""
     first, second = ({(r["name"], r["key"]): r for r in run["operators"]} for run in runs)
-    same_verdicts = same_winner = 0
-    print(f"{'operator':58} {'decisions+verdicts':18} {'winner':14} speedup 1st / 2nd")
+    same_verdicts = same_winner = within = 0
+    print(
+        f"{'operator':58} {'decisions+verdicts':18} {'winner':10} "
+        f"{'speedup 1st / 2nd':18} eager drift"
+    )
     for key, a in first.items():
         b = second[key]
         verdicts = a["attempt_verdicts"] == b["attempt_verdicts"]
@@ -46,19 +68,28 @@ def main() -> int:
         winner = a["winner"] == b["winner"] and a["best_decision"] == b["best_decision"]
         same_verdicts += verdicts and decisions
         same_winner += winner
+        change = _change(a["speedup_vs_eager"], b["speedup_vs_eager"])
+        drift = _change(a["eager_us"], b["eager_us"])
+        within += change is not None and drift is not None and change <= max(drift, 0.05)
         print(
             f"{a['name'] + ': ' + a['label']:58.58} "
             f"{'same' if verdicts and decisions else 'DIFFERENT':18} "
-            f"{'same' if winner else 'DIFFERENT':14} "
+            f"{'same' if winner else 'DIFFERENT':10} "
             f"{a['speedup_vs_eager'] or 0:.2f}x / {b['speedup_vs_eager'] or 0:.2f}x"
+            f"{'':6} {'-' if drift is None else f'{drift:.0%}'}"
         )
     print(
         f"{same_verdicts} of {len(first)} operators with the same decisions and verdicts; "
-        f"{same_winner} with the same winner"
+        f"{same_winner} with the same winner; {within} whose speedup moved no more than their "
+        "eager time drifted between the runs (or 5%)"
     )
-    if args.report:
-        write_json({"runs": runs}, Path(args.report))
-    return 0
+
+
+def _change(a: float | None, b: float | None) -> float | None:
+    """|log(b / a)| as a fraction (0.1: the larger is 10% above the smaller)."""
+    if not a or not b:
+        return None
+    return math.exp(abs(math.log(b / a))) - 1.0
 
 
 if __name__ == "__main__":
