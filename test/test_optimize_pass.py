@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -42,6 +43,19 @@ def run(*argv: str) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+def _factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """`FACTORY` as module `models` in `tmp_path`, importable by `kope` subprocesses too; its
+    `mlp` factory."""
+    (tmp_path / "models.py").write_text(FACTORY)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        from models import mlp  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(tmp_path))
+    return mlp
+
+
 def test_kope_optimize_is_found_by_name_and_lives_in_the_driver() -> None:
     assert pass_class("kope-optimize") is OptimizeOperators
     assert OptimizeOperators.__module__ == "kope.optimize_pass"
@@ -50,13 +64,7 @@ def test_kope_optimize_is_found_by_name_and_lives_in_the_driver() -> None:
 def test_an_imported_model_is_optimized_applied_lowered_and_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "models.py").write_text(FACTORY)
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    sys.path.insert(0, str(tmp_path))
-    try:
-        from models import mlp  # type: ignore[import-not-found]
-    finally:
-        sys.path.remove(str(tmp_path))
+    mlp = _factory(tmp_path, monkeypatch)
     source = tmp_path / "mlp.mlir"
     run("kope", "import", "models:mlp", "-o", str(source))
     assert "linalg.matmul" in source.read_text()
@@ -108,13 +116,7 @@ def test_the_backends_own_partition_goes_through_kope_opt_with_eager_timed(
     from kope.precompile import trace_tasks
     from kope.targets.cpu import CpuTarget
 
-    (tmp_path / "models.py").write_text(FACTORY)
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    sys.path.insert(0, str(tmp_path))
-    try:
-        from models import mlp
-    finally:
-        sys.path.remove(str(tmp_path))
+    mlp = _factory(tmp_path, monkeypatch)
     source = tmp_path / "tasks.mlir"
     proc = run("kope", "import", "models:mlp", "--tasks", "-o", str(source))
     model, inputs = mlp()
