@@ -132,9 +132,6 @@ SEQUENCE: dict[str, Callable[[], Example]] = {
 globals().update({name: factory for name, factory in {**OPSET, **SEQUENCE}.items()})
 
 
-# Each import of a suite file gets a module name of its own, so two loads never share state.
-
-
 def load_suite(directory: str | Path) -> dict[str, Callable[[], Example]]:
     """One factory per suite file of `directory`, in sorted file-name order, keyed by file stem.
 

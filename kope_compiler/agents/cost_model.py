@@ -27,6 +27,7 @@ import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -194,13 +195,7 @@ class CostModel:
         self.evidence = sum(row.weight for row in rows)
         x = np.array([features(r.workload, r.config, self.schema) for r in rows])
         y = np.array([math.log(max(r.speedup, 1e-3)) for r in rows])
-        # Imported when a model is first fitted: scikit-learn takes ~2 s to import, and a
-        # compile that optimizes nothing never fits one.
-        from sklearn.ensemble import GradientBoostingRegressor
-
-        self.regressor = GradientBoostingRegressor(
-            n_estimators=50, learning_rate=0.2, max_depth=3, random_state=0
-        )
+        self.regressor = _regressor()
         self.regressor.fit(x, y, sample_weight=np.array([r.weight for r in rows]))
 
         self.trust = _held_out_concordance(x, y, rows)
@@ -218,6 +213,17 @@ class CostModel:
         return [float(v) for v in self.regressor.predict(x)]
 
 
+def _regressor() -> Any:
+    """The regressor every fit uses (the module's docstring says why these settings)."""
+    # Imported when a model is first fitted: scikit-learn takes ~2 s to import, and a compile
+    # that optimizes nothing never fits one.
+    from sklearn.ensemble import GradientBoostingRegressor
+
+    return GradientBoostingRegressor(
+        n_estimators=50, learning_rate=0.2, max_depth=3, random_state=0
+    )
+
+
 def _held_out_concordance(x: np.ndarray, y: np.ndarray, rows: list[Row]) -> float:
     """How far to trust the model's ranking on an operator it has not seen, in [0, 1]: fitted
     without some operators' attempts (at most `TRUST_FOLDS` grouped folds), the share of each
@@ -226,8 +232,6 @@ def _held_out_concordance(x: np.ndarray, y: np.ndarray, rows: list[Row]) -> floa
     worse than the static prior about as often as better; this keeps such a model from
     overruling the prior. Nothing to check it on (no operator with two distinct timings
     beside another operator): 0."""
-    from sklearn.ensemble import GradientBoostingRegressor
-
     groups = [row.workload for row in rows]
     members: dict[Workload, list[int]] = {}
     for index, group in enumerate(groups):
@@ -241,9 +245,7 @@ def _held_out_concordance(x: np.ndarray, y: np.ndarray, rows: list[Row]) -> floa
         held = np.array([group in fold for group in groups])
         if held.all():
             continue
-        model = GradientBoostingRegressor(
-            n_estimators=50, learning_rate=0.2, max_depth=3, random_state=0
-        )
+        model = _regressor()
         model.fit(x[~held], y[~held], sample_weight=weights[~held])
         predicted = dict(
             zip(np.flatnonzero(held).tolist(), model.predict(x[held]).tolist(), strict=True)

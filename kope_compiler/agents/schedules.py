@@ -400,7 +400,7 @@ def _rows(info: PayloadInfo, config: Config) -> str:
         handles[anchor.index] = handle
         anchor = next((op for op in pending if not op.is_fill), None)
         pending = [op for op in pending if op is not anchor]
-    for op in [op for op in reversed(info.ops) if op.index not in root_inits or op.is_root]:
+    for op in [op for op in reversed(info.ops) if op.index not in root_inits]:
         if op.is_fill or not op.ranges:
             continue
         inner = [0] * len(op.ranges)
