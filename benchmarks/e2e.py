@@ -173,6 +173,9 @@ def run(name: str, store: Path, budget: int, inductor: bool) -> dict[str, Any]:
                 "reason": g.whole.reason if g.whole else "",
                 "tasks": len(g.tasks),
                 "jit": sum(t.jit for t in g.tasks),
+                # The whole-graph check's own figure: the compiled graph against the eager
+                # graph, both called directly (no dynamo frame around either).
+                "graph_speedup": g.whole.speedup if g.whole else None,
             }
             for g in graphs
         ]

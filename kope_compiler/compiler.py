@@ -115,8 +115,7 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
                 entry.kernel, entry.reason = "eager", f"kernel failed to load: {err}"
             else:
                 single = len(task.spec.outputs) == 1 and not _is_multi(task.node)
-                eager = task.spec.eager
-                assert eager is not None  # the partitioner's Tasks are ATen nodes
+                eager = _eager_graph(task, single)
                 task.node.target = KernelCall(kernel, single, entry, eager)
                 task.node.args = tuple(task.input_nodes)
                 task.node.kwargs = {}
@@ -222,6 +221,25 @@ def _optimize_unseen(
     finally:
         if agent is not None:
             agent.close()
+
+
+def _eager_graph(task: Task, single: bool) -> Callable[[Sequence[torch.Tensor]], tuple[Any, ...]]:
+    """The Task's own ATen nodes as a small graph: what its call runs once the whole-graph
+    check drops its kernel. Generated code, like the graph it came from, so a dropped kernel
+    costs one call more than eager, not an interpreter of its `OpCall`s."""
+    graph = fx.Graph()
+    values: dict[fx.Node, fx.Node] = {
+        n: graph.placeholder(f"in{i}") for i, n in enumerate(task.input_nodes)
+    }
+    for node in task.nodes:
+        values[node] = graph.node_copy(node, lambda n: values[n])
+    graph.output((values[task.node],) if single else values[task.node])
+    module = fx.GraphModule(torch.nn.Module(), graph)
+
+    def run(inputs: Sequence[torch.Tensor]) -> tuple[Any, ...]:
+        return tuple(module(*inputs))
+
+    return run
 
 
 def _is_multi(node: fx.Node) -> bool:

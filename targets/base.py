@@ -40,6 +40,11 @@ class BuiltKernel(Protocol):
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Compute the operator into fresh outputs."""
 
+    def bind(self) -> BuiltKernel:
+        """A handle on the same built kernel for one call site: state a call keeps between
+        calls (a packed copy of a strided weight) belongs to the site, not to every site
+        that runs this kernel."""
+
 
 class Target(ABC):
     """A hardware target. Subclasses set the class attributes and implement `key` and `build`."""
@@ -176,11 +181,12 @@ class Target(ABC):
         )
 
     def load(self, task: TaskSpec, kernel: Kernel) -> BuiltKernel:
-        """Build a verified kernel into this process (once per operator signature and kernel)."""
+        """Build a verified kernel into this process (once per operator signature and kernel);
+        each load is a handle of its own (`BuiltKernel.bind`), for one call site."""
         key = (repr((task.inputs, task.outputs)), kernel.digest)
         if key not in self._loaded:
             self._loaded[key] = self.build(task, kernel)
-        return self._loaded[key]
+        return self._loaded[key].bind()
 
     @property
     def pool(self) -> Any:

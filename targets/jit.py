@@ -9,6 +9,7 @@ microseconds.
 
 from __future__ import annotations
 
+import copy
 import ctypes
 from collections.abc import Sequence
 
@@ -122,6 +123,14 @@ class JitKernel:
         outs = [torch.empty(shape, dtype=dtype) for shape, dtype in self._out_shapes]
         self.run(ins, outs)
         return tuple(outs)
+
+    def bind(self) -> JitKernel:
+        """This kernel for one call site: the engine and descriptors shared, the packed copies
+        of strided inputs its own (two sites of one kernel, the gate and up projections of a
+        SwiGLU, would otherwise evict each other's packed weight on every call)."""
+        site = copy.copy(self)
+        site._packed_inputs = {}
+        return site
 
     def _contiguous(self, index: int, view: torch.Tensor) -> torch.Tensor:
         """A contiguous copy of a strided input, reused while its data is unchanged.

@@ -77,6 +77,9 @@ class TritonKernel:
         self.run(inputs, outputs)
         return outputs
 
+    def bind(self) -> TritonKernel:
+        return self  # a launch keeps nothing between calls
+
 
 class HostOracle:
     """The reference lowering (a CPU kernel) serving a device target as its oracle: inputs
@@ -95,6 +98,9 @@ class HostOracle:
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         results = self.kernel(*(t.cpu() for t in inputs))
         return tuple(t.to(self.device) for t in results)
+
+    def bind(self) -> HostOracle:
+        return HostOracle(self.kernel.bind(), self.device)
 
 
 @functools.cache

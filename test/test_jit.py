@@ -86,6 +86,27 @@ def test_packed_strided_input_follows_in_place_writes() -> None:
     torch.testing.assert_close(kernel(y.t())[0], y.t() * 3)
 
 
+def test_two_sites_of_one_kernel_keep_their_own_packed_weight(monkeypatch) -> None:
+    """Two call sites of one kernel (a SwiGLU's gate and up projections) each pack their
+    strided weight once, instead of evicting each other's copy on every call."""
+    task = _task(lambda t: t * 3, torch.randn(4, 6))
+    kernel = build_kernel(task.spec, Kernel(task.payload))
+    gate, up = kernel.bind(), kernel.bind()
+    copies = []
+    contiguous = torch.Tensor.contiguous
+
+    def counted(self: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        copies.append(self.shape)
+        return contiguous(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "contiguous", counted)
+    w_gate, w_up = torch.randn(6, 4), torch.randn(6, 4)
+    for _ in range(3):
+        torch.testing.assert_close(gate(w_gate.t())[0], w_gate.t() * 3)
+        torch.testing.assert_close(up(w_up.t())[0], w_up.t() * 3)
+    assert len(copies) == 2
+
+
 def test_memref_kernel_needs_no_attributes_to_be_called() -> None:
     """`@kope_kernel` on memrefs as the LLM prompt describes it: no `llvm.emit_c_interface`."""
     x = torch.randn(8, 16)
