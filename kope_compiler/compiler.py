@@ -1,8 +1,8 @@
 """Compiling one aten graph: partition into Tasks, choose each Task's kernel, rewire the graph.
 
 A Task whose chosen kernel is not eager has its node replaced by a `KernelCall` that runs the
-JIT-compiled kernel; everything else stays an ATen call. The result is a plain fx
-GraphModule, so dispatch costs a Python call per Task and nothing per view.
+JIT-compiled kernel; everything else stays an ATen call, made lean (`kope.dispatch`: raw
+operator entries, view chains folded). The result is a plain fx GraphModule.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from kope.dispatch import fast_operators, lean
 from kope.measuring import recording, threads_now
 from kope.memory.store import ExperienceStore
 from kope.options import Options
@@ -126,6 +127,7 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
             ChoiceMade(task.key, task.label, entry.kernel, entry.reason, None, entry.quality)
         )
         graph.tasks.append(entry)
+    lean(gm)
     gm.graph.lint()
     gm.recompile()
     graph.compile_s = time.perf_counter() - start
@@ -234,6 +236,7 @@ def _eager_graph(task: Task, single: bool) -> Callable[[Sequence[torch.Tensor]],
     for node in task.nodes:
         values[node] = graph.node_copy(node, lambda n: values[n])
     graph.output((values[task.node],) if single else values[task.node])
+    fast_operators(graph)
     module = fx.GraphModule(torch.nn.Module(), graph)
 
     def run(inputs: Sequence[torch.Tensor]) -> tuple[Any, ...]:

@@ -1,0 +1,208 @@
+"""Lean dispatch: the compiled aten graph's own Python cost per call, cut to what eager pays.
+
+The graph KOPE compiles is aot_autograd's aten graph, not dynamo's: every `torch.ops.aten`
+call goes through `OpOverload.__call__` (a Python frame), and a matmul written by hand
+becomes a chain of views (`view`, `transpose`, `expand`, `_unsafe_view`) of a few
+microseconds each, where dynamo's graph makes one torch call. On hand-written attention that
+chain cost 270 µs per call over dynamo's graph before a single kernel ran. Two rewrites:
+
+- **Torch bindings**: an ATen node calls torch's own Python binding of its operator
+  (`torch.mm`, `Tensor.expand`: argument parsing in C++, as dynamo's graph calls them) where
+  that binding, given the node's arguments, is checked at compile time (on the node's fake
+  values) to dispatch exactly the node's overload; else the overload's C++ entry
+  (`OpOverload._op`), one Python frame less than `OpOverload.__call__`.
+- **View chains folded**: a chain of two or more views of one tensor, as seen by a compute
+  node, becomes one `as_strided` of its root with the sizes, strides and offset the chain
+  produces (shapes are static: KOPE compiles per concrete shape). The layout of the root is
+  checked on every call, and a root that arrives with other strides than it was traced with
+  replays the chain itself, so the fold never changes a result.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Callable
+from typing import Any, TypeGuard
+
+import torch
+import torch.fx as fx
+
+_aten = torch.ops.aten
+# Ops whose output is a view of their first argument, and nothing else is a tensor.
+VIEW_OPS = frozenset(
+    {
+        _aten.view.default,
+        _aten._unsafe_view.default,
+        _aten.t.default,
+        _aten.transpose.int,
+        _aten.permute.default,
+        _aten.expand.default,
+        _aten.unsqueeze.default,
+        _aten.squeeze.dim,
+        _aten.squeeze.dims,
+        _aten.slice.Tensor,
+        _aten.select.int,
+        _aten.alias.default,
+    }
+)
+# Ops that return a list of views of their first argument (taken apart by `getitem`).
+SPLIT_OPS = frozenset({_aten.split.Tensor, _aten.split_with_sizes.default, _aten.unbind.int})
+
+
+def lean(gm: fx.GraphModule) -> None:
+    """Rewrite `gm`'s graph in place (the caller recompiles)."""
+    fold_view_chains(gm.graph)
+    fast_operators(gm.graph)
+
+
+class RawOp(functools.partial[Any]):
+    """An ATen overload's C++ entry, named so that fx's code generation can refer to it."""
+
+    op: torch._ops.OpOverload
+
+    def __new__(cls, op: torch._ops.OpOverload) -> RawOp:
+        self = super().__new__(cls, op._op)
+        setattr(self, "__name__", str(op).replace(".", "_"))  # noqa: B010 (a partial has none)
+        self.__module__ = __name__
+        self.op = op
+        return self
+
+
+def fast_operators(graph: fx.Graph) -> None:
+    """Each ATen node calls its torch binding where it is checked, else its raw entry."""
+    for node in graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            node.target = torch_binding(node) or RawOp(node.target)
+
+
+def torch_binding(node: fx.Node) -> Callable[..., Any] | None:
+    """torch's Python binding of the node's operator, if it dispatches exactly the node's
+    overload on the node's arguments (checked on their fake values), else None."""
+    op = node.target
+    assert isinstance(op, torch._ops.OpOverload)
+    if op.namespace != "aten":
+        return None
+    name = op._schema.name.split("::", 1)[1]
+    binding = getattr(torch._C._VariableFunctions, name, None)
+    if binding is None:
+        binding = getattr(torch._C.TensorBase, name, None)
+    if binding is None:
+        return None
+    args, kwargs = torch.utils._pytree.tree_map(_fake, (node.args, node.kwargs))
+    modes = {v.fake_mode for v in torch.utils._pytree.tree_leaves((args, kwargs)) if _is_fake(v)}
+    if len(modes) != 1:
+        return None
+    seen = _Dispatched()
+    try:
+        with modes.pop(), seen:
+            binding(*args, **kwargs)
+    except Exception:  # the binding does not take these arguments: the raw entry does
+        return None
+    return binding if seen.ops[:1] == [op] else None
+
+
+def _fake(value: Any) -> Any:
+    return value.meta.get("val") if isinstance(value, fx.Node) else value
+
+
+def _is_fake(value: Any) -> bool:
+    return isinstance(value, torch._subclasses.FakeTensor)
+
+
+class _Dispatched(torch.utils._python_dispatch.TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Records the overloads a call dispatches, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.ops: list[Any] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+def _is_view(node: Any) -> bool:
+    if not isinstance(node, fx.Node) or node.op != "call_function":
+        return False
+    if node.target is operator.getitem:
+        parent = node.args[0]
+        return isinstance(parent, fx.Node) and parent.target in SPLIT_OPS and _one_tensor(parent)
+    return node.target in VIEW_OPS and _one_tensor(node)
+
+
+def _one_tensor(node: fx.Node) -> bool:
+    """Only the first argument is a graph value (sizes are constants, not symbols)."""
+    rest = [*node.args[1:], *node.kwargs.values()]
+    leaves = torch.utils._pytree.tree_leaves(rest)
+    return isinstance(node.args[0], fx.Node) and not any(isinstance(v, fx.Node) for v in leaves)
+
+
+def _source(node: fx.Node) -> fx.Node:
+    arg = node.args[0]
+    assert isinstance(arg, fx.Node)
+    if node.target is operator.getitem:
+        parent = arg.args[0]
+        assert isinstance(parent, fx.Node)
+        return parent
+    return arg
+
+
+def fold_view_chains(graph: fx.Graph) -> int:
+    """Replace each chain of ≥ 2 views, where a non-view node reads it, by one restride of its
+    root; returns the chains folded."""
+    folded = 0
+    for node in list(graph.nodes):
+        if not _is_view(node):
+            continue
+        chain = [node]
+        while _is_view(_source(chain[0])):
+            chain.insert(0, _source(chain[0]))
+        root = _source(chain[0])
+        readers = [u for u in node.users if not _is_view(u)]
+        value, root_value = node.meta.get("val"), root.meta.get("val")
+        if len(chain) < 2 or not readers or not _tensor(value) or not _tensor(root_value):
+            continue
+        with graph.inserting_before(node):
+            restride = graph.call_function(
+                _restrider(root_value, value, _replay(chain, root)), (root,)
+            )
+        restride.meta["val"] = value
+        for reader in readers:
+            reader.replace_input_with(node, restride)
+        folded += 1
+    graph.eliminate_dead_code()
+    return folded
+
+
+def _tensor(value: Any) -> TypeGuard[torch.Tensor]:
+    return isinstance(value, torch.Tensor) and value.layout == torch.strided
+
+
+def _restrider(
+    root: torch.Tensor, view: torch.Tensor, replay: Callable[[torch.Tensor], torch.Tensor]
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    size, stride, root_stride = tuple(view.shape), view.stride(), root.stride()
+    delta = view.storage_offset() - root.storage_offset()
+
+    def restride(base: torch.Tensor) -> torch.Tensor:
+        if base.stride() != root_stride:  # not the layout the chain was traced on
+            return replay(base)
+        return base.as_strided(size, stride, base.storage_offset() + delta)
+
+    return restride
+
+
+def _replay(chain: list[fx.Node], root: fx.Node) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The chain as a graph of its own, from its root."""
+    graph = fx.Graph()
+    values = {root: graph.placeholder("root")}
+    for node in chain:
+        if node.target is operator.getitem and node.args[0] not in values:
+            parent = node.args[0]
+            assert isinstance(parent, fx.Node)
+            values[parent] = graph.node_copy(parent, lambda n: values[n])
+        values[node] = graph.node_copy(node, lambda n: values[n])
+    graph.output(values[chain[-1]])
+    module = fx.GraphModule(torch.nn.Module(), graph)
+    return functools.partial(module.forward)

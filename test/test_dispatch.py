@@ -1,0 +1,79 @@
+"""Lean dispatch (`kope.dispatch`): the rewritten aten graph computes what it did, with the
+same output layouts, in fewer Python calls."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.fx as fx
+from torch._functorch.aot_autograd import aot_export_joint_simple
+from torch._subclasses import FakeTensorMode
+
+from kope.dispatch import fold_view_chains, lean, torch_binding
+
+
+def _attention(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    q, k, v = (x @ w.t()).split(16, dim=-1)
+    q, k, v = (t.view(2, 5, 2, 8).transpose(1, 2) for t in (q, k, v))
+    y = torch.softmax(q @ k.transpose(-2, -1) / 2.0, -1) @ v
+    return (y.transpose(1, 2).reshape(2, 5, 16), k)  # a view output, too
+
+
+def _aten(fn, *inputs: torch.Tensor) -> fx.GraphModule:
+    gm = aot_export_joint_simple(fn, inputs, trace_joint=False)
+    assert isinstance(gm, fx.GraphModule)
+    return gm
+
+
+def test_lean_graph_matches_with_the_same_layouts_and_fewer_nodes() -> None:
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 5, 16), torch.randn(48, 16)
+    gm = _aten(_attention, x, w)
+    before = len(gm.graph.nodes)
+    leaned = copy.deepcopy(gm)
+    lean(leaned)
+    leaned.recompile()
+    assert len(leaned.graph.nodes) < before
+    targets = [n.target for n in leaned.graph.nodes if n.op == "call_function"]
+    assert torch._C._VariableFunctions.bmm in targets  # a checked binding
+    assert not any(isinstance(t, torch._ops.OpOverload) for t in targets)
+    for got, want in zip(leaned(x, w), gm(x, w), strict=True):
+        torch.testing.assert_close(got, want)
+        assert got.stride() == want.stride()
+    k = leaned(x, w)[1]
+    assert k.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+
+
+def test_a_root_with_other_strides_replays_its_chain() -> None:
+    """The fold rests on the root's traced layout; a root arriving otherwise (a kernel's
+    contiguous output where eager's was strided) gets the chain itself, not a wrong view."""
+    graph = fx.Graph()
+    base = graph.placeholder("base")
+    t = graph.call_function(torch.ops.aten.t.default, (base,))
+    v = graph.call_function(torch.ops.aten.unsqueeze.default, (t, 0))
+    s = graph.call_function(torch.ops.aten.sin.default, (v,))
+    graph.output(s)
+    traced_root = torch.randn(3, 4).t()  # the layout at tracing: strided
+    base.meta["val"] = traced_root
+    t.meta["val"] = traced_root.t()
+    v.meta["val"] = traced_root.t().unsqueeze(0)
+    assert fold_view_chains(graph) == 1
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    strided = torch.randn(3, 4).t()
+    torch.testing.assert_close(gm(strided), strided.t().unsqueeze(0).sin())
+    other = torch.randn(4, 3)  # contiguous: other strides than traced
+    torch.testing.assert_close(gm(other), other.t().unsqueeze(0).sin())
+
+
+def test_a_binding_that_dispatches_another_overload_is_not_taken() -> None:
+    """`torch.add(x, 2.0)` dispatches `add.Tensor` (it wraps the scalar): an `add.Scalar`
+    node keeps its own overload's raw entry; an `add.Tensor` node takes the binding."""
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    with FakeTensorMode():
+        x.meta["val"] = torch.empty(3)
+    scalar = graph.call_function(torch.ops.aten.add.Scalar, (x, 2.0))
+    tensor = graph.call_function(torch.ops.aten.add.Tensor, (x, 2.0))
+    assert torch_binding(scalar) is None
+    assert torch_binding(tensor) is torch._C._VariableFunctions.add
