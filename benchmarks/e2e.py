@@ -7,7 +7,8 @@ code writes it, SwiGLU), a GPT-2 MLP (GELU-tanh), attention written by hand, an
 For each model: with `--precompile N`, `kope precompile` (heuristic agent, budget N) into a
 fresh store first; then the first compile (the store as left by precompiling, or empty)
 and inductor's compile are timed; a warm compile (a new dynamo cache over the same store) is
-timed too; then eager, kope and inductor are timed against each other, interleaved, by
+timed too; then eager, kope, inductor and `torch.compile(backend="eager")` ("dynamo": what
+dynamo's frame and guards cost any backend per call) are timed against each other, interleaved, by
 `kope.targets.measure.measure_interleaved` (clean-round rules: a figure whose rounds were
 disturbed is marked `~`). Ratios are eager time / backend time.
 
@@ -185,6 +186,10 @@ def run(name: str, store: Path, budget: int, inductor: bool) -> dict[str, Any]:
         warm(*inputs)
         row["kope_warm_compile_s"] = time.perf_counter() - start
         fns["kope"] = lambda: warm(*inputs)
+        # torch.compile with no backend work: what dynamo's frame and guards cost any backend.
+        dynamo = torch.compile(model, backend="eager")
+        dynamo(*inputs)
+        fns["dynamo"] = lambda: dynamo(*inputs)
         if inductor:
             start = time.perf_counter()
             ind = torch.compile(model, backend="inductor")
@@ -227,12 +232,17 @@ def main() -> None:
             else ""
         )
         print(
-            f"{name:<20} eager {r['eager_us']:8.1f} µs  kope {r['kope_us']:8.1f} µs "
-            f"{mark['kope']}{r['eager_us'] / r['kope_us']:.2f}x  {ind}  "
-            f"graphs {r['graphs']}"
+            f"{name:<20} eager {r['eager_us']:8.1f} µs  dynamo {r['dynamo_us']:8.1f} µs  "
+            f"kope {r['kope_us']:8.1f} µs {mark['kope']}{r['eager_us'] / r['kope_us']:.2f}x "
+            f"({r['dynamo_us'] / r['kope_us']:.2f}x dynamo's)  {ind}  graphs {r['graphs']}"
         )
     kope_ratios = [r["eager_us"] / r["kope_us"] for r in rows]
-    print(f"geomean kope/eager {math.prod(kope_ratios) ** (1 / len(rows)):.2f}x", end="")
+    over_dynamo = [r["dynamo_us"] / r["kope_us"] for r in rows]
+    print(
+        f"geomean kope/eager {math.prod(kope_ratios) ** (1 / len(rows)):.2f}x, "
+        f"kope/dynamo {math.prod(over_dynamo) ** (1 / len(rows)):.2f}x",
+        end="",
+    )
     if all("inductor_us" in r for r in rows):
         ratios = [r["eager_us"] / r["inductor_us"] for r in rows]
         print(f", inductor/eager {math.prod(ratios) ** (1 / len(rows)):.2f}x")

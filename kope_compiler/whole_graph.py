@@ -7,11 +7,14 @@ timed against the eager graph (dynamo's own) in the calling process, interleaved
 measurement's clean-round rules (`kope.targets.measure.measure_interleaved`), on the inputs
 the graph was compiled for; its outputs are first checked against eager's.
 
-When the compiled graph does not beat eager beyond noise (`WIN_MARGIN`), its kernels are taken
-back one at a time and added again greedily, the largest gain the per-operator figures promise
-first: each is kept only if the graph with it beats the graph without it, measured head to
-head. What is left runs only if it beats eager; else the eager graph runs. Dropped choices run
-their operator's eager call and say so in `kope.report()`.
+When the compiled graph does not beat eager beyond noise (`WIN_MARGIN`), each kernel is first
+timed in this process against its own eager call, on the inputs the graph hands it (a kernel's
+gain is a large share of its own time and a small one of the graph's, so this head to head
+sees what the graph's timing drowns in noise); the kernels that lose there are dropped. If the
+graph with the rest beats eager, it runs. Else the rest are added back one at a time, the
+largest measured gain first, each kept only if the graph with it beats the graph without it;
+what is left runs only if it beats eager; else the eager graph runs. Dropped choices run their
+operator's eager call and say so in `kope.report()`.
 
 A decision that rests on clean timings is recorded in the store (a task of op `kope.graph`,
 one `graph` attempt per decision: the compiled and eager graphs' timings, and in `config` the
@@ -137,13 +140,28 @@ def _greedy(
     config: MeasureConfig,
     threads: dict[str, int],
 ) -> GraphDecision:
-    """Add the kernels back one at a time, the largest promised gain first, keeping each that
-    makes the graph faster; then the result must still beat eager."""
+    """Keep the kernels that beat their own eager call in this process; if the graph with them
+    does not beat eager, add them back one at a time, the largest measured gain first, keeping
+    each that makes the graph faster; the result must still beat eager."""
+    gains, disturbed = _own_gains(calls, compiled, config, threads["kope"])
+    order = sorted((c for c in calls if gains[id(c)] > 0), key=lambda c: gains[id(c)], reverse=True)
+    for call in calls:
+        call.enabled = call in order
+    if order:
+        timed = measure_interleaved({"eager": eager, "kope": compiled}, config, threads)
+        if timed["kope"].clean and timed["eager"].clean and _beats(timed["kope"], timed["eager"]):
+            decision = GraphDecision(
+                True,
+                f"{len(order)} of {len(calls)} kernels pay inside the graph (each beat its own "
+                "eager call here)",
+                timed["kope"],
+                timed["eager"],
+            )
+            decision.disturbed = bool(disturbed)
+            return decision
     for call in calls:
         call.enabled = False
-    order = sorted(calls, key=_promised_gain, reverse=True)
     pair = {"with": threads["kope"], "without": threads["kope"]}
-    disturbed = 0
     for call in order[:MAX_GREEDY]:
         call.enabled = True
         timed = measure_interleaved(
@@ -190,12 +208,54 @@ def _beats(fast: Timing, slow: Timing) -> bool:
     return slow.median_us / fast.median_us > 1.0 + WIN_MARGIN
 
 
-def _promised_gain(call: Switchable) -> float:
-    """The µs a kernel's per-operator figures say it saves per call."""
-    report = call.report
-    if report.eager_us is None or report.kernel_us is None:
-        return 0.0
-    return report.eager_us - report.kernel_us
+def _own_gains(
+    calls: Sequence[Switchable], compiled: Callable[[], Any], config: MeasureConfig, threads: int
+) -> tuple[dict[int, float], int]:
+    """Per kernel (by id), the µs it saves per call against its own eager call, timed head to
+    head in this process on the inputs one run of the graph gives it (0 when it does not beat
+    eager beyond noise or its timing was not clean); and how many timings were disturbed."""
+    seen: dict[int, tuple[Any, ...]] = {}
+    kernels = {id(c): c.kernel for c in calls}
+
+    def recording(call: Switchable) -> Callable[..., Any]:
+        def run(*inputs: Any) -> Any:
+            seen[id(call)] = inputs
+            return kernels[id(call)](*inputs)
+
+        return run
+
+    for call in calls:
+        call.enabled = True
+        call.kernel = recording(call)
+    try:
+        compiled()
+    finally:
+        for call in calls:
+            call.kernel = kernels[id(call)]
+    gains: dict[int, float] = {}
+    disturbed = 0
+    for call in calls:
+        inputs = seen.get(id(call))
+        if inputs is None:  # not reached on these inputs
+            gains[id(call)] = 0.0
+            continue
+        timed = _head_to_head(call, inputs, config, threads)
+        clean = timed["kernel"].clean and timed["eager"].clean
+        disturbed += not clean
+        wins = clean and _beats(timed["kernel"], timed["eager"])
+        gains[id(call)] = timed["eager"].median_us - timed["kernel"].median_us if wins else 0.0
+    return gains, disturbed
+
+
+def _head_to_head(
+    call: Switchable, inputs: tuple[Any, ...], config: MeasureConfig, threads: int
+) -> dict[str, Timing]:
+    kernel, eager = call.kernel, call.eager
+    return measure_interleaved(
+        {"kernel": lambda: kernel(*inputs), "eager": lambda: eager(inputs)},
+        config,
+        {"kernel": threads, "eager": threads},
+    )
 
 
 def _entry(call: Switchable) -> str:

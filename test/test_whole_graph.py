@@ -13,6 +13,7 @@ from kope.memory.schema import AttemptRecord
 from kope.memory.store import ExperienceStore
 from kope.precompile import trace_tasks
 from kope.targets.cpu import CpuTarget
+from kope.targets.measure import MeasureConfig
 from kope.vocabulary.evidence import SOURCE_EAGER, SOURCE_GRAPH, SOURCE_REFERENCE, TIMING_CLEAN
 
 
@@ -113,3 +114,43 @@ def test_a_fast_path_is_taken_apart_only_when_its_parts_have_kernels(tmp_path: P
     assert fast_path not in [e.op for e in graph.eager]
     assert any(t.op == "aten.relu.default" for t in graph.tasks)
     assert graph.whole is not None  # timed against the eager graph, which runs it whole
+
+
+class _Call:
+    """A graph node's switchable call (`kope.whole_graph.Switchable`) over plain functions."""
+
+    def __init__(self, kernel, eager):
+        self.kernel, self.eager, self.enabled, self.single = kernel, eager, True, True
+        self.report = None
+
+    def __call__(self, *inputs):
+        return self.kernel(*inputs) if self.enabled else self.eager(inputs)
+
+
+def _slow(x: torch.Tensor) -> torch.Tensor:
+    for _ in range(60):
+        x = x + 0.0
+    return x
+
+
+def test_a_kernel_that_loses_to_its_own_eager_call_is_dropped_and_the_rest_kept() -> None:
+    """The graph with both kernels loses to eager (one kernel is much slower than its eager
+    call); timed head to head on its own inputs, each kernel shows which side it is on."""
+    from kope.whole_graph import _greedy
+
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+    wins = _Call(lambda t: (t + 0.0,), lambda ins: (_slow(ins[0]),))
+    loses = _Call(lambda t: (_slow(_slow(t)),), lambda ins: (ins[0] + 0.0,))
+
+    def compiled():
+        return loses(wins(x)[0])
+
+    def eager():
+        return loses.eager((wins.eager((x,))[0],))
+
+    decision = _greedy([wins, loses], eager, compiled, MeasureConfig(), {"eager": 1, "kope": 1})
+    if decision.disturbed or not decision.clean:
+        return  # a loaded machine: the decision is not kept, nothing to check
+    assert decision.compiled, decision.reason
+    assert wins.enabled and not loses.enabled
+    assert "beat its own eager call" in decision.reason
