@@ -72,6 +72,30 @@ def test_non_contiguous_and_size_one_inputs() -> None:
                 torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
 
 
+def test_weights_written_after_compiling_are_used() -> None:
+    """The gate and up projections share one kernel, each site with its packed transposed
+    weight; fine-tuning in place or loading a checkpoint after compiling changes the answer."""
+
+    class SwiGLU(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = torch.nn.Linear(8, 12, bias=False)
+            self.up = torch.nn.Linear(8, 12, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.silu(self.gate(x)) * self.up(x)
+
+    torch.manual_seed(0)
+    model, x = SwiGLU().eval(), torch.randn(5, 8)
+    with torch.no_grad():
+        compiled = torch.compile(model, backend="kope", options={"kernels": "reference"})
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+        model.up.weight.mul_(-2.0)  # in place
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+        model.load_state_dict({k: torch.randn_like(v) for k, v in model.state_dict().items()})
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+
+
 def test_multi_output_op_with_indices() -> None:
     def f(x):
         values, indices = torch.max(x, dim=1)
