@@ -40,10 +40,13 @@ class BuiltKernel(Protocol):
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Compute the operator into fresh outputs."""
 
-    def bind(self) -> BuiltKernel:
-        """A handle on the same built kernel for one call site: state a call keeps between
-        calls (a packed copy of a strided weight) belongs to the site, not to every site
-        that runs this kernel."""
+
+def for_site(kernel: BuiltKernel) -> BuiltKernel:
+    """A handle on `kernel` for one call site. A kernel that keeps state between calls (the
+    CPU target's packed copy of a strided weight) defines `bind()`, so that the state belongs
+    to the site and not to every site that runs the kernel; one that keeps none need not."""
+    bind = getattr(kernel, "bind", None)
+    return bind() if bind is not None else kernel
 
 
 class Target(ABC):
@@ -182,11 +185,11 @@ class Target(ABC):
 
     def load(self, task: TaskSpec, kernel: Kernel) -> BuiltKernel:
         """Build a verified kernel into this process (once per operator signature and kernel);
-        each load is a handle of its own (`BuiltKernel.bind`), for one call site."""
+        each load is a handle of its own (`for_site`), for one call site."""
         key = (repr((task.inputs, task.outputs)), kernel.digest)
         if key not in self._loaded:
             self._loaded[key] = self.build(task, kernel)
-        return self._loaded[key].bind()
+        return for_site(self._loaded[key])
 
     @property
     def pool(self) -> Any:

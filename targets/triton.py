@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from kope.targets.base import BuildError, BuiltKernel, Target
+from kope.targets.base import BuildError, BuiltKernel, Target, for_site
 from kope.targets.host import package_version
 from kope.targets.triton_sandbox import BUILTINS, TL_NAMES, KernelRefused, load_launcher
 from kope.vocabulary.kernels import FORM_MLIR, FORM_TRITON, Kernel
@@ -77,9 +77,6 @@ class TritonKernel:
         self.run(inputs, outputs)
         return outputs
 
-    def bind(self) -> TritonKernel:
-        return self  # a launch keeps nothing between calls
-
 
 class HostOracle:
     """The reference lowering (a CPU kernel) serving a device target as its oracle: inputs
@@ -100,7 +97,7 @@ class HostOracle:
         return tuple(t.to(self.device) for t in results)
 
     def bind(self) -> HostOracle:
-        return HostOracle(self.kernel.bind(), self.device)
+        return HostOracle(for_site(self.kernel), self.device)
 
 
 @functools.cache
