@@ -1,8 +1,8 @@
 """Compiling one aten graph: partition into Tasks, choose each Task's kernel, rewire the graph.
 
 A Task whose chosen kernel is not eager has its node replaced by a `KernelCall` that runs the
-JIT-compiled kernel; everything else stays an ATen call, made lean (`kope.dispatch`: raw
-operator entries, view chains folded). The result is a plain fx GraphModule.
+JIT-compiled kernel; everything else stays an ATen call, made lean (`kope.dispatch`: torch's own
+bindings or raw operator entries, view chains folded). The result is a plain fx GraphModule.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from kope.dispatch import fast_operators, lean
+from kope.dispatch import lean, subgraph
 from kope.measuring import recording, threads_now
 from kope.memory.store import ExperienceStore
 from kope.options import Options
@@ -229,15 +229,7 @@ def _eager_graph(task: Task, single: bool) -> Callable[[Sequence[torch.Tensor]],
     """The Task's own ATen nodes as a small graph: what its call runs once the whole-graph
     check drops its kernel. Generated code, like the graph it came from, so a dropped kernel
     costs one call more than eager, not an interpreter of its `OpCall`s."""
-    graph = fx.Graph()
-    values: dict[fx.Node, fx.Node] = {
-        n: graph.placeholder(f"in{i}") for i, n in enumerate(task.input_nodes)
-    }
-    for node in task.nodes:
-        values[node] = graph.node_copy(node, lambda n: values[n])
-    graph.output((values[task.node],) if single else values[task.node])
-    fast_operators(graph)
-    module = fx.GraphModule(torch.nn.Module(), graph)
+    module = subgraph(task.input_nodes, task.nodes, task.node, as_tuple=single)
 
     def run(inputs: Sequence[torch.Tensor]) -> tuple[Any, ...]:
         return tuple(module(*inputs))

@@ -59,13 +59,10 @@ def lean(gm: fx.GraphModule) -> None:
 class RawOp(functools.partial[Any]):
     """An ATen overload's C++ entry, named so that fx's code generation can refer to it."""
 
-    op: torch._ops.OpOverload
-
     def __new__(cls, op: torch._ops.OpOverload) -> RawOp:
         self = super().__new__(cls, op._op)
         setattr(self, "__name__", str(op).replace(".", "_"))  # noqa: B010 (a partial has none)
         self.__module__ = __name__
-        self.op = op
         return self
 
 
@@ -195,14 +192,24 @@ def _restrider(
 
 def _replay(chain: list[fx.Node], root: fx.Node) -> Callable[[torch.Tensor], torch.Tensor]:
     """The chain as a graph of its own, from its root."""
-    graph = fx.Graph()
-    values = {root: graph.placeholder("root")}
+    nodes: list[fx.Node] = []
     for node in chain:
-        if node.target is operator.getitem and node.args[0] not in values:
-            parent = node.args[0]
-            assert isinstance(parent, fx.Node)
-            values[parent] = graph.node_copy(parent, lambda n: values[n])
+        parent = node.args[0]
+        if node.target is operator.getitem and isinstance(parent, fx.Node) and parent not in nodes:
+            nodes.append(parent)  # the split a `getitem` takes apart
+        nodes.append(node)
+    return subgraph([root], nodes, chain[-1]).forward
+
+
+def subgraph(
+    inputs: list[fx.Node], nodes: list[fx.Node], result: fx.Node, as_tuple: bool = False
+) -> fx.GraphModule:
+    """`nodes` (in graph order) copied into a graph of their own that takes `inputs` and
+    returns `result` (as a 1-tuple with `as_tuple`), its operators made fast."""
+    graph = fx.Graph()
+    values = {n: graph.placeholder(f"in{i}") for i, n in enumerate(inputs)}
+    for node in nodes:
         values[node] = graph.node_copy(node, lambda n: values[n])
-    graph.output(values[chain[-1]])
-    module = fx.GraphModule(torch.nn.Module(), graph)
-    return functools.partial(module.forward)
+    graph.output((values[result],) if as_tuple else values[result])
+    fast_operators(graph)
+    return fx.GraphModule(torch.nn.Module(), graph)

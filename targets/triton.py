@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from kope.targets.base import BuildError, BuiltKernel, Target, for_site
+from kope.targets.base import BuildError, BuiltKernel, Target
 from kope.targets.host import package_version
 from kope.targets.triton_sandbox import BUILTINS, TL_NAMES, KernelRefused, load_launcher
 from kope.vocabulary.kernels import FORM_MLIR, FORM_TRITON, Kernel
@@ -95,9 +95,6 @@ class HostOracle:
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         results = self.kernel(*(t.cpu() for t in inputs))
         return tuple(t.to(self.device) for t in results)
-
-    def bind(self) -> HostOracle:
-        return HostOracle(for_site(self.kernel), self.device)
 
 
 @functools.cache
