@@ -74,7 +74,7 @@ def _compile(
         return _aot(gm, example_inputs, opts)
     assert isinstance(aten_gm, fx.GraphModule)  # typed as a callable; a graph in fact
     compiled, report = compile_graph(aten_gm, opts)
-    if not any(task.jit for task in report.tasks):
+    if not any(task.jit for task in report.tasks) and not report.rewrites:
         return gm.forward
     # Under `auto`, the compiled graph must beat eager's as a whole; `reference` forces kernels.
     if opts.kernels == "auto" and not settle_graph(
@@ -95,7 +95,7 @@ def _aot(gm: fx.GraphModule, example_inputs: Sequence[Any], opts: Options) -> Ca
     def forward_compiler(aten_gm: fx.GraphModule, _inputs: Sequence[Any]) -> Callable[..., Any]:
         nonlocal uses_kernels
         compiled, report = compile_graph(aten_gm, opts)
-        uses_kernels = any(task.jit for task in report.tasks)
+        uses_kernels = any(task.jit for task in report.tasks) or bool(report.rewrites)
         return make_boxed_func(compiled.forward)
 
     def backward_compiler(_gm: fx.GraphModule, _inputs: Sequence[Any]) -> Callable[..., Any]:

@@ -88,7 +88,9 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
         gm, part = _fast_paths_taken_apart(gm, target, store, options)
     if part is None:
         part = partition(gm, target, fuse=options.fuse, fast_paths=take_apart)
-    graph = GraphReport(views=part.views, policy=options.kernels, code=gm.code)
+    graph = GraphReport(
+        views=part.views, rewrites=part.rewrites, policy=options.kernels, code=gm.code
+    )
     graph.eager = [EagerReport(e.op, e.reason, e.compute) for e in part.eager]
     for e in part.eager:
         if e.compute:

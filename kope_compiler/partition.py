@@ -1,5 +1,7 @@
 """Partitioning an aten graph into Tasks, views, and operators that run eagerly (with a reason).
 
+The graph is first rewritten (`kope.rewrites`: batch norm folded into convolutions, attention
+as one kernel), here, so that every road that partitions cuts the same Tasks.
 A connected group of elementwise and row-reduction nodes whose only value seen outside is its
 output becomes one Task (one kernel, one pass over memory): an elementwise chain, RMSNorm or
 softmax written by hand, GELU-tanh expanded. Every other compute node becomes a Task at the
@@ -24,6 +26,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_map
 
 from kope.decompositions import FAST_PATHS, decomposition_table
+from kope.rewrites import REWRITE, fuse_attention, rewrite
 from kope.targets.base import Target
 from kope.task import LoweringError, Task, group_inputs, make_task, op_name
 
@@ -51,6 +54,7 @@ class Partition:
     tasks: list[Task] = field(default_factory=list)
     eager: list[EagerNode] = field(default_factory=list)
     views: int = 0
+    rewrites: list[str] = field(default_factory=list)  # `kope.rewrites` made, one per site
 
 
 def _is_aten_op(target: Any) -> bool:
@@ -255,6 +259,8 @@ def partition(
     result = Partition()
     table = decomposition_table(fast_paths)
     drop_unused_outputs(gm)
+    if fuse:
+        result.rewrites = rewrite(gm)
     target_key = target.key()
     fused: set[fx.Node] = set()
     for group in fused_groups(gm, target) if fuse else []:
@@ -271,6 +277,10 @@ def partition(
         if node.op != "call_function" or getattr(node, "_erased", False):
             continue
         if node.target is operator.getitem:
+            continue
+        made_by = node.meta.get(REWRITE)
+        if made_by is not None:
+            _take_rewritten(node, made_by, target, result)
             continue
         if not _is_aten_op(node.target):
             result.eager.append(EagerNode(node, str(node.target), "not an ATen operator", False))
@@ -314,6 +324,13 @@ def partition(
             failure,
             len(replacement),
         )
+        if fuse:  # a decomposition may write attention out (nn.TransformerEncoderLayer's does)
+            fused_attention = fuse_attention(gm.graph, set(replacement))
+            result.rewrites += [n.meta[REWRITE] for n in fused_attention]
+            order = {n: i for i, n in enumerate(gm.graph.nodes)}
+            replacement = sorted(
+                [n for n in replacement if n in order] + fused_attention, key=order.__getitem__
+            )
         for new in replacement:
             depth[new] = level + 1
         for group in fused_groups(gm, target, set(replacement)) if fuse else []:
@@ -327,6 +344,22 @@ def partition(
         if len(task.nodes) > 1:  # a group's input may since have been decomposed and replaced
             task.input_nodes[:] = group_inputs(task.nodes)
     return result
+
+
+def _take_rewritten(node: fx.Node, made_by: str, target: Target, result: Partition) -> None:
+    """A node a rewrite made: its fused ATen kernel is a Task where torch-mlir lowers it, else
+    it runs eagerly; never decomposed again (that would undo the rewrite). A rewrite's own
+    steps (folding weights) are no operator of the model."""
+    if not _is_aten_op(node.target):
+        return
+    name = op_name(node.target)
+    if eager_reason(node, target) is None:
+        try:
+            result.tasks.append(make_task(node, target.key()))
+            return
+        except LoweringError:
+            pass
+    result.eager.append(EagerNode(node, name, f"{made_by}: ATen's fused kernel runs it", False))
 
 
 def decompose_in_place(

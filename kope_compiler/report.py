@@ -6,6 +6,7 @@ counted at run time, so a test can tell a kernel that was chosen from one that a
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,6 +94,7 @@ class GraphReport:
     tasks: list[TaskReport] = field(default_factory=list)
     eager: list[EagerReport] = field(default_factory=list)
     views: int = 0
+    rewrites: list[str] = field(default_factory=list)  # `kope.rewrites` made, one per site
     compile_s: float = 0.0
     policy: str = "auto"
     whole: GraphDecision | None = None  # the whole-graph check, where it ran
@@ -181,6 +183,10 @@ class Report:
             f"JIT share of compute operators that ran: {self.jit_share():.0%}"
         )
         for index, graph in enumerate(self.graphs):
+            if graph.rewrites:
+                counts = Counter(graph.rewrites)
+                made = "; ".join(f"{name} ({n}x)" for name, n in counts.items())
+                lines.append(f"graph {index}: rewritten: {made}")
             whole = graph.whole
             if whole is None:
                 continue

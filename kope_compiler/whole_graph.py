@@ -93,7 +93,9 @@ def settle(
     off in place for the choices dropped); the report says what was decided and why."""
     config = config or MeasureConfig()
     key, workload = graph_key(code, inputs, target.key())
-    considered = sorted(_entry(c) for c in calls)
+    # A graph's rewrites are part of what was considered: a decision made without them (an
+    # older KOPE) is not this graph's.
+    considered = sorted([_entry(c) for c in calls] + [f"rewrite:{r}" for r in report.rewrites])
     recorded = _recorded(store, key, considered)
     if recorded is not None:
         kept = set(recorded.config["kept"] if recorded.config else [])
@@ -122,7 +124,7 @@ def settle(
         decision.compiled = False
         decision.reason = "its timing against eager was not clean; eager runs until it is"
     elif not _beats(first["kope"], first["eager"]):
-        decision = _greedy(calls, eager, compiled, config, threads)
+        decision = _greedy(calls, eager, compiled, config, threads, bool(report.rewrites))
         if decision.kope is None:
             decision.kope, decision.eager = first["kope"], first["eager"]
     if not decision.compiled:
@@ -139,10 +141,12 @@ def _greedy(
     compiled: Callable[[], Any],
     config: MeasureConfig,
     threads: dict[str, int],
+    rewritten: bool = False,
 ) -> GraphDecision:
     """Keep the kernels that beat their own eager call in this process; if the graph with them
     does not beat eager, add them back one at a time, the largest measured gain first, keeping
-    each that makes the graph faster; the result must still beat eager."""
+    each that makes the graph faster; the result must still beat eager. A `rewritten` graph
+    (`kope.rewrites`) may beat eager with no kernel at all."""
     gains, disturbed = _own_gains(calls, compiled, config, threads["kope"])
     order = sorted((c for c in calls if gains[id(c)] > 0), key=lambda c: gains[id(c)], reverse=True)
     for call in calls:
@@ -171,15 +175,23 @@ def _greedy(
         disturbed += not clean
         call.enabled = clean and _beats(timed["with"], timed["without"])
     kept = sum(c.enabled for c in calls)
-    if not kept:
+    if not kept and not (rewritten and calls):
         # Resting on the first timing (the whole compiled graph lost), unless a step was
         # disturbed: then a kernel may have been dropped on noise, and the next compile retries.
-        decision = GraphDecision(False, "no kernel pays inside the graph")
+        # (A rewritten graph without its kernels is another graph, timed below; with no
+        # kernels at all it is the graph the first timing saw.)
+        decision = GraphDecision(
+            False,
+            "no kernel pays inside the graph"
+            if calls
+            else "the rewritten graph does not beat eager",
+        )
         decision.disturbed = bool(disturbed)
         return decision
     final = measure_interleaved({"eager": eager, "kope": compiled}, config, threads)
+    pay = f"{kept} of {len(calls)} kernels pay inside the graph"
     decision = GraphDecision(
-        True, f"{kept} of {len(calls)} kernels pay inside the graph", final["kope"], final["eager"]
+        True, pay + (" with its rewrites" if rewritten else ""), final["kope"], final["eager"]
     )
     decision.disturbed = bool(disturbed)
     if decision.clean and _beats(final["kope"], final["eager"]):
@@ -187,7 +199,11 @@ def _greedy(
     for call in calls:
         call.enabled = False
     decision.compiled = False
-    decision.reason = "the kernels that pay alone do not beat eager together"
+    decision.reason = (
+        "the kernels that pay alone do not beat eager together"
+        if kept
+        else "the rewritten graph does not beat eager"
+    )
     return decision
 
 
@@ -325,7 +341,8 @@ def _record(
     evaluation = Evaluation(
         VERIFIED, kernel=decision.kope, eager=decision.eager, oracle="the eager graph"
     )
-    kept = sorted(_entry(c) for c in calls if c.enabled) if decision.compiled else []
+    rewrites = [c for c in considered if c.startswith("rewrite:")]
+    kept = sorted([_entry(c) for c in calls if c.enabled] + rewrites) if decision.compiled else []
     event = AttemptEvaluated(
         key,
         SOURCE_GRAPH,

@@ -47,16 +47,19 @@ class GeluTanh(nn.Module):
         return 0.5 * x * (1 + torch.tanh(inner))
 
 
-class ConvBnRelu(nn.Module):
+class LinearBnRelu(nn.Module):
+    """Batch norm after a linear layer (after a convolution it is folded into the weights:
+    `test_rewrites.py`)."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(5, 7, 3, padding=1)
-        self.bn = nn.BatchNorm2d(7)
+        self.linear = nn.Linear(5, 7)
+        self.bn = nn.BatchNorm1d(7)
         self.bn.running_mean.uniform_(-1, 1)
         self.bn.running_var.uniform_(0.5, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.bn(self.conv(x)))
+        return torch.relu(self.bn(self.linear(x)))
 
 
 class ScaledSoftmax(nn.Module):
@@ -70,7 +73,7 @@ CASES = {
     "softmax": (HandSoftmax(), (torch.randn(37, 129) * 4,), {"amax", "exp", "sum", "div"}),
     "layer_norm": (HandLayerNorm(), (torch.randn(5, 37, 33),), {"mean", "sub", "sqrt", "div"}),
     "gelu_tanh": (GeluTanh(), (torch.randn(37, 129),), {"tanh", "mul", "add"}),
-    "conv_bn_relu": (ConvBnRelu(), (torch.randn(2, 5, 11, 13),), {"batch_norm", "relu"}),
+    "linear_bn_relu": (LinearBnRelu(), (torch.randn(11, 5),), {"batch_norm", "relu"}),
     "scaled_softmax": (
         ScaledSoftmax(),
         (torch.randn(3, 37, 16), torch.randn(3, 29, 16)),

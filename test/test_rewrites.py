@@ -1,0 +1,214 @@
+"""Graph rewrites (`kope.rewrites`): batch norm folded into convolutions, attention as one kernel.
+
+Each model is written as user code writes it, at odd shapes; the rewritten graph must match
+eager, say what it rewrote in `kope.report()`, and give every road the same Tasks. Weights
+written after compiling must be used; a rewrite that disagrees with the original is not made.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kope
+from kope import rewrites
+from kope.precompile import trace_tasks
+from kope.rewrites import FOLDED_BATCH_NORM, FUSED_ATTENTION, FoldedBatchNorm
+from kope.targets.cpu import CpuTarget
+
+
+class ConvBn(nn.Module):
+    def __init__(self, conv: nn.Conv2d, affine: bool = True, relu: bool = True):
+        super().__init__()
+        self.conv = conv
+        self.bn = nn.BatchNorm2d(conv.out_channels, affine=affine)
+        self.relu = relu
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2)
+            if affine:
+                self.bn.weight.uniform_(0.5, 1.5)
+                self.bn.bias.uniform_(-1, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.bn(self.conv(x))
+        return torch.relu(y) if self.relu else y
+
+
+class ConvUsedTwice(ConvBn):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return self.bn(y) + y
+
+
+class Attention(nn.Module):
+    """softmax(q kᵀ · scale) v, the scale written as `scale` says."""
+
+    def __init__(self, scale: str):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        scores = q @ k.transpose(-2, -1)
+        if self.scale == "div":
+            scores = scores / math.sqrt(q.shape[-1])
+        elif self.scale == "mul":
+            scores = scores * q.shape[-1] ** -0.5
+        return torch.softmax(scores, dim=-1) @ v
+
+
+def _compiled(model: nn.Module, tmp_path: Path, kernels: str = "eager") -> nn.Module:
+    torch._dynamo.reset()
+    kope.reset_report()
+    options = {"store": str(tmp_path / "store"), "kernels": kernels}
+    return torch.compile(model.eval(), backend="kope", options=options)  # type: ignore[return-value]
+
+
+def _rewrites() -> list[str]:
+    return [r for g in kope.report().graphs for r in g.rewrites]
+
+
+CONVS = {
+    "bias_free": lambda: ConvBn(nn.Conv2d(5, 7, 3, padding=1, bias=False)),
+    "with_bias": lambda: ConvBn(nn.Conv2d(5, 7, 3, stride=2, padding=1)),
+    "depthwise": lambda: ConvBn(nn.Conv2d(6, 6, 3, padding=1, groups=6, bias=False)),
+    "not_affine": lambda: ConvBn(nn.Conv2d(5, 7, 1), affine=False, relu=False),
+}
+
+
+@pytest.mark.parametrize("name", list(CONVS))
+def test_batch_norm_after_a_convolution_is_folded_into_its_weights(
+    name: str, tmp_path: Path
+) -> None:
+    torch.manual_seed(0)
+    model = CONVS[name]().eval()
+    x = torch.randn(2, model.conv.in_channels, 11, 13)
+    tasks = trace_tasks(model, (x,), CpuTarget())
+    assert not any("batch_norm" in t.op for t in tasks), [t.label for t in tasks]
+    conv = next(t for t in tasks if "convolution" in t.op)
+    assert len(conv.input_nodes) == 3  # input, folded weight, folded bias
+    with torch.no_grad():
+        for kernels in ("eager", "reference"):
+            compiled = _compiled(model, tmp_path, kernels)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+            assert _rewrites() == [FOLDED_BATCH_NORM]
+    assert "rewritten: batch norm folded" in kope.report().format_table()
+
+
+def test_folded_weights_follow_writes_after_compiling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folds = []
+
+    def counted(sources: list[torch.Tensor], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        folds.append(1)
+        return fold(sources, eps)
+
+    fold = rewrites.fold_batch_norm
+    monkeypatch.setattr(rewrites, "fold_batch_norm", counted)
+    torch.manual_seed(0)
+    model = ConvBn(nn.Conv2d(5, 7, 3, padding=1)).eval()
+    x = torch.randn(2, 5, 9, 9)
+    with torch.no_grad():
+        compiled = _compiled(model, tmp_path)
+        compiled(x)
+        folds.clear()  # the compile's own check folds random weights once
+        compiled(x)
+        compiled(x)
+        assert len(folds) == 0  # kept between calls
+        model.bn.running_var.mul_(3)  # written in place
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        state["conv.weight"].uniform_(-1, 1)
+        state["bn.bias"].uniform_(-1, 1)
+        model.load_state_dict(state)  # a checkpoint loaded
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+        assert len(folds) == 2
+
+
+def test_a_fold_of_inference_tensors_is_redone_on_every_call() -> None:
+    """Inference tensors count no writes, so nothing tells a kept fold is stale."""
+    with torch.inference_mode():
+        weight, mean, var = torch.randn(4, 3, 1, 1), torch.randn(4), torch.rand(4) + 0.5
+    folder = FoldedBatchNorm(1e-5)
+    for _ in range(3):
+        folder(weight, None, None, None, mean, var)
+    assert folder.folds == 3
+    kept = FoldedBatchNorm(1e-5)
+    weight, mean, var = weight.clone(), mean.clone(), var.clone()
+    for _ in range(3):
+        kept(weight, None, None, None, mean, var)
+    assert kept.folds == 1
+
+
+def test_a_convolution_whose_output_is_used_elsewhere_is_not_folded(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = ConvUsedTwice(nn.Conv2d(5, 7, 3, padding=1)).eval()
+    x = torch.randn(2, 5, 9, 9)
+    with torch.no_grad():
+        compiled = _compiled(model, tmp_path)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    assert _rewrites() == []
+
+
+@pytest.mark.parametrize("scale", ["div", "mul", "none"])
+def test_attention_written_by_hand_runs_as_one_kernel(scale: str, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = Attention(scale)
+    # Odd sizes; keys and queries of different lengths, values of another width.
+    q, k, v = torch.randn(2, 3, 37, 16), torch.randn(2, 3, 29, 16), torch.randn(2, 3, 29, 24)
+    with torch.no_grad():
+        compiled = _compiled(model, tmp_path)
+        torch.testing.assert_close(compiled(q, k, v), model(q, k, v), rtol=1e-4, atol=1e-5)
+    assert _rewrites() == [FUSED_ATTENTION]
+    (graph,) = kope.report().graphs
+    assert any("scaled_dot_product_attention" in e.op for e in graph.eager)
+    assert not any("bmm" in t.op or "softmax" in t.op for t in graph.tasks)
+
+
+def test_attention_inside_a_transformer_encoder_layer_taken_apart(tmp_path: Path) -> None:
+    """KOPE's decomposition of the fused fast path writes attention out; it is fused again."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
+    x = torch.randn(2, 11, 32)
+    with torch.no_grad():
+        compiled = _compiled(layer, tmp_path, "reference")  # takes the fast path apart
+        torch.testing.assert_close(compiled(x), layer(x), rtol=1e-4, atol=1e-4)
+    assert FUSED_ATTENTION in _rewrites()
+
+
+def test_a_softmax_that_is_no_attention_is_left_alone(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    q, k = torch.randn(3, 37, 16), torch.randn(3, 29, 16)
+
+    def probabilities(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(q @ k.transpose(-1, -2), dim=-1)
+
+    with torch.no_grad():
+        torch._dynamo.reset()
+        kope.reset_report()
+        compiled = torch.compile(
+            probabilities, backend="kope", options={"store": str(tmp_path), "kernels": "eager"}
+        )
+        torch.testing.assert_close(compiled(q, k), probabilities(q, k))
+    assert _rewrites() == []
+
+
+def test_a_rewrite_that_disagrees_with_the_original_is_not_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A defect in a rewrite (here: the scale inverted) is caught by its check at compile time."""
+    monkeypatch.setitem(rewrites._SCALES, torch.ops.aten.div.Tensor, lambda c: c)
+    torch.manual_seed(0)
+    model = Attention("div")
+    q, k, v = torch.randn(1, 2, 17, 8), torch.randn(1, 2, 17, 8), torch.randn(1, 2, 17, 8)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="kope.compiler"):
+        compiled = _compiled(model, tmp_path)
+        torch.testing.assert_close(compiled(q, k, v), model(q, k, v), rtol=1e-4, atol=1e-5)
+    assert _rewrites() == []
+    assert "rewrite not made (attention" in caplog.text
