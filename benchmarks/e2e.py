@@ -10,9 +10,12 @@ and inductor's compile are timed; a warm compile (a new dynamo cache over the sa
 timed too; then eager, kope, inductor and `torch.compile(backend="eager")` ("dynamo": what
 dynamo's frame and guards cost any backend per call) are timed against each other, interleaved, by
 `kope.targets.measure.measure_interleaved` (clean-round rules: a figure whose rounds were
-disturbed is marked `~`). Ratios are eager time / backend time.
+disturbed is marked `~`), each sample ~20 calls of one model (`--sample-ms`: the steady state
+of a loop, not the first call after another model's, whose caches are cold). Ratios are eager
+time / backend time.
 
-    python benchmarks/e2e.py [--precompile 8] [--no-inductor] [--models a,b] [--json out.json]
+    python benchmarks/e2e.py [--precompile 8] [--no-inductor] [--models a,b] [--sample-ms 20]
+                             [--json out.json]
 
 Run it on a quiet machine (`../shared/tools/quiet-check.sh`), with nothing else running.
 """
@@ -112,6 +115,10 @@ class DepthwiseSeparable(nn.Module):
         return F.relu(self.bn2(self.pointwise(F.relu(self.bn1(self.depthwise(x))))))
 
 
+# Each timing sample calls one model for about this long (`--sample-ms`).
+SAMPLE_MS = 20.0
+
+
 def _inputs(*shape: int) -> tuple[torch.Tensor, ...]:
     return (torch.randn(*shape, generator=torch.Generator().manual_seed(0)),)
 
@@ -135,12 +142,14 @@ def _model(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return model.eval(), inputs
 
 
-def run(name: str, store: Path, budget: int, inductor: bool) -> dict[str, Any]:
+def run(
+    name: str, store: Path, budget: int, inductor: bool, sample_s: float = SAMPLE_MS / 1e3
+) -> dict[str, Any]:
     import kope
     from kope.compiler import store_at, target_for
     from kope.optimize import Budget
     from kope.precompile import precompile
-    from kope.targets.measure import measure_interleaved
+    from kope.targets.measure import MeasureConfig, measure_interleaved
 
     model, inputs = _model(name)
     row: dict[str, Any] = {"model": name}
@@ -197,7 +206,7 @@ def run(name: str, store: Path, budget: int, inductor: bool) -> dict[str, Any]:
             row["inductor_compile_s"] = time.perf_counter() - start
             fns["inductor"] = lambda: ind(*inputs)
         threads = {n: torch.get_num_threads() for n in fns}
-        timings = measure_interleaved(fns, threads=threads)
+        timings = measure_interleaved(fns, MeasureConfig(sample_s=sample_s), threads)
     for n, timing in timings.items():
         row[f"{n}_us"] = timing.median_us
         row[f"{n}_clean"] = timing.clean
@@ -213,6 +222,15 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated")
     parser.add_argument("--store", help="experience store (default: a fresh temporary one)")
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument(
+        "--sample-ms",
+        type=float,
+        default=SAMPLE_MS,
+        help="each timing sample calls one model for about this long (default 20 ms: about "
+        "20 calls of these models, so a sample is the steady state of calling one model in a "
+        "loop; at 2 ms, the whole-graph check's, a sample is 2 calls, the first with caches "
+        "the other models left cold, which costs the compiled models' Python most)",
+    )
     args = parser.parse_args()
     store = Path(args.store or tempfile.mkdtemp(prefix="kope-e2e-"))
     print(
@@ -222,7 +240,7 @@ def main() -> None:
     )
     rows = []
     for name in args.models.split(","):
-        rows.append(run(name, store, args.precompile, not args.no_inductor))
+        rows.append(run(name, store, args.precompile, not args.no_inductor, args.sample_ms / 1e3))
         r = rows[-1]
         mark = {n: "" if r.get(f"{n}_clean") else "~" for n in ("kope", "inductor")}
         ind = (

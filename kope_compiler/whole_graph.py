@@ -118,12 +118,19 @@ def settle(
         return compiled_graph(*inputs)
 
     threads = {"eager": threads_now(), "kope": threads_now()}
-    first = measure_interleaved({"eager": eager, "kope": compiled}, config, threads)
+    fns = {"eager": eager, "kope": compiled}
+    # A rewritten graph with kernels is timed against the same graph without them too: the
+    # kernels must pay over the rewrites, not only over eager.
+    rewritten = _all_off(calls, compiled) if report.rewrites and calls else None
+    if rewritten is not None:
+        fns["rewritten"] = rewritten
+    first = measure_interleaved(fns, config, {n: threads_now() for n in fns})
     decision = GraphDecision(True, "the compiled graph beats eager", first["kope"], first["eager"])
-    if not decision.clean:
+    kernels_pay = rewritten is None or _beats(first["kope"], first["rewritten"])
+    if not decision.clean or ("rewritten" in first and not first["rewritten"].clean):
         decision.compiled = False
         decision.reason = "its timing against eager was not clean; eager runs until it is"
-    elif not _beats(first["kope"], first["eager"]):
+    elif not _beats(first["kope"], first["eager"]) or not kernels_pay:
         decision = _greedy(calls, eager, compiled, config, threads, bool(report.rewrites))
         if decision.kope is None:
             decision.kope, decision.eager = first["kope"], first["eager"]
@@ -152,8 +159,13 @@ def _greedy(
     for call in calls:
         call.enabled = call in order
     if order:
-        timed = measure_interleaved({"eager": eager, "kope": compiled}, config, threads)
-        if timed["kope"].clean and timed["eager"].clean and _beats(timed["kope"], timed["eager"]):
+        fns = {"eager": eager, "kope": compiled}
+        if rewritten:
+            fns["rewritten"] = _all_off(calls, compiled)
+        timed = measure_interleaved(fns, config, {n: threads["kope"] for n in fns})
+        if all(t.clean for t in timed.values()) and all(
+            _beats(timed["kope"], timed[n]) for n in fns if n != "kope"
+        ):
             decision = GraphDecision(
                 True,
                 f"{len(order)} of {len(calls)} kernels pay inside the graph (each beat its own "
@@ -205,6 +217,22 @@ def _greedy(
         else "the rewritten graph does not beat eager"
     )
     return decision
+
+
+def _all_off(calls: Sequence[Switchable], compiled: Callable[[], Any]) -> Callable[[], Any]:
+    """`compiled` with every kernel switched off for the duration of one call."""
+
+    def run() -> Any:
+        enabled = [c.enabled for c in calls]
+        for call in calls:
+            call.enabled = False
+        try:
+            return compiled()
+        finally:
+            for call, on in zip(calls, enabled, strict=True):
+                call.enabled = on
+
+    return run
 
 
 def _without(call: Switchable, compiled: Callable[[], Any]) -> Callable[[], Any]:

@@ -154,3 +154,41 @@ def test_a_kernel_that_loses_to_its_own_eager_call_is_dropped_and_the_rest_kept(
     assert decision.compiled, decision.reason
     assert wins.enabled and not loses.enabled
     assert "beat its own eager call" in decision.reason
+
+
+def test_kernels_of_a_rewritten_graph_must_pay_over_its_rewrites(tmp_path: Path) -> None:
+    """The rewritten graph beats eager with or without its kernel, but the kernel loses to its
+    own eager call: it is dropped, and the rewritten graph runs without it."""
+    from kope.measuring import recording
+    from kope.report import GraphReport, TaskReport
+    from kope.whole_graph import settle
+
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+    call = _Call(lambda t: (_slow(t),), lambda ins: (ins[0] + 0.0,))
+    call.report = TaskReport("slow kernel", "key", "op", "agent", "chosen")
+    store = ExperienceStore(tmp_path / "store")
+    report = GraphReport(rewrites=["a rewrite"])
+
+    def eager_graph(t: torch.Tensor) -> torch.Tensor:
+        return _slow(_slow(t))
+
+    def compiled_graph(t: torch.Tensor) -> torch.Tensor:
+        return call(t)[0]
+
+    decision = settle(
+        eager_graph,
+        compiled_graph,
+        [call],
+        [x],
+        code="graph",
+        store=store,
+        target=CpuTarget(),
+        events=recording(store),
+        report=report,
+    )
+    if decision.disturbed or not decision.clean:
+        return  # a loaded machine: the decision is not kept, nothing to check
+    assert decision.compiled, decision.reason
+    assert not call.enabled
+    assert call.report.kernel == SOURCE_EAGER and "did not pay" in call.report.reason
+    assert "with its rewrites" in decision.reason
