@@ -5,7 +5,10 @@ can lose what it won there: its inputs come from other kernels, caches are share
 call pays dispatch. So after the per-operator choices (`kope.selection`), the compiled graph is
 timed against the eager graph (dynamo's own) in the calling process, interleaved, under the
 measurement's clean-round rules (`kope.targets.measure.measure_interleaved`), on the inputs
-the graph was compiled for; its outputs are first checked against eager's.
+the graph was compiled for, each sample at least `GRAPH_MIN_CALLS` calls (a graph's first call
+after the other's pays for caches that one left); its outputs are first checked against
+eager's. A rewritten graph (`kope.rewrites`) with kernels is also timed without them: its
+kernels must pay over its rewrites.
 
 When the compiled graph does not beat eager beyond noise (`WIN_MARGIN`), each kernel is first
 timed in this process against its own eager call, on the inputs the graph hands it (a kernel's
@@ -56,6 +59,11 @@ GRAPH_OP = "kope.graph"
 # The most kernels the greedy search adds back one by one (each costs one measurement); the
 # rest of a graph whose kernels do not pay together are dropped.
 MAX_GREEDY = 8
+# Each sample of a graph's timing is at least this many calls (`MeasureConfig.min_calls`): on
+# the LLM block, the first call of the compiled graph after the eager graph's took 840-1,000 µs
+# and the next 670-720 (its kernels' packed weights come back from memory), so samples of two
+# calls, as 2 ms gave, timed the switch rather than the graph.
+GRAPH_MIN_CALLS = 10
 
 
 class Switchable(Protocol):
@@ -91,7 +99,7 @@ def settle(
 ) -> GraphDecision:
     """Decide whether `compiled_graph` runs, and with which of its kernels (`calls` are switched
     off in place for the choices dropped); the report says what was decided and why."""
-    config = config or MeasureConfig()
+    config = config or MeasureConfig(min_calls=GRAPH_MIN_CALLS)
     key, workload = graph_key(code, inputs, target.key())
     # A graph's rewrites are part of what was considered: a decision made without them (an
     # older KOPE) is not this graph's.

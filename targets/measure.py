@@ -46,6 +46,11 @@ class MeasureConfig:
 
     repeats: int = 15
     sample_s: float = 2e-3  # each sample loops the callable for about this long
+    # ... and at least this many times. A whole graph's first call after another graph's runs
+    # on caches that one left: if the two keep different copies of a weight (a kernel's packed
+    # one, eager's), it fetches its own from memory. That costs once per switch, not once per
+    # call of a loop, so graphs are timed over several calls (`kope.whole_graph`).
+    min_calls: int = 1
     warmup_s: float = 5e-3
     budget_s: float = 2.0  # a slow kernel gets fewer repeats, never fewer than `min_repeats`
     min_repeats: int = 3
@@ -373,7 +378,7 @@ def _calibrate(fn: Callable[[], Any], config: MeasureConfig) -> tuple[int, float
         if elapsed >= config.warmup_s and calls >= 2:
             break
     per_call = elapsed / calls
-    return max(1, int(config.sample_s / max(per_call, 1e-9))), per_call
+    return max(config.min_calls, int(config.sample_s / max(per_call, 1e-9))), per_call
 
 
 def _timing(values: list[float], threads: int, **quality: Any) -> Timing:
