@@ -87,8 +87,9 @@ def _compile(
 def _aot(gm: fx.GraphModule, example_inputs: Sequence[Any], opts: Options) -> Callable[..., Any]:
     """aot_autograd to an aten inference graph, compiled by `compile_graph`.
 
-    When no operator got a JIT kernel, the dynamo graph itself runs: it computes the same ATen
-    calls without aot_autograd's runtime wrappers, so such a graph costs nothing over eager.
+    When no operator got a JIT kernel and nothing was rewritten, the dynamo graph itself runs:
+    it computes the same ATen calls without aot_autograd's runtime wrappers, so such a graph
+    costs nothing over eager.
     """
     uses_kernels = False
 
