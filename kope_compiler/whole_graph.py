@@ -13,10 +13,11 @@ kernels must pay over its rewrites.
 Each kernel is first timed in this process against its own eager call, on the inputs the graph
 hands it (a kernel's gain is a large share of its own time and a small one of the graph's, so
 this head to head sees what the graph's timing drowns in noise); the kernels that lose there
-are dropped. If the graph with the rest beats eager beyond noise (`WIN_MARGIN`), it runs. Else the rest are added back one at a time, the
-largest measured gain first, each kept only if the graph with it beats the graph without it;
-what is left runs only if it beats eager; else the eager graph runs. Dropped choices run their
-operator's eager call and say so in `kope.report()`.
+are dropped. If the graph with the rest beats eager beyond noise (`WIN_MARGIN`), it runs.
+Else the rest are added back one at a time, the largest measured gain first, each kept only if
+the graph with it beats the graph without it; what is left runs only if it beats eager; else
+the eager graph runs. Dropped choices run their operator's eager call and say so in
+`kope.report()`.
 
 A decision that rests on clean timings is recorded in the store (a task of op `kope.graph`,
 one `graph` attempt per decision: the compiled and eager graphs' timings, and in `config` the
