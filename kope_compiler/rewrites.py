@@ -35,6 +35,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from kope.dispatch import VIEW_OPS, subgraph
 from kope.targets import verify
+from kope.vocabulary.specs import TensorSpec
 
 log = logging.getLogger("kope.compiler")
 
@@ -126,6 +127,13 @@ def _arguments(node: fx.Node) -> dict[str, Any]:
     return bound
 
 
+def _positional(node: fx.Node) -> list[Any]:
+    """The node's arguments in schema order, as one positional list."""
+    assert isinstance(node.target, torch._ops.OpOverload)
+    bound = _arguments(node)
+    return [bound[arg.name] for arg in node.target._schema.arguments]
+
+
 def _only_first_output_used(node: fx.Node) -> fx.Node | None:
     """The node that carries a batch norm's normalized output: the node itself when it returns
     one tensor, else its one `getitem(·, 0)` when nothing else of it is used."""
@@ -176,9 +184,9 @@ def fold_batch_norms(graph: fx.Graph) -> list[fx.Node]:
             fold = graph.call_function(FoldedBatchNorm(eps), tuple(sources))
             weight = graph.call_function(operator.getitem, (fold, 0))
             bias = graph.call_function(operator.getitem, (fold, 1))
-            new_args = list(conv.args) + [None] * (9 - len(conv.args))
+            new_args = _positional(conv)
             new_args[1], new_args[2] = weight, bias
-            folded = graph.call_function(aten.convolution.default, tuple(new_args), conv.kwargs)
+            folded = graph.call_function(aten.convolution.default, tuple(new_args))
         weight_val = conv_args["weight"].meta["val"]
         fold.meta["val"] = (weight_val, weight_val.new_empty(weight_val.shape[:1]))
         weight.meta["val"], bias.meta["val"] = fold.meta["val"]
@@ -205,16 +213,14 @@ def _folding_agrees(
     assert x is not None, "a convolution's input is a graph value"
     inputs = list(dict.fromkeys([x] + [s for s in sources if isinstance(s, fx.Node)]))
     nodes = [conv, bn] + ([out] if out is not bn else [])
-    generator = torch.Generator().manual_seed(0)
-    values = {n: _random(n, generator) for n in inputs}
+    values = dict(zip(inputs, _random_values(inputs), strict=True))
     var = sources[5]
     if isinstance(var, fx.Node):
         values[var] = values[var].abs() + 0.5
     want = subgraph(inputs, nodes, out)(*(values[n] for n in inputs))
     real = [values[s] if isinstance(s, fx.Node) else s for s in sources]
     weight, bias = fold_batch_norm(real, eps)
-    conv_args = list(conv.args) + [None] * (9 - len(conv.args))
-    got = aten.convolution.default(values[x], weight, bias, *conv_args[3:])
+    got = aten.convolution.default(values[x], weight, bias, *_positional(conv)[3:])
     reduction = int(weight[0].numel()) if weight.dim() else 1
     return _agrees(FOLDED_BATCH_NORM, got, want, reduction)
 
@@ -228,11 +234,10 @@ def _agrees(name: str, got: torch.Tensor, want: torch.Tensor, reduction: int) ->
     return comparison.ok
 
 
-def _random(node: fx.Node, generator: torch.Generator) -> torch.Tensor:
-    val = node.meta["val"]
-    if val.dtype.is_floating_point:
-        return torch.randn(tuple(val.shape), dtype=val.dtype, generator=generator)
-    return torch.randint(0, 2, tuple(val.shape), dtype=val.dtype, generator=generator)
+def _random_values(nodes: Sequence[fx.Node]) -> list[torch.Tensor]:
+    """Seeded random tensors of the nodes' shapes and dtypes, as the verifier draws them."""
+    specs = [TensorSpec.of(n.meta["val"]) for n in nodes]
+    return verify.make_inputs(specs, verify.Trial("random", 0))
 
 
 # --- attention as one kernel ------------------------------------------------------------------
@@ -426,8 +431,7 @@ def _layout_read_below(node: fx.Node) -> bool:
 
 
 def _attention_agrees(found: _Attention) -> bool:
-    generator = torch.Generator().manual_seed(0)
-    values = [_random(n, generator) for n in found.qkv]
+    values = _random_values(found.qkv)
     want = subgraph(found.qkv, found.nodes, found.out)(*values)
     got = aten.scaled_dot_product_attention.default(*values, scale=found.scale)
     return _agrees(FUSED_ATTENTION, got, want, reduction=int(values[1].shape[2]))

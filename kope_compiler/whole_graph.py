@@ -103,7 +103,7 @@ def settle(
     key, workload = graph_key(code, inputs, target.key())
     # A graph's rewrites are part of what was considered: a decision made without them (an
     # older KOPE) is not this graph's.
-    considered = sorted([_entry(c) for c in calls] + [f"rewrite:{r}" for r in report.rewrites])
+    considered = sorted([_entry(c) for c in calls] + _rewrite_entries(report))
     recorded = _recorded(store, key, considered)
     if recorded is not None:
         kept = set(recorded.config["kept"] if recorded.config else [])
@@ -126,22 +126,10 @@ def settle(
         return compiled_graph(*inputs)
 
     threads = {"eager": threads_now(), "kope": threads_now()}
-    if calls:
-        # Each kernel is timed against its own eager call first, whatever the graph's timing
-        # says: a graph timed at 1.11x eager kept a GPT-2 addmm kernel that took 446 µs where
-        # eager's took 350, the other two kernels' gains hiding its loss.
-        decision = _greedy(calls, eager, compiled, config, threads, bool(report.rewrites))
-    else:  # a rewritten graph with no kernels
-        first = measure_interleaved({"eager": eager, "kope": compiled}, config, threads)
-        decision = GraphDecision(
-            True, "the rewritten graph beats eager", first["kope"], first["eager"]
-        )
-        if not decision.clean:
-            decision.compiled = False
-            decision.reason = "its timing against eager was not clean; eager runs until it is"
-        elif not _beats(first["kope"], first["eager"]):
-            decision.compiled = False
-            decision.reason = "the rewritten graph does not beat eager"
+    # Each kernel is timed against its own eager call first, whatever the graph's timing says:
+    # a graph timed at 1.11x eager kept a GPT-2 addmm kernel that took 446 µs where eager's took
+    # 350, the other two kernels' gains hiding its loss.
+    decision = _greedy(calls, eager, compiled, config, threads, bool(report.rewrites))
     if not decision.compiled:
         for call in calls:
             call.enabled = False
@@ -170,7 +158,7 @@ def _greedy(
     if order:
         fns = {"eager": eager, "kope": compiled}
         if rewritten:
-            fns["rewritten"] = _all_off(calls, compiled)
+            fns["rewritten"] = _without(calls, compiled)
         timed = measure_interleaved(fns, config, {n: threads["kope"] for n in fns})
         if all(t.clean for t in timed.values()) and all(
             _beats(timed["kope"], timed[n]) for n in fns if n != "kope"
@@ -190,7 +178,7 @@ def _greedy(
     for call in order[:MAX_GREEDY]:
         call.enabled = True
         timed = measure_interleaved(
-            {"with": compiled, "without": _without(call, compiled)}, config, pair
+            {"with": compiled, "without": _without([call], compiled)}, config, pair
         )
         clean = timed["with"].clean and timed["without"].clean
         disturbed += not clean
@@ -211,10 +199,12 @@ def _greedy(
         decision.disturbed = bool(disturbed)
         return decision
     final = measure_interleaved({"eager": eager, "kope": compiled}, config, threads)
-    pay = f"{kept} of {len(calls)} kernels pay inside the graph"
-    decision = GraphDecision(
-        True, pay + (" with its rewrites" if rewritten else ""), final["kope"], final["eager"]
-    )
+    if not calls:
+        pay = "the rewritten graph beats eager"
+    else:
+        pay = f"{kept} of {len(calls)} kernels pay inside the graph"
+        pay += " with its rewrites" if rewritten else ""
+    decision = GraphDecision(True, pay, final["kope"], final["eager"])
     decision.disturbed = bool(disturbed)
     if decision.clean and _beats(final["kope"], final["eager"]):
         return decision
@@ -230,8 +220,8 @@ def _greedy(
     return decision
 
 
-def _all_off(calls: Sequence[Switchable], compiled: Callable[[], Any]) -> Callable[[], Any]:
-    """`compiled` with every kernel switched off for the duration of one call."""
+def _without(calls: Sequence[Switchable], compiled: Callable[[], Any]) -> Callable[[], Any]:
+    """`compiled` with `calls` switched off for the duration of one call."""
 
     def run() -> Any:
         enabled = [c.enabled for c in calls]
@@ -242,19 +232,6 @@ def _all_off(calls: Sequence[Switchable], compiled: Callable[[], Any]) -> Callab
         finally:
             for call, on in zip(calls, enabled, strict=True):
                 call.enabled = on
-
-    return run
-
-
-def _without(call: Switchable, compiled: Callable[[], Any]) -> Callable[[], Any]:
-    """`compiled` with `call` switched off for the duration of one call."""
-
-    def run() -> Any:
-        call.enabled = False
-        try:
-            return compiled()
-        finally:
-            call.enabled = True
 
     return run
 
@@ -311,6 +288,10 @@ def _head_to_head(
         config,
         {"kernel": threads, "eager": threads},
     )
+
+
+def _rewrite_entries(report: GraphReport) -> list[str]:
+    return [f"rewrite:{r}" for r in report.rewrites]
 
 
 def _entry(call: Switchable) -> str:
@@ -380,8 +361,8 @@ def _record(
     evaluation = Evaluation(
         VERIFIED, kernel=decision.kope, eager=decision.eager, oracle="the eager graph"
     )
-    rewrites = [c for c in considered if c.startswith("rewrite:")]
-    kept = sorted([_entry(c) for c in calls if c.enabled] + rewrites) if decision.compiled else []
+    kept = [_entry(c) for c in calls if c.enabled] + _rewrite_entries(report)
+    kept = sorted(kept) if decision.compiled else []
     event = AttemptEvaluated(
         key,
         SOURCE_GRAPH,
