@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from torch_mlir import ir
 
 from kope.passes.base import ModulePass, PassError
+from kope.vocabulary.layouts import LAYOUT_ATTR
 
 ENTRY = "kope_kernel"
 PAYLOAD = "main"
@@ -37,6 +38,20 @@ def find_func(module: ir.Operation, name: str) -> ir.Operation | None:
 
 def function_type(func: ir.Operation) -> ir.FunctionType:
     return ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+
+
+def input_layouts(module: ir.Operation) -> dict[int, str]:
+    """The layouts the entry (`@kope_kernel`, else `@main`) names on its arguments
+    (`{kope.layout = "..."}`, see `kope.vocabulary.layouts`), by argument index."""
+    func = find_func(module, ENTRY) or find_func(module, PAYLOAD)
+    if func is None or "arg_attrs" not in func.attributes:
+        return {}
+    found: dict[int, str] = {}
+    for index, attrs in enumerate(ir.ArrayAttr(func.attributes["arg_attrs"])):
+        entries = ir.DictAttr(attrs)
+        if LAYOUT_ATTR in entries:
+            found[index] = ir.StringAttr(entries[LAYOUT_ATTR]).value
+    return found
 
 
 def _memref_of(t: ir.Type) -> str:

@@ -66,6 +66,21 @@ class OpInfo:
         return self.name == "linalg.fill"
 
 
+@dataclass(frozen=True)
+class PlainMatmul:
+    """A payload that is `A @ B`, maybe plus a bias row (`mm`, `addmm` and `linear` as
+    torch-mlir lowers them), with A, B and the bias arguments of `@main`: the form a schedule
+    may rewrite to take B in another layout (`kope.vocabulary.layouts`)."""
+
+    m: int
+    k: int
+    n: int
+    arguments: tuple[str, ...]  # @main's argument types, in order
+    a: int  # argument indices
+    b: int
+    bias: int | None
+
+
 @dataclass
 class PayloadInfo:
     """The linalg ops of a payload in program order, and what kind of kernel it is."""
@@ -74,6 +89,7 @@ class PayloadInfo:
     kind: str = "elementwise"  # contraction | convolution | reduction | elementwise
     math: set[str] = field(default_factory=set)  # math.* ops in op bodies
     element_type: str = "f32"
+    plain_matmul: PlainMatmul | None = None
 
     @property
     def root(self) -> OpInfo:
@@ -155,6 +171,7 @@ def analyze(text: str) -> PayloadInfo:
         return ir.WalkResult.ADVANCE
 
     func.walk(collect)
+    plain_matmul = _plain_matmul(func)  # of the named ops, before they are generalized
     with context:
         PassManager.parse("builtin.module(func.func(linalg-generalize-named-ops))").run(
             module.operation
@@ -171,7 +188,95 @@ def analyze(text: str) -> PayloadInfo:
             element = op.results[0].type.element_type
             info.element_type = str(element)
     info.kind = _classify(info)
+    info.plain_matmul = plain_matmul
     return info
+
+
+def _argument(value: ir.Value) -> int | None:
+    return ir.BlockArgument(value).arg_number if isinstance(value, ir.BlockArgument) else None
+
+
+_MATMUL = ["linalg.fill", "linalg.matmul"]
+
+
+def _maps(op: ir.Operation) -> list[str]:
+    return [str(ir.AffineMapAttr(a).value) for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+
+
+# A plain (untransposed) matmul's maps, as linalg.matmul carries them.
+_MATMUL_MAPS = [
+    "(d0, d1, d2) -> (d0, d2)",
+    "(d0, d1, d2) -> (d2, d1)",
+    "(d0, d1, d2) -> (d0, d1)",
+]
+
+
+def _plain_matmul(func: ir.Operation) -> PlainMatmul | None:
+    """`func` (the payload before generalization) as a `PlainMatmul`, if it is exactly one:
+    fill, `linalg.matmul` of two f32 arguments (no transposing maps), and either nothing more
+    or one all-parallel generic adding a 1-D argument along the columns."""
+    ops = _linalg_ops(func)
+    names = [op.name for op in ops]
+    if names not in (_MATMUL, [*_MATMUL, "linalg.generic"]):
+        return None
+    fill, matmul = ops[0], ops[1]
+    a, b = _argument(matmul.operands[0]), _argument(matmul.operands[1])
+    maps = _maps(matmul)
+    if a is None or b is None or maps != _MATMUL_MAPS:
+        return None
+    if _owner(matmul.operands[2]) != fill:
+        return None
+    a_type = ir.RankedTensorType(matmul.operands[0].type)
+    b_type = ir.RankedTensorType(matmul.operands[1].type)
+    if str(a_type.element_type) != "f32" or str(b_type.element_type) != "f32":
+        return None
+    (m, k), (_, n) = a_type.shape, b_type.shape
+    result = matmul.results[0]
+    bias = None
+    if len(ops) == 3:
+        bias = _bias_argument(ops[2], result, n)
+        if bias is None:
+            return None
+        result = ops[2].results[0]
+    ret = [op.operation for op in func.regions[0].blocks[0].operations][-1]
+    if list(ret.operands) != [result] or len(list(result.uses)) != 1:
+        return None
+    arguments = tuple(str(t) for t in function_arguments(func))
+    return PlainMatmul(m, k, n, arguments, a, b, bias)
+
+
+def function_arguments(func: ir.Operation) -> list[ir.Type]:
+    return list(ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).inputs)
+
+
+def _bias_argument(generic: ir.Operation, product: ir.Value, n: int) -> int | None:
+    """The argument `generic` adds to `product` along its columns, if that is all it does."""
+    maps = _maps(generic)
+    iterators = [str(a) for a in ir.ArrayAttr(generic.attributes["iterator_types"])]
+    if len(generic.operands) != 3 or any("parallel" not in i for i in iterators):
+        return None
+    init = _owner(generic.operands[2])
+    if init is None or init.name != "tensor.empty":
+        return None
+    by_role = {}
+    for operand, amap in zip(generic.operands[:2], maps[:2], strict=True):
+        if operand == product and amap == "(d0, d1) -> (d0, d1)":
+            by_role["product"] = operand
+        elif _argument(operand) is not None and amap == "(d0, d1) -> (d1)":
+            if ir.RankedTensorType(operand.type).shape != [n]:
+                return None
+            by_role["bias"] = operand
+    if set(by_role) != {"product", "bias"} or maps[2] != "(d0, d1) -> (d0, d1)":
+        return None
+    body = [op.operation for op in generic.regions[0].blocks[0].operations]
+    block_args = list(generic.regions[0].blocks[0].arguments)
+    if [op.name for op in body] != ["arith.addf", "linalg.yield"]:
+        return None
+    if set(body[0].operands) != set(block_args[:2]):
+        return None
+    if list(body[1].operands) != [body[0].results[0]]:
+        return None
+    return _argument(by_role["bias"])
 
 
 def _owner(value: ir.Value) -> ir.Operation | None:

@@ -18,6 +18,7 @@ from kope.targets.base import BuildError, Target
 from kope.targets.host import cpu_fingerprint, cpu_target_key
 from kope.targets.jit import ENTRY, JitKernel, openmp_library, set_openmp_threads
 from kope.vocabulary.kernels import FORM_MLIR, Kernel
+from kope.vocabulary.layouts import LayoutError, laid_out
 from kope.vocabulary.specs import DTYPES, TaskSpec, TensorSpec
 
 log = logging.getLogger("kope.targets.cpu")
@@ -98,7 +99,12 @@ def memref_type(spec: TensorSpec) -> str:
 
 def lower_kernel(task: TaskSpec, kernel: Kernel) -> ir.Module:
     """Parse `kernel`, check it fits `task`, and lower it with `kope-lower-cpu`."""
-    from kope.passes.abi import DestinationAbi, find_func, function_type
+    return _lowered(task, kernel)[0]
+
+
+def _lowered(task: TaskSpec, kernel: Kernel) -> tuple[ir.Module, dict[int, str]]:
+    """The lowered module and the layouts its entry takes inputs in."""
+    from kope.passes.abi import DestinationAbi, find_func, function_type, input_layouts
     from kope.passes.lower_cpu import LowerCpu
     from kope.passes.pipeline import PipelineError, run_pipeline
 
@@ -115,6 +121,13 @@ def lower_kernel(task: TaskSpec, kernel: Kernel) -> ir.Module:
     refused = screen_kernel(module)
     if refused:
         raise BuildError(f"kernel refused: it contains {refused}")
+    layouts = input_layouts(module.operation)
+    try:
+        specs = [laid_out(s, layouts[i]) if i in layouts else s for i, s in enumerate(task.inputs)]
+    except LayoutError as err:
+        raise BuildError(str(err)) from None
+    if any(i >= len(task.inputs) for i in layouts):
+        raise BuildError(f"only inputs may name a layout; the operator has {len(task.inputs)}")
     try:
         run_pipeline(module, [DestinationAbi()], description=f"abi {task.label}")
     except PipelineError as err:
@@ -122,7 +135,7 @@ def lower_kernel(task: TaskSpec, kernel: Kernel) -> ir.Module:
     entry = find_func(module.operation, ENTRY)
     assert entry is not None
     got = [str(t) for t in function_type(entry).inputs]
-    want = [memref_type(s) for s in (*task.inputs, *task.outputs)]
+    want = [memref_type(s) for s in (*specs, *task.outputs)]
     if got != want or list(function_type(entry).results):
         raise BuildError(
             f"@{ENTRY} has signature ({', '.join(got)}) -> "
@@ -133,13 +146,13 @@ def lower_kernel(task: TaskSpec, kernel: Kernel) -> ir.Module:
         run_pipeline(module, [LowerCpu()], description=f"lower {task.label}")
     except PipelineError as err:
         raise BuildError(str(err)) from None
-    return module
+    return module, layouts
 
 
 def build_kernel(task: TaskSpec, kernel: Kernel) -> JitKernel:
-    module = lower_kernel(task, kernel)
+    module, layouts = _lowered(task, kernel)
     try:
-        return JitKernel(module, task.inputs, task.outputs)
+        return JitKernel(module, task.inputs, task.outputs, layouts)
     except RuntimeError as err:
         raise BuildError(f"JIT compilation failed: {err}") from None
 

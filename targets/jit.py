@@ -19,6 +19,7 @@ from torch_mlir.execution_engine import ExecutionEngine
 
 # One name for the entry point, where the calling convention is made; re-exported for callers.
 from kope.passes.abi import ENTRY as ENTRY
+from kope.vocabulary.layouts import laid_out, lay_out
 from kope.vocabulary.specs import TensorSpec
 
 # `llvm.emit_c_interface` (set by `kope-destination-abi`) names the wrapper that takes one
@@ -68,16 +69,22 @@ def contiguous_descriptor(spec: TensorSpec) -> ctypes.Structure:
 
 
 class JitKernel:
-    """A JIT-compiled kernel with fixed input/output specs; call it like a function of tensors."""
+    """A JIT-compiled kernel with fixed input/output specs; call it like a function of tensors.
+
+    `layouts` maps an input's index to the layout the kernel takes it in
+    (`kope.vocabulary.layouts`); callers pass every input in the operator's own layout."""
 
     def __init__(
         self,
         llvm_module: ir.Module,
         inputs: Sequence[TensorSpec],
         outputs: Sequence[TensorSpec],
+        layouts: dict[int, str] | None = None,
     ):
         self.inputs = tuple(inputs)
         self.outputs = tuple(outputs)
+        self._layouts = tuple((layouts or {}).get(i) for i in range(len(self.inputs)))
+        self._any_layout = any(self._layouts)
         self._module = llvm_module  # the engine refers to it; keep it alive
         self.parallel = "omp.parallel" in str(llvm_module)
         libraries = []
@@ -100,7 +107,10 @@ class JitKernel:
             )
         # PYFUNCTYPE keeps the GIL held during the call: two threads never race on descriptors.
         self._fn = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)(address)
-        self._in_desc = [contiguous_descriptor(s) for s in self.inputs]
+        self._in_desc = [
+            contiguous_descriptor(laid_out(s, layout) if layout else s)
+            for s, layout in zip(self.inputs, self._layouts, strict=True)
+        ]
         self._out_desc = [contiguous_descriptor(s) for s in self.outputs]
         descriptors = self._in_desc + self._out_desc
         self._holders = [ctypes.c_void_p(ctypes.addressof(d)) for d in descriptors]
@@ -111,7 +121,13 @@ class JitKernel:
         self._packed_inputs: dict[int, tuple[tuple[object, ...], torch.Tensor, torch.Tensor]] = {}
 
     def run(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
-        """Run on contiguous `inputs`, writing into the contiguous destinations `outputs`."""
+        """Run on contiguous `inputs` (in the operator's layout; those the kernel takes in
+        another are converted here), writing into the contiguous destinations `outputs`."""
+        if self._any_layout:
+            inputs = [
+                t if layout is None else self._prepared(i, t, layout)
+                for i, (t, layout) in enumerate(zip(inputs, self._layouts, strict=True))
+            ]
         for desc, tensor in zip(self._in_desc, inputs, strict=True):
             desc.allocated = desc.aligned = tensor.data_ptr()
         for desc, tensor in zip(self._out_desc, outputs, strict=True):
@@ -119,7 +135,10 @@ class JitKernel:
         self._fn(self._packed)
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        ins = [t if t.is_contiguous() else self._contiguous(i, t) for i, t in enumerate(inputs)]
+        ins = [
+            t if layout is not None or t.is_contiguous() else self._prepared(i, t, None)
+            for i, (t, layout) in enumerate(zip(inputs, self._layouts, strict=True))
+        ]
         outs = [torch.empty(shape, dtype=dtype) for shape, dtype in self._out_shapes]
         self.run(ins, outs)
         return tuple(outs)
@@ -132,25 +151,31 @@ class JitKernel:
         site._packed_inputs = {}
         return site
 
-    def _contiguous(self, index: int, view: torch.Tensor) -> torch.Tensor:
-        """A contiguous copy of a strided input, reused while its data is unchanged.
+    def _prepared(self, index: int, view: torch.Tensor, layout: str | None) -> torch.Tensor:
+        """A contiguous copy of a strided input, or a copy in the layout the kernel takes it
+        in, reused while its data is unchanged.
 
         A transposed weight arrives as a fresh view every call; copying it every call would
         cost more than many kernels. The copy is reused while the view's storage, layout and
         version counter (bumped by every in-place write) are the same; the view is kept alive
-        with it, so no other tensor can take its storage's address meanwhile.
+        with it, so no other tensor can take its storage's address meanwhile. An inference
+        tensor counts no writes: its copy is made on every call.
         """
+        try:
+            version = view._version
+        except RuntimeError:  # an inference tensor
+            return lay_out(view, layout) if layout else view.contiguous()
         key = (
             view.untyped_storage().data_ptr(),
             view.storage_offset(),
             tuple(view.shape),
             view.stride(),
             view.dtype,
-            view._version,
+            version,
         )
         cached = self._packed_inputs.get(index)
         if cached is not None and cached[0] == key:
             return cached[2]
-        packed = view.contiguous()
+        packed = lay_out(view, layout) if layout else view.contiguous()
         self._packed_inputs[index] = (key, view, packed)
         return packed

@@ -10,7 +10,8 @@ Families:
   with the k-loop innermost (unrolled by the register tile's k), the accumulator tile hoisted
   into registers, contractions lowered to outer products (FMAs); a contraction that is the
   result is padded to whole register tiles, other tiles that do not divide the shape are
-  vectorized with masks.
+  vectorized with masks. With `pack`, a plain matmul (plus bias) takes B in panels of the
+  register tile's width, packed once per weight by the caller (`packed_kernel`).
 - `rows` (reductions and elementwise ops over rows: softmax, layer norm, sums, maxima,
   elementwise chains): threads over row blocks, all producers fused into a per-row loop so a
   row stays in cache across ops, each op vectorized along the row.
@@ -30,7 +31,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kope.passes.analysis import CONTRACTIONS, OpInfo, PayloadInfo
+from kope.passes.analysis import CONTRACTIONS, OP_ATTR, OpInfo, PayloadInfo, PlainMatmul
+from kope.vocabulary.layouts import LAYOUT_ATTR, panels
 
 Config = dict[str, Any]
 
@@ -49,6 +51,8 @@ def describe(config: Config) -> str:
     if family == "contraction":
         parts.append("cache " + "x".join(map(str, config["cache"])))
         parts.append("registers " + "x".join(map(str, config["register"])))
+        if config.get("pack"):
+            parts.append(f"B packed in panels of {config['register'][1]}")
     elif family == "rows":
         parts.append(f"{config['rows']} rows/step, vectors of {config['vector']}")
     elif family == "depthwise":
@@ -132,7 +136,9 @@ class Script:
         )
         return func
 
-    def vectorize_function(self, contraction_lowering: str | None = None) -> None:
+    def vectorize_function(
+        self, contraction_lowering: str | None = None, *, drop_unit_dims: bool = False
+    ) -> None:
         func, vec = self.fresh("func"), self.fresh("vec")
         self.emit(
             f'{func} = transform.structured.match ops{{["func.func"]}} in %root '
@@ -161,6 +167,11 @@ class Script:
                 "transform.apply_patterns.vector.lower_contraction "
                 f'lowering_strategy = "{contraction_lowering}"',
             )
+        if drop_unit_dims:  # a register tile with a unit loop (a panel) contracts as 2-D
+            patterns[:0] = [
+                "transform.apply_patterns.vector.cast_away_vector_leading_one_dim",
+                "transform.apply_patterns.vector.drop_unit_dims_with_shape_cast",
+            ]
         self.emit(
             f"transform.apply_patterns to {vec} {{\n    "
             + "\n    ".join(patterns)
@@ -219,6 +230,14 @@ def principal_op(info: PayloadInfo) -> OpInfo | None:
         if op.name in CONTRACTIONS or op.name in CONVOLUTIONS or op.name in DEPTHWISE:
             return op
     return next((op for op in info.ops if op.is_root), None)
+
+
+def kernel_source(payload: str, info: PayloadInfo, config: Config) -> str:
+    """The kernel module for `config`: the payload with its schedule, or, for a packed
+    contraction, a payload rewritten to take B in panels (`packed_kernel`)."""
+    if config.get("pack"):
+        return packed_kernel(info, config)
+    return attach(payload, render(info, config))
 
 
 def render(info: PayloadInfo, config: Config) -> str:
@@ -545,3 +564,126 @@ def _vectorize_tile(s: Script, handle: str) -> None:
 def _tile_outer(s: Script, handle: str, sizes: list[int]) -> tuple[str, list[str]]:
     tiled, loops = s.tile_for(handle, sizes)
     return tiled, loops
+
+
+# -- packed contractions -------------------------------------------------------------------------
+
+
+def packable(info: PayloadInfo, rows: int, width: int) -> bool:
+    """Whether `packed_kernel` can take this payload's B in panels of `width` with register
+    tiles of `rows` rows: a plain matmul (plus bias) whose shapes divide into whole tiles."""
+    plain = info.plain_matmul
+    return plain is not None and plain.n % width == 0 and plain.m % rows == 0
+
+
+def fits(info: PayloadInfo, config: Config) -> bool:
+    """Whether `config` (proven on another operator) can be rendered for this payload: every
+    configuration of a family can, except a packed one on a payload `packable` refuses."""
+    if config.get("pack"):
+        return packable(info, config["register"][0], config["register"][1])
+    return True
+
+
+def packed_kernel(info: PayloadInfo, config: Config) -> str:
+    """A plain matmul (`PlainMatmul`) that takes B as panels of `nr` columns (J x K x nr, see
+    `kope.vocabulary.layouts`), with its schedule.
+
+    The product is computed in the panels' index space, C[m, j, r] = sum_k A[m, k] B[j, k, r]
+    (C being M x N read as M x J x nr, the same memory), so a register tile of mr x nr reads
+    its B columns as one contiguous stream along k. Threads split the rows if they divide into
+    whole register tiles, else the panels; cache tiles are rows x panels x k.
+    """
+    plain = info.plain_matmul
+    assert plain is not None
+    mr, nr, kr = config["register"]
+    m, k, n = plain.m, plain.k, plain.n
+    j = n // nr
+    args = []
+    for index, arg_type in enumerate(plain.arguments):
+        if index == plain.b:
+            args.append(f'%arg{index}: tensor<{j}x{k}x{nr}xf32> {{{LAYOUT_ATTR} = "{panels(nr)}"}}')
+        else:
+            args.append(f"%arg{index}: {arg_type}")
+    c3 = f"tensor<{m}x{j}x{nr}xf32>"
+    body = [
+        "%zero = arith.constant 0.0 : f32",
+        f"%empty = tensor.empty() : {c3}",
+        f"%fill = linalg.fill {{{OP_ATTR} = 0 : i64}} ins(%zero : f32) outs(%empty : {c3}) -> {c3}",
+        "%product = linalg.generic {indexing_maps = ["
+        "affine_map<(m, j, r, k) -> (m, k)>, affine_map<(m, j, r, k) -> (j, k, r)>, "
+        'affine_map<(m, j, r, k) -> (m, j, r)>], iterator_types = ["parallel", "parallel", '
+        f'"parallel", "reduction"]}} ins(%arg{plain.a}, %arg{plain.b} : tensor<{m}x{k}xf32>, '
+        f"tensor<{j}x{k}x{nr}xf32>) outs(%fill : {c3}) attrs = {{{OP_ATTR} = 1 : i64}} {{",
+        "^bb0(%a: f32, %b: f32, %acc: f32):",
+        "  %ab = arith.mulf %a, %b : f32",
+        "  %sum = arith.addf %acc, %ab : f32",
+        "  linalg.yield %sum : f32",
+        f"}} -> {c3}",
+    ]
+    result = "%product"
+    if plain.bias is not None:
+        body += [
+            f"%bias = tensor.expand_shape %arg{plain.bias} [[0, 1]] output_shape [{j}, {nr}] "
+            f": tensor<{n}xf32> into tensor<{j}x{nr}xf32>",
+            f"%empty2 = tensor.empty() : {c3}",
+            "%biased = linalg.generic {indexing_maps = [affine_map<(m, j, r) -> (j, r)>, "
+            "affine_map<(m, j, r) -> (m, j, r)>, affine_map<(m, j, r) -> (m, j, r)>], "
+            'iterator_types = ["parallel", "parallel", "parallel"]} '
+            f"ins(%bias, %product : tensor<{j}x{nr}xf32>, {c3}) outs(%empty2 : {c3}) "
+            f"attrs = {{{OP_ATTR} = 2 : i64}} {{",
+            "^bb0(%x: f32, %y: f32, %unused: f32):",
+            "  %xy = arith.addf %x, %y : f32",
+            "  linalg.yield %xy : f32",
+            f"}} -> {c3}",
+        ]
+        result = "%biased"
+    body += [
+        f"%result = tensor.collapse_shape {result} [[0], [1, 2]] : {c3} into tensor<{m}x{n}xf32>",
+        f"return %result : tensor<{m}x{n}xf32>",
+    ]
+    payload = (
+        f"module {{\nfunc.func @main({', '.join(args)}) -> tensor<{m}x{n}xf32> {{\n  "
+        + "\n  ".join(body)
+        + "\n}\n}\n"
+    )
+    return attach(payload, _packed_schedule(plain, config))
+
+
+def _packed_schedule(plain: PlainMatmul, config: Config) -> str:
+    mr, nr, kr = config["register"]
+    m, k, j = plain.m, plain.k, plain.n // nr
+    threads = config.get("threads", 1)
+    s = Script()
+    fill, product = s.match_op(0), s.match_op(1)
+    biased = s.match_op(2) if plain.bias is not None else None
+    rows, panels_per = m, j
+    if threads > 1:
+        root = biased or product
+        extra = [0] if biased is None else []  # the product's k loop
+        if m % (threads * mr) == 0:
+            rows = m // threads
+            sizes = [rows, 0, 0, *extra]
+        elif j % threads == 0:
+            panels_per = j // threads
+            sizes = [0, panels_per, 0, *extra]
+        else:
+            sizes = []
+        if sizes:
+            tiled, loop = s.tile_forall(root, sizes)
+            if biased is None:
+                product = tiled
+            else:
+                biased = tiled
+                product, loop = s.fuse_into(product, loop)
+            fill, loop = s.fuse_into(fill, loop)
+    mc = fit_tile(rows, config["cache"][0], mr)
+    jc = fit_tile(panels_per, max(1, config["cache"][1] // nr), 1)
+    kc = fit_tile(k, config["cache"][2], kr)
+    s.tile_for(fill, [mr, 1, nr])
+    cached, _ = s.tile_for(product, [mc, jc, nr, kc])
+    registers, _ = s.tile_for(cached, [mr, 1, nr, kr])
+    s.vectorize(registers, [mr, 1, nr, kr])
+    if biased is not None:
+        s.tile_for(biased, [mr, 1, nr])
+    s.vectorize_function("outerproduct", drop_unit_dims=True)
+    return s.text()

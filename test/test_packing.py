@@ -1,0 +1,137 @@
+"""Matmuls that take B packed in panels: verified in the worker, re-packed after a write, and
+refused where the layout does not fit."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from kope.agents.heuristic import schedule_space
+from kope.agents.schedules import kernel_source
+from kope.partition import partition
+from kope.passes.analysis import analyze, prepare_payload
+from kope.targets.cpu import BuildError, CpuTarget, build_kernel
+from kope.vocabulary.kernels import Kernel
+
+CAPABILITIES = {"vector_bits": 256, "threads": 2, "openmp": True}
+
+
+@pytest.fixture(scope="module")
+def target() -> CpuTarget:
+    cpu = CpuTarget(workers=1, timeout_s=120)
+    yield cpu
+    cpu.close()
+
+
+def _task(fn: Callable[..., Any], *args: torch.Tensor) -> Any:
+    tasks = partition(make_fx(fn, tracing_mode="fake")(*args), CpuTarget()).tasks
+    assert len(tasks) == 1, [t.label for t in tasks]
+    return tasks[0]
+
+
+def _packed(threads: int, register: list[int], cache: list[int] | None = None) -> dict[str, Any]:
+    return {
+        "family": "contraction",
+        "threads": threads,
+        "cache": cache or [64, 256, 256],
+        "register": register,
+        "pack": True,
+    }
+
+
+def _source(task: Any, config: dict[str, Any]) -> str:
+    payload = prepare_payload(task.payload)
+    return kernel_source(payload, analyze(payload), config)
+
+
+def _gen() -> torch.Generator:
+    return torch.Generator().manual_seed(0)
+
+
+# Odd sizes that still divide into whole tiles, with k neither a power of two nor a multiple
+# of the unroll; two threads split the rows (8 rows), the panels (4 rows, 4 panels) or,
+# dividing neither (12 rows of 4-row tiles, 3 panels), run as one.
+CASES = {
+    "addmm": (
+        lambda x, w, b: torch.nn.functional.linear(x, w, b),
+        (torch.randn(12, 37, generator=_gen()), torch.randn(48, 37), torch.randn(48)),
+    ),
+    "mm_transposed_b": (
+        lambda a, b: a @ b.t(),
+        (torch.randn(8, 40, generator=_gen()), torch.randn(32, 40)),
+    ),
+    "mm_few_rows": (
+        torch.mm,
+        (torch.randn(4, 33, generator=_gen()), torch.randn(33, 64)),
+    ),
+}
+CONFIGS = [
+    _packed(2, [4, 16, 1]),
+    _packed(1, [8, 8, 1], [32, 128, 512]),
+    _packed(2, [4, 16, 4], [64, 128, 128]),
+    _packed(2, [2, 32, 1]),
+]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_packed_matmuls_verify(name: str, target: CpuTarget) -> None:
+    fn, args = CASES[name]
+    task = _task(fn, *args)
+    info = analyze(prepare_payload(task.payload))
+    space = [config for config, _ in schedule_space(info, CAPABILITIES)[0] if config.get("pack")]
+    assert space, f"{task.label}: no packed point"
+    width_fits = [c for c in CONFIGS if info.plain_matmul.n % c["register"][1] == 0]
+    for config in width_fits:
+        if info.plain_matmul.m % config["register"][0]:
+            continue
+        result = target.evaluate(
+            task.spec, Kernel(_source(task, config)), oracle=Kernel(task.payload), measure=False
+        )
+        assert result.verdict == "verified", f"{task.label}, {config}: {result.error}"
+
+
+def test_a_weight_written_in_place_is_packed_again() -> None:
+    x, w, b = torch.randn(8, 24), torch.randn(32, 24), torch.randn(32)
+    task = _task(lambda x, w, b: torch.nn.functional.linear(x, w, b), x, w, b)
+    kernel = build_kernel(task.spec, Kernel(_source(task, _packed(1, [4, 16, 1]))))
+    torch.testing.assert_close(kernel(b, x, w.t())[0], torch.addmm(b, x, w.t()))
+    w.mul_(-3.0)  # the version counter moves: the cached panels are stale
+    torch.testing.assert_close(kernel(b, x, w.t())[0], torch.addmm(b, x, w.t()))
+    other = torch.randn(32, 24)  # another weight at another address
+    torch.testing.assert_close(kernel(b, x, other.t())[0], torch.addmm(b, x, other.t()))
+    with torch.inference_mode():  # inference tensors count no writes: packed every call
+        frozen = torch.randn(32, 24)
+        torch.testing.assert_close(kernel(b, x, frozen.t())[0], torch.addmm(b, x, frozen.t()))
+
+
+@pytest.mark.parametrize(
+    "layout, message",
+    [("panels:5", "panels of 5"), ("tiles:4", "unknown input layout")],
+)
+def test_a_layout_that_does_not_fit_is_refused(layout: str, message: str) -> None:
+    a, b = torch.randn(8, 16), torch.randn(16, 32)
+    task = _task(torch.mm, a, b)
+    source = _source(task, _packed(1, [4, 16, 1])).replace('"panels:16"', f'"{layout}"')
+    with pytest.raises(BuildError, match=message):
+        build_kernel(task.spec, Kernel(source))
+
+
+@pytest.mark.parametrize(
+    "fn, args",
+    [
+        (torch.bmm, (torch.randn(2, 8, 16), torch.randn(2, 16, 32))),  # B is an activation
+        (torch.mm, (torch.randn(8, 16), torch.randn(16, 50))),  # 50 columns: no whole panels
+        (torch.mm, (torch.randn(7, 16), torch.randn(16, 32))),  # 7 rows: no whole row tiles
+        # a whole matrix added, not a bias row
+        (torch.addmm, (torch.randn(8, 32), torch.randn(8, 16), torch.randn(16, 32))),
+    ],
+)
+def test_only_plain_matmuls_with_whole_tiles_get_packed_points(fn: Any, args: tuple) -> None:
+    tasks = partition(make_fx(fn, tracing_mode="fake")(*args), CpuTarget(), fuse=True).tasks
+    info = analyze(prepare_payload(tasks[0].payload))
+    packed = [c for c, _ in schedule_space(info, CAPABILITIES)[0] if c.get("pack")]
+    assert not packed, packed
