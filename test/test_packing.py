@@ -68,6 +68,16 @@ CASES = {
         torch.mm,
         (torch.randn(4, 33, generator=_gen()), torch.randn(33, 64)),
     ),
+    # Ragged: a last panel padded with zero columns, last rows masked, panels padded to an
+    # even number for two threads (50 columns: 4 panels of 16, or 2 of 32).
+    "addmm_ragged": (
+        lambda x, w, b: torch.nn.functional.linear(x, w, b),
+        (torch.randn(13, 37, generator=_gen()), torch.randn(50, 37), torch.randn(50)),
+    ),
+    "mm_ragged": (
+        torch.mm,
+        (torch.randn(9, 20, generator=_gen()), torch.randn(20, 40)),
+    ),
 }
 CONFIGS = [
     _packed(2, [4, 16, 1]),
@@ -84,10 +94,7 @@ def test_packed_matmuls_verify(name: str, target: CpuTarget) -> None:
     info = analyze(prepare_payload(task.payload))
     space = [config for config, _ in schedule_space(info, CAPABILITIES)[0] if config.get("pack")]
     assert space, f"{task.label}: no packed point"
-    width_fits = [c for c in CONFIGS if info.plain_matmul.n % c["register"][1] == 0]
-    for config in width_fits:
-        if info.plain_matmul.m % config["register"][0]:
-            continue
+    for config in CONFIGS:
         result = target.evaluate(
             task.spec, Kernel(_source(task, config)), oracle=Kernel(task.payload), measure=False
         )
@@ -110,7 +117,11 @@ def test_a_weight_written_in_place_is_packed_again() -> None:
 
 @pytest.mark.parametrize(
     "layout, message",
-    [("panels:5", "panels of 5"), ("tiles:4", "unknown input layout")],
+    [
+        ("panels:5", "divide into panels of 5"),
+        ("panels:16:1", "fit in 1 panels of 16"),
+        ("tiles:4", "unknown input layout"),
+    ],
 )
 def test_a_layout_that_does_not_fit_is_refused(layout: str, message: str) -> None:
     a, b = torch.randn(8, 16), torch.randn(16, 32)
@@ -124,13 +135,13 @@ def test_a_layout_that_does_not_fit_is_refused(layout: str, message: str) -> Non
     "fn, args",
     [
         (torch.bmm, (torch.randn(2, 8, 16), torch.randn(2, 16, 32))),  # B is an activation
-        (torch.mm, (torch.randn(8, 16), torch.randn(16, 50))),  # 50 columns: no whole panels
-        (torch.mm, (torch.randn(7, 16), torch.randn(16, 32))),  # 7 rows: no whole row tiles
+        (torch.mm, (torch.randn(1, 16), torch.randn(16, 40))),  # fewer rows than any tile
+        (torch.mm, (torch.randn(8, 16), torch.randn(16, 7))),  # fewer columns than a panel
         # a whole matrix added, not a bias row
         (torch.addmm, (torch.randn(8, 32), torch.randn(8, 16), torch.randn(16, 32))),
     ],
 )
-def test_only_plain_matmuls_with_whole_tiles_get_packed_points(fn: Any, args: tuple) -> None:
+def test_only_plain_matmuls_a_tile_large_get_packed_points(fn: Any, args: tuple) -> None:
     tasks = partition(make_fx(fn, tracing_mode="fake")(*args), CpuTarget(), fuse=True).tasks
     info = analyze(prepare_payload(tasks[0].payload))
     packed = [c for c, _ in schedule_space(info, CAPABILITIES)[0] if c.get("pack")]

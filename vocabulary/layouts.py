@@ -10,7 +10,8 @@ reuses the packed copy while the weight's storage and version counter are unchan
 `JitKernel`), and re-packs after an in-place write.
 
 A kernel names the layout on its `@main` argument: `%arg: tensor<JxKxNRxf32> {kope.layout =
-"panels:NR"}`, the operator's argument being K x N with N = J * NR.
+"panels:NR"}`, the operator's argument being K x N with N = J * NR; or `"panels:NR:J"` for
+J panels holding N <= J * NR columns, the rest zeros.
 """
 
 from __future__ import annotations
@@ -31,35 +32,51 @@ class LayoutError(ValueError):
     pass
 
 
-def panels(width: int) -> str:
-    """The layout name for B in panels of `width` columns."""
-    return f"{PANELS}:{width}"
+def panels(width: int, count: int | None = None) -> str:
+    """The layout name for B in panels of `width` columns; with `count`, that many panels,
+    the columns past the operator's zero (a ragged last panel, or whole panels more, so
+    that threads share them evenly)."""
+    return f"{PANELS}:{width}" if count is None else f"{PANELS}:{width}:{count}"
 
 
-def _width(layout: str) -> int:
-    kind, _, width = layout.partition(":")
-    if kind != PANELS or not width.isdigit() or int(width) < 1:
-        raise LayoutError(f"unknown input layout {layout!r}; the one layout is 'panels:<width>'")
-    return int(width)
+def _parse(layout: str) -> tuple[int, int | None]:
+    kind, *numbers = layout.split(":")
+    if kind != PANELS or len(numbers) not in (1, 2) or not all(v.isdigit() for v in numbers):
+        raise LayoutError(
+            f"unknown input layout {layout!r}; the one layout is 'panels:<width>[:<count>]'"
+        )
+    width, count = int(numbers[0]), int(numbers[1]) if len(numbers) == 2 else None
+    if width < 1 or count == 0:
+        raise LayoutError(f"layout {layout!r} needs a width and a count of at least 1")
+    return width, count
 
 
 def laid_out(spec: TensorSpec, layout: str) -> TensorSpec:
     """The argument's shape in `layout` (what the kernel's signature must say)."""
     from kope.vocabulary.specs import TensorSpec
 
-    width = _width(layout)
-    if len(spec.shape) != 2 or spec.shape[1] % width:
+    width, count = _parse(layout)
+    fits = len(spec.shape) == 2 and (
+        spec.shape[1] % width == 0 if count is None else count * width >= spec.shape[1]
+    )
+    if not fits:
+        need = "divide into" if count is None else f"fit in {count}"
         raise LayoutError(
-            f"layout {layout!r} needs a 2-D argument whose columns divide into panels of "
+            f"layout {layout!r} needs a 2-D argument whose columns {need} panels of "
             f"{width}; this one is {spec}"
         )
     k, n = spec.shape
-    return TensorSpec((n // width, k, width), spec.dtype)
+    return TensorSpec((count or n // width, k, width), spec.dtype)
 
 
 def lay_out(tensor: torch.Tensor, layout: str) -> torch.Tensor:
     """`tensor` (the operator's layout, any strides) copied into `layout`, contiguous."""
-    width = _width(layout)
+    from torch.nn.functional import pad
+
+    width, count = _parse(layout)
     k, n = tensor.shape
+    count = count or n // width
+    if count * width > n:  # zero columns up to whole panels
+        tensor = pad(tensor, (0, count * width - n))
     # Splitting the columns is a view at any strides; the permuted copy is the packing.
-    return tensor.reshape(k, n // width, width).permute(1, 0, 2).contiguous()
+    return tensor.reshape(k, count, width).permute(1, 0, 2).contiguous()

@@ -571,9 +571,10 @@ def _tile_outer(s: Script, handle: str, sizes: list[int]) -> tuple[str, list[str
 
 def packable(info: PayloadInfo, rows: int, width: int) -> bool:
     """Whether `packed_kernel` can take this payload's B in panels of `width` with register
-    tiles of `rows` rows: a plain matmul (plus bias) whose shapes divide into whole tiles."""
+    tiles of `rows` rows: a plain matmul (plus bias) at least one register tile large (a
+    ragged last panel is padded with zero columns; ragged last rows are masked)."""
     plain = info.plain_matmul
-    return plain is not None and plain.n % width == 0 and plain.m % rows == 0
+    return plain is not None and plain.m >= rows and plain.n >= width
 
 
 def fits(info: PayloadInfo, config: Config) -> bool:
@@ -584,35 +585,84 @@ def fits(info: PayloadInfo, config: Config) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class _Panels:
+    """How a packed kernel shares its work: `count` panels of `width` (the last ones maybe
+    zero-padded) over `padded_rows` rows (A's rows padded with zero rows to whole register
+    tiles), threads over `rows` rows and `per_thread` panels each."""
+
+    width: int
+    count: int
+    padded_rows: int
+    rows: int
+    per_thread: int
+    threads: int
+
+    @property
+    def columns(self) -> int:
+        return self.count * self.width
+
+
+def _panels(plain: PlainMatmul, config: Config) -> _Panels:
+    mr, nr, _ = config["register"]
+    count = math.ceil(plain.n / nr)
+    # A partial tile anywhere makes every tile of its loop a dynamic size, vectorized with
+    # masks several times slower; zero rows and zero panels keep every tile static.
+    rows = math.ceil(plain.m / mr) * mr
+    threads = config.get("threads", 1)
+    if threads <= 1:
+        return _Panels(nr, count, rows, rows, count, 1)
+    if rows % (threads * mr) == 0:  # rows split into whole register tiles
+        return _Panels(nr, count, rows, rows // threads, count, threads)
+    count = math.ceil(count / threads) * threads  # else the panels, a whole number each
+    return _Panels(nr, count, rows, rows, count // threads, threads)
+
+
 def packed_kernel(info: PayloadInfo, config: Config) -> str:
     """A plain matmul (`PlainMatmul`) that takes B as panels of `nr` columns (J x K x nr, see
     `kope.vocabulary.layouts`), with its schedule.
 
-    The product is computed in the panels' index space, C[m, j, r] = sum_k A[m, k] B[j, k, r]
-    (C being M x N read as M x J x nr, the same memory), so a register tile of mr x nr reads
-    its B columns as one contiguous stream along k. Threads split the rows if they divide into
-    whole register tiles, else the panels; cache tiles are rows x panels x k.
+    The product is computed in the panels' index space, C[m, j, r] = sum_k A[m, k] B[j, k, r],
+    so a register tile of mr x nr reads its B columns as one contiguous stream along k. Where
+    the panels hold exactly N columns, C (M x N) is that product read as M x J x nr, the same
+    memory, and the bias is added in the same index space, fused into the product's tiles;
+    where they hold more (zero columns: a ragged last panel, or panels padded for threads)
+    or A is padded with zero rows to whole register tiles, C is the product's first M x N
+    and the bias is added after. Threads split the rows if they divide into whole register
+    tiles, else the panels; cache tiles are rows x panels x k.
     """
     plain = info.plain_matmul
     assert plain is not None
-    mr, nr, kr = config["register"]
-    m, k, n = plain.m, plain.k, plain.n
-    j = n // nr
+    shape = _panels(plain, config)
+    m, k, n, j, nr = plain.m, plain.k, plain.n, shape.count, shape.width
+    mp = shape.padded_rows
+    exact = shape.columns == n and mp == m
+    layout = panels(nr) if shape.columns == n else panels(nr, j)
     args = []
     for index, arg_type in enumerate(plain.arguments):
         if index == plain.b:
-            args.append(f'%arg{index}: tensor<{j}x{k}x{nr}xf32> {{{LAYOUT_ATTR} = "{panels(nr)}"}}')
+            args.append(f'%arg{index}: tensor<{j}x{k}x{nr}xf32> {{{LAYOUT_ATTR} = "{layout}"}}')
         else:
             args.append(f"%arg{index}: {arg_type}")
-    c3 = f"tensor<{m}x{j}x{nr}xf32>"
-    body = [
-        "%zero = arith.constant 0.0 : f32",
+    c3 = f"tensor<{mp}x{j}x{nr}xf32>"
+    c2 = f"tensor<{m}x{n}xf32>"
+    a = f"%arg{plain.a}"
+    body = ["%zero = arith.constant 0.0 : f32"]
+    if mp != m:
+        body += [
+            f"%rows = tensor.pad {a} low[0, 0] high[{mp - m}, 0] {{",
+            "^bb0(%i: index, %l: index):",
+            "  tensor.yield %zero : f32",
+            f"}} : tensor<{m}x{k}xf32> to tensor<{mp}x{k}xf32>",
+        ]
+        a = "%rows"
+    body += [
         f"%empty = tensor.empty() : {c3}",
         f"%fill = linalg.fill {{{OP_ATTR} = 0 : i64}} ins(%zero : f32) outs(%empty : {c3}) -> {c3}",
         "%product = linalg.generic {indexing_maps = ["
         "affine_map<(m, j, r, k) -> (m, k)>, affine_map<(m, j, r, k) -> (j, k, r)>, "
         'affine_map<(m, j, r, k) -> (m, j, r)>], iterator_types = ["parallel", "parallel", '
-        f'"parallel", "reduction"]}} ins(%arg{plain.a}, %arg{plain.b} : tensor<{m}x{k}xf32>, '
+        f'"parallel", "reduction"]}} ins({a}, %arg{plain.b} : tensor<{mp}x{k}xf32>, '
         f"tensor<{j}x{k}x{nr}xf32>) outs(%fill : {c3}) attrs = {{{OP_ATTR} = 1 : i64}} {{",
         "^bb0(%a: f32, %b: f32, %acc: f32):",
         "  %ab = arith.mulf %a, %b : f32",
@@ -620,70 +670,84 @@ def packed_kernel(info: PayloadInfo, config: Config) -> str:
         "  linalg.yield %sum : f32",
         f"}} -> {c3}",
     ]
-    result = "%product"
-    if plain.bias is not None:
+    if exact:
+        result, result_type = "%product", c3
+        bias_type, bias_maps = (
+            f"tensor<{j}x{nr}xf32>",
+            ["(m, j, r) -> (j, r)", "(m, j, r) -> (m, j, r)"],
+        )
+        iterators = 3
+    else:
         body += [
-            f"%bias = tensor.expand_shape %arg{plain.bias} [[0, 1]] output_shape [{j}, {nr}] "
-            f": tensor<{n}xf32> into tensor<{j}x{nr}xf32>",
-            f"%empty2 = tensor.empty() : {c3}",
-            "%biased = linalg.generic {indexing_maps = [affine_map<(m, j, r) -> (j, r)>, "
-            "affine_map<(m, j, r) -> (m, j, r)>, affine_map<(m, j, r) -> (m, j, r)>], "
-            'iterator_types = ["parallel", "parallel", "parallel"]} '
-            f"ins(%bias, %product : tensor<{j}x{nr}xf32>, {c3}) outs(%empty2 : {c3}) "
-            f"attrs = {{{OP_ATTR} = 2 : i64}} {{",
+            f"%flat = tensor.collapse_shape %product [[0], [1, 2]] : {c3} into "
+            f"tensor<{mp}x{j * nr}xf32>",
+            f"%valid = tensor.extract_slice %flat[0, 0] [{m}, {n}] [1, 1] : "
+            f"tensor<{mp}x{j * nr}xf32> to {c2}",
+        ]
+        result, result_type = "%valid", c2
+        bias_type, bias_maps = f"tensor<{n}xf32>", ["(m, n) -> (n)", "(m, n) -> (m, n)"]
+        iterators = 2
+    if plain.bias is not None:
+        bias = f"%arg{plain.bias}"
+        if exact:
+            body.append(
+                f"%bias = tensor.expand_shape {bias} [[0, 1]] output_shape [{j}, {nr}] "
+                f": tensor<{n}xf32> into {bias_type}"
+            )
+            bias = "%bias"
+        maps = ", ".join(f"affine_map<{a}>" for a in (*bias_maps, bias_maps[1]))
+        parallel = ", ".join(['"parallel"'] * iterators)
+        body += [
+            f"%empty2 = tensor.empty() : {result_type}",
+            f"%biased = linalg.generic {{indexing_maps = [{maps}], iterator_types = "
+            f"[{parallel}]}} ins({bias}, {result} : {bias_type}, {result_type}) outs(%empty2 : "
+            f"{result_type}) attrs = {{{OP_ATTR} = 2 : i64}} {{",
             "^bb0(%x: f32, %y: f32, %unused: f32):",
             "  %xy = arith.addf %x, %y : f32",
             "  linalg.yield %xy : f32",
-            f"}} -> {c3}",
+            f"}} -> {result_type}",
         ]
         result = "%biased"
-    body += [
-        f"%result = tensor.collapse_shape {result} [[0], [1, 2]] : {c3} into tensor<{m}x{n}xf32>",
-        f"return %result : tensor<{m}x{n}xf32>",
-    ]
+    if exact:
+        body.append(f"%result = tensor.collapse_shape {result} [[0], [1, 2]] : {c3} into {c2}")
+        result = "%result"
+    body.append(f"return {result} : {c2}")
     payload = (
-        f"module {{\nfunc.func @main({', '.join(args)}) -> tensor<{m}x{n}xf32> {{\n  "
+        f"module {{\nfunc.func @main({', '.join(args)}) -> {c2} {{\n  "
         + "\n  ".join(body)
         + "\n}\n}\n"
     )
-    return attach(payload, _packed_schedule(plain, config))
+    return attach(payload, _packed_schedule(plain, config, shape, exact))
 
 
-def _packed_schedule(plain: PlainMatmul, config: Config) -> str:
+def _packed_schedule(plain: PlainMatmul, config: Config, shape: _Panels, exact: bool) -> str:
     mr, nr, kr = config["register"]
-    m, k, j = plain.m, plain.k, plain.n // nr
-    threads = config.get("threads", 1)
     s = Script()
     fill, product = s.match_op(0), s.match_op(1)
     biased = s.match_op(2) if plain.bias is not None else None
-    rows, panels_per = m, j
-    if threads > 1:
-        root = biased or product
-        extra = [0] if biased is None else []  # the product's k loop
-        if m % (threads * mr) == 0:
-            rows = m // threads
-            sizes = [rows, 0, 0, *extra]
-        elif j % threads == 0:
-            panels_per = j // threads
-            sizes = [0, panels_per, 0, *extra]
+    if shape.threads > 1:
+        fused_bias = biased is not None and exact
+        root = biased if biased is not None and exact else product
+        split_rows = shape.rows < shape.padded_rows
+        sizes = [shape.rows, 0, 0] if split_rows else [0, shape.per_thread, 0]
+        tiled, loop = s.tile_forall(root, sizes if fused_bias else [*sizes, 0])
+        if fused_bias:
+            biased = tiled
+            product, loop = s.fuse_into(product, loop)
         else:
-            sizes = []
-        if sizes:
-            tiled, loop = s.tile_forall(root, sizes)
-            if biased is None:
-                product = tiled
-            else:
-                biased = tiled
-                product, loop = s.fuse_into(product, loop)
-            fill, loop = s.fuse_into(fill, loop)
-    mc = fit_tile(rows, config["cache"][0], mr)
-    jc = fit_tile(panels_per, max(1, config["cache"][1] // nr), 1)
-    kc = fit_tile(k, config["cache"][2], kr)
+            product = tiled
+        fill, loop = s.fuse_into(fill, loop)
+    mc = fit_tile(shape.rows, config["cache"][0], mr)
+    jc = fit_tile(shape.per_thread, max(1, config["cache"][1] // nr), 1)
+    kc = fit_tile(plain.k, config["cache"][2], kr)
     s.tile_for(fill, [mr, 1, nr])
     cached, _ = s.tile_for(product, [mc, jc, nr, kc])
     registers, _ = s.tile_for(cached, [mr, 1, nr, kr])
     s.vectorize(registers, [mr, 1, nr, kr])
     if biased is not None:
-        s.tile_for(biased, [mr, 1, nr])
+        sizes = [mr, 1, nr] if exact else [1, nr]
+        tile, _ = s.tile_for(biased, sizes)
+        if not exact:  # a ragged last column tile: masked
+            s.vectorize(tile, sizes)
     s.vectorize_function("outerproduct", drop_unit_dims=True)
     return s.text()
