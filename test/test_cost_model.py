@@ -59,13 +59,7 @@ def _matmul(threads: int, register: tuple[int, int, int] = (8, 16, 1)) -> Config
 
 
 def _packed(threads: int, register: tuple[int, int, int] = (4, 16, 1)) -> Config:
-    return {
-        "family": "contraction",
-        "threads": threads,
-        "cache": [64, 256, 256],
-        "register": list(register),
-        "pack": True,
-    }
+    return {**_matmul(threads, register), "cache": [64, 256, 256], "pack": True}
 
 
 def _attempt(
