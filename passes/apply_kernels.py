@@ -7,6 +7,8 @@ schedule `@__transform_main`), the schedule is applied to a copy of the artifact
 `kope-lower-cpu` would (`kope-apply-schedule`), and the function's body is replaced by the
 scheduled `@main`. The function keeps its name, visibility, key and label, and gains
 `kope.kernel = "agent"`, `kope.attempt` and `kope.artifact`, so a second run leaves it alone.
+A kernel that takes an input in another layout (a matmul's B in panels) keeps the function's
+signature through a new body that lays the argument out and calls the kernel.
 
 Left untouched: operators memory does not know, operators whose winner is eager ATen or the
 reference lowering (the outlined body *is* the reference lowering). Left untouched with a
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field
 from torch_mlir import ir
 
 from kope.memory import AttemptRecord, ExperienceStore
-from kope.passes.abi import ENTRY, PAYLOAD, find_func, function_type
+from kope.passes.abi import ENTRY, PAYLOAD, find_func, function_type, input_layouts
 from kope.passes.base import ModulePass, PassError, check_target
 from kope.passes.experience import (
     STORE_HELP,
@@ -35,6 +37,7 @@ from kope.passes.experience import (
 )
 from kope.passes.keys import KERNEL_ATTR, canonical_function, task_key
 from kope.passes.schedule import ApplySchedule
+from kope.vocabulary.layouts import PANELS
 
 log = logging.getLogger("kope.passes")
 
@@ -100,6 +103,7 @@ class ApplyKernels(ModulePass):
                 f"is missing or damaged"
             )
         kernel = self._scheduled_payload(text, best, func.context)
+        _take_operator_layouts(kernel.operation, func, best)
         payload = find_func(kernel.operation, PAYLOAD)
         assert payload is not None
         want, got = function_type(func), function_type(payload)
@@ -135,10 +139,80 @@ class ApplyKernels(ModulePass):
         return kernel
 
 
+def _take_operator_layouts(kernel: ir.Operation, func: ir.Operation, best: AttemptRecord) -> None:
+    """Give a kernel whose `@main` takes inputs in another layout (`kope.vocabulary.layouts`)
+    the function's own signature: the kernel becomes a helper, and a new `@main` lays those
+    arguments out and calls it.
+
+    A function on tensors has no weight to keep packed between calls, so here the panels are
+    made on every call (as a library packs inside every call); the backend's call sites pack a
+    weight once."""
+    payload = find_func(kernel, PAYLOAD)
+    assert payload is not None
+    layouts = input_layouts(kernel)
+    if not layouts:
+        return
+    inner, outer = function_type(payload), function_type(func)
+    if len(inner.inputs) != len(outer.inputs) or list(inner.results) != list(outer.results):
+        raise _Skip(f"attempt {best.id}'s @{PAYLOAD} has type {inner}, the function has {outer}")
+    helper = f"{PAYLOAD}_laid_out"
+    lines = ["%zero = arith.constant 0.0 : f32"]
+    args = []
+    for index, (want, have) in enumerate(zip(inner.inputs, outer.inputs, strict=True)):
+        if index not in layouts:
+            args.append(f"%arg{index}")
+            continue
+        if not layouts[index].startswith(PANELS):
+            raise _Skip(f"attempt {best.id} takes input {index} in layout {layouts[index]!r}")
+        (count, k, width), (k_have, n) = want.shape, have.shape
+        if k != k_have or count * width < n:
+            raise _Skip(f"attempt {best.id} takes input {index} as {want}, the function has {have}")
+        value = f"%arg{index}"
+        if count * width > n:
+            lines += [
+                f"%pad{index} = tensor.pad {value} low[0, 0] high[0, {count * width - n}] {{",
+                "^bb0(%i: index, %j: index):",
+                "  tensor.yield %zero : f32",
+                f"}} : {have} to tensor<{k}x{count * width}xf32>",
+            ]
+            value = f"%pad{index}"
+        lines += [
+            f"%split{index} = tensor.expand_shape {value} [[0], [1, 2]] output_shape "
+            f"[{k}, {count}, {width}] : tensor<{k}x{count * width}xf32> into "
+            f"tensor<{k}x{count}x{width}xf32>",
+            f"%empty{index} = tensor.empty() : {want}",
+            f"%panels{index} = linalg.transpose ins(%split{index} : "
+            f"tensor<{k}x{count}x{width}xf32>) outs(%empty{index} : {want}) "
+            "permutation = [1, 0, 2]",
+        ]
+        args.append(f"%panels{index}")
+    results = [str(t) for t in inner.results]
+    lines.append(
+        f"%r:{len(results)} = func.call @{helper}({', '.join(args)}) : {inner}"
+        if results
+        else f"func.call @{helper}({', '.join(args)}) : {inner}"
+    )
+    lines.append(
+        f"return {', '.join(f'%r#{i}' for i in range(len(results)))} : {', '.join(results)}"
+        if results
+        else "return"
+    )
+    params = ", ".join(f"%arg{i}: {t}" for i, t in enumerate(outer.inputs))
+    signature = f"({params}) -> ({', '.join(results)})"
+    declared = ", ".join(str(t) for t in inner.inputs)
+    text = (
+        f"func.func private @{helper}({declared}) -> ({', '.join(results)})\n"
+        f"func.func @{PAYLOAD}{signature} {{\n  " + "\n  ".join(lines) + "\n}"
+    )
+    parsed = ir.Module.parse(text, kernel.context)  # alive until its op has moved out
+    payload.attributes["sym_name"] = ir.StringAttr.get(helper, kernel.context)
+    kernel.regions[0].blocks[0].append(parsed.body.operations[1].operation)
+
+
 def _replace(
     module: ir.Operation, func: ir.Operation, kernel: ir.Operation, best: AttemptRecord
 ) -> None:
-    """Put the kernel's `@main` in place of `func` (its symbol and attributes), helpers beside."""
+    """Put the kernel's `@main` in place of `func` (its symbol and attributes), helpers after."""
     name = symbol_name(func)
     payload = find_func(kernel, PAYLOAD)
     assert payload is not None
@@ -147,6 +221,7 @@ def _replace(
         for op in module.regions[0].blocks[0].operations
         if "sym_name" in op.operation.attributes
     }
+    helpers: list[ir.Operation] = []
     for op in list(kernel.regions[0].blocks[0].operations):
         op = op.operation
         if op == payload:
@@ -163,13 +238,15 @@ def _replace(
             op.attributes["sym_visibility"] = ir.StringAttr.get("private")
         if op.name == "func.func":
             _mark(op, best)  # part of the kernel: not an operator to outline
-        op.move_before(func)
+        helpers.append(op)
     for attr in list(payload.attributes):
         del payload.attributes[attr]
     for attr in list(func.attributes):
         payload.attributes[attr] = func.attributes[attr]
     _mark(payload, best)
     payload.move_before(func)
+    for op in reversed(helpers):  # after the function they serve, which reads first
+        op.move_after(payload)
     func.erase()
 
 
