@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from torch_mlir import ir
 from torch_mlir.passmanager import PassManager
 
+from kope.passes.abi import function_type
 from kope.passes.base import PipelineElement
 from kope.passes.integer_powers import ExpandPowers
 
@@ -241,12 +242,8 @@ def _plain_matmul(func: ir.Operation) -> PlainMatmul | None:
     ret = [op.operation for op in func.regions[0].blocks[0].operations][-1]
     if list(ret.operands) != [result] or len(list(result.uses)) != 1:
         return None
-    arguments = tuple(str(t) for t in function_arguments(func))
+    arguments = tuple(str(t) for t in function_type(func).inputs)
     return PlainMatmul(m, k, n, arguments, a, b, bias)
-
-
-def function_arguments(func: ir.Operation) -> list[ir.Type]:
-    return list(ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).inputs)
 
 
 def _bias_argument(generic: ir.Operation, product: ir.Value, n: int) -> int | None:

@@ -37,7 +37,7 @@ from kope.passes.experience import (
 )
 from kope.passes.keys import KERNEL_ATTR, canonical_function, task_key
 from kope.passes.schedule import ApplySchedule
-from kope.vocabulary.layouts import PANELS
+from kope.vocabulary.layouts import LayoutError, panel_geometry
 
 log = logging.getLogger("kope.passes")
 
@@ -162,10 +162,13 @@ def _take_operator_layouts(kernel: ir.Operation, func: ir.Operation, best: Attem
         if index not in layouts:
             args.append(f"%arg{index}")
             continue
-        if not layouts[index].startswith(PANELS):
-            raise _Skip(f"attempt {best.id} takes input {index} in layout {layouts[index]!r}")
-        (count, k, width), (k_have, n) = want.shape, have.shape
-        if k != k_have or count * width < n:
+        try:
+            width, count = panel_geometry(layouts[index])
+        except LayoutError as err:
+            raise _Skip(f"attempt {best.id}, input {index}: {err}") from None
+        k, n = have.shape
+        count = count or (n // width if n % width == 0 else 0)
+        if list(want.shape) != [count, k, width] or count * width < n:
             raise _Skip(f"attempt {best.id} takes input {index} as {want}, the function has {have}")
         value = f"%arg{index}"
         if count * width > n:

@@ -39,7 +39,9 @@ def panels(width: int, count: int | None = None) -> str:
     return f"{PANELS}:{width}" if count is None else f"{PANELS}:{width}:{count}"
 
 
-def _parse(layout: str) -> tuple[int, int | None]:
+def panel_geometry(layout: str) -> tuple[int, int | None]:
+    """A panels layout's width and panel count (None: as many as the columns divide into);
+    a `LayoutError` for any other layout."""
     kind, *numbers = layout.split(":")
     if kind != PANELS or len(numbers) not in (1, 2) or not all(v.isdigit() for v in numbers):
         raise LayoutError(
@@ -55,7 +57,7 @@ def laid_out(spec: TensorSpec, layout: str) -> TensorSpec:
     """The argument's shape in `layout` (what the kernel's signature must say)."""
     from kope.vocabulary.specs import TensorSpec
 
-    width, count = _parse(layout)
+    width, count = panel_geometry(layout)
     fits = len(spec.shape) == 2 and (
         spec.shape[1] % width == 0 if count is None else count * width >= spec.shape[1]
     )
@@ -73,7 +75,7 @@ def lay_out(tensor: torch.Tensor, layout: str) -> torch.Tensor:
     """`tensor` (the operator's layout, any strides) copied into `layout`, contiguous."""
     from torch.nn.functional import pad
 
-    width, count = _parse(layout)
+    width, count = panel_geometry(layout)
     k, n = tensor.shape
     count = count or n // width
     if count * width > n:  # zero columns up to whole panels
