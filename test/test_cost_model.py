@@ -35,14 +35,17 @@ from kope.passes.analysis import analyze, prepare_payload
 from kope.targets.cpu import CpuTarget
 
 # Fixed capabilities (AVX2: 8 lanes of f32; two OpenMP threads), so that the expected
-# configurations below do not depend on the machine the tests run on.
+# configurations below do not depend on the machine the tests run on; and a fixed key, since
+# the agent's tie-breaking jitter is seeded by the task's key, which names the machine.
 CAPABILITIES = {"vector_bits": 256, "threads": 2, "openmp": True}
 
 
 def _view(fn: Any, *args: torch.Tensor) -> TaskView:
     tasks = partition(make_fx(fn, tracing_mode="fake")(*args), CpuTarget()).tasks
     assert len(tasks) == 1, [t.label for t in tasks]
-    return dataclasses.replace(task_view(tasks[0], CpuTarget()), capabilities=CAPABILITIES)
+    view = task_view(tasks[0], CpuTarget())
+    key = hashlib.sha256(view.payload.encode()).hexdigest()
+    return dataclasses.replace(view, capabilities=CAPABILITIES, key=key)
 
 
 def _mm(m: int, k: int, n: int) -> TaskView:
@@ -202,7 +205,8 @@ def _conv(threads: int, channels: int, columns: int, inputs: int) -> Config:
 
 
 # What the agent proposed on an empty store before it learned (recorded from that version,
-# with the fake figures of `_fake_speedup`; the matmuls' lists since packed points joined).
+# with the fake figures of `_fake_speedup`; the matmuls' lists since packed points joined;
+# the ties among the others' later attempts since `_view` fixed the key that seeds them).
 BEFORE: dict[str, tuple[Any, list[Config]]] = {
     # Plain matmuls start with B packed in panels (since packing was added).
     "mm": (
@@ -223,11 +227,11 @@ BEFORE: dict[str, tuple[Any, list[Config]]] = {
     ),
     "softmax_big": (
         lambda: _view(lambda x: torch.softmax(x, -1), torch.randn(256, 512)),
-        [_rows(2, 1, 32, True), _rows(2, 1, 8, True), _rows(2, 8, 32, True), _rows(2, 1, 16, True)],
+        [_rows(2, 1, 32, True), _rows(2, 1, 8, True), _rows(2, 8, 32, True), _rows(2, 4, 32, True)],
     ),
     "row_sum": (
         lambda: _view(lambda x: x.sum(-1), torch.randn(24, 80)),
-        [_rows(1, 1, 32), _rows(1, 4, 32), _rows(1, 8, 32), _rows(1, 1, 16)],
+        [_rows(1, 1, 32), _rows(1, 4, 32), _rows(1, 8, 32), _rows(1, 1, 8)],
     ),
     # Two configurations fit this convolution's core grid; the widened points follow them.
     "conv": (
@@ -237,7 +241,7 @@ BEFORE: dict[str, tuple[Any, list[Config]]] = {
             torch.randn(8, 3, 3, 3),
             torch.randn(8),
         ),
-        [_conv(1, 8, 16, 1), _conv(1, 8, 8, 1)],
+        [_conv(1, 8, 8, 1), _conv(1, 8, 16, 1)],
     ),
 }
 

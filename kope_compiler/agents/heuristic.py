@@ -212,12 +212,17 @@ def schedule_space(
         conv = info.find(CONVOLUTIONS)
         assert conv is not None
         channels, columns = conv.ranges[1], conv.ranges[3]
+        # Column tiles are whole vectors (a conv row of another width has been seen to
+        # vectorize wrongly); a row shorter than a vector (8 columns under AVX-512's 16
+        # lanes) takes the widest power of two that fits, a part of one vector.
+        widths = [w for w in (2 * lanes, lanes) if w <= columns] or [
+            w for w in (lanes // 2, lanes // 4) if 4 <= w <= columns
+        ][:1]
         for (t, f, ow, c), wide in _grid(
-            [threads, [16, 8], [2 * lanes, lanes], [1, 4]], [[], [32, 4], [4 * lanes], [2, 8]]
+            [threads, [16, 8], widths, [1, 4]], [[], [32, 4], [4 * lanes], [2, 8]]
         ):
-            # Column tiles are whole vectors (a conv row of another width has been seen to
-            # vectorize wrongly), thread chunks hold whole channel tiles, and input-channel
-            # tiles divide the input channels (a partial one makes the 1-D conv dynamic).
+            # Thread chunks hold whole channel tiles, and input-channel tiles divide the
+            # input channels (a partial one makes the 1-D conv dynamic).
             if f > channels or ow > columns or conv.ranges[4] % c or channels % (t * f):
                 continue
             score = (2.0 if (t > 1) == big else 0.0) + (1.0 if f == 16 else 0.0)
