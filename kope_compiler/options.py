@@ -32,8 +32,9 @@ class Options:
     timeout_s: float = 60.0
     """Wall-clock limit for building, verifying and timing one candidate in a worker."""
     fuse: bool = True
-    """Fuse connected groups of elementwise and row operators into one kernel each, and make
-    the graph rewrites of `kope.rewrites` (batch norm folded, attention as one kernel)."""
+    """Fuse connected groups of elementwise and row operators into one kernel each (elementwise
+    ones with the matmul before them, as its epilogue), and make the graph rewrites of
+    `kope.rewrites` (batch norm folded, attention as one kernel)."""
     optimize: bool = False
     """Let the agent optimize operators the store has not seen optimized, inline."""
     agent: str = "heuristic"

@@ -189,20 +189,77 @@ _ROW_OPS = frozenset(
 _BATCH_NORM = "batch_norm.default"
 
 
-def _fusible(node: fx.Node, target: Target) -> bool:
+# Contractions a group of elementwise ops may start with, as their epilogue (bias, activation,
+# gating, residual add, scale): the product is consumed tile by tile inside the kernel instead
+# of being written out by one Task and read back by the next.
+_CONTRACTIONS = frozenset(("mm.default", "addmm.default", "bmm.default"))
+
+
+def _name(node: fx.Node) -> str | None:
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return None
+    return f"{node.target._opname}.{node.target._overloadname}"
+
+
+def _lowerable(node: fx.Node, target: Target) -> bool:
+    return isinstance(node.meta.get("val"), torch.Tensor) and eager_reason(node, target) is None
+
+
+def _fusible(node: fx.Node, target: Target) -> bool:
+    name = _name(node)
+    if name is None:
         return False
-    name = f"{node.target._opname}.{node.target._overloadname}"
+    assert isinstance(node.target, torch._ops.OpOverload)
     kind = (
         torch.Tag.pointwise in node.target.tags
         or name in _ROW_OPS
         or (name == _BATCH_NORM and len(node.args) > 5 and node.args[5] is False)
     )
-    return (
-        kind
-        and isinstance(node.meta.get("val"), torch.Tensor)
-        and eager_reason(node, target) is None
-    )
+    return kind and _lowerable(node, target)
+
+
+def _epilogue_head(
+    group: set[fx.Node], order: dict[fx.Node, int], target: Target, taken: set[fx.Node]
+) -> fx.Node | None:
+    """The contraction a group of elementwise ops can take as its head: one it reads whose
+    every use is in the group (the latest in graph order if several are), for a group without
+    row reductions (a schedule tiles a contraction's epilogue like the product, row by row
+    of register tiles; a reduction over a row the product has not finished cannot be)."""
+    if any(_name(member) in _ROW_OPS for member in group):
+        return None
+    heads = [
+        arg
+        for member in group
+        for arg in member.all_input_nodes
+        if arg not in group
+        and arg not in taken
+        and arg in order
+        and _name(arg) in _CONTRACTIONS
+        and _lowerable(arg, target)
+        and all(user in group for user in arg.users)
+    ]
+    return max(heads, key=order.__getitem__, default=None)
+
+
+def _inexactly_lowered(node: fx.Node) -> bool:
+    """Whether torch-mlir's lowering of `node` computes something else: GELU's tanh form uses
+    0.797724 for sqrt(2/pi) = 0.7978846, a relative error of 2e-4 that the float64 check of a
+    lone GELU flags (it then runs eagerly) but a matmul's epilogue, checked within the
+    contraction's looser tolerance, would carry into its kernels."""
+    if node.op != "call_function" or node.target is not aten.gelu.default:
+        return False
+    return node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none") == "tanh"
+
+
+def expand_inexact_lowerings(gm: fx.GraphModule) -> int:
+    """Replace the nodes torch-mlir lowers inexactly (`_inexactly_lowered`) by ATen's own
+    decomposition, exact elementwise ops that fuse into one Task again; how many were."""
+    table = torch._decomp.decomposition_table
+    expanded = 0
+    for node in list(gm.graph.nodes):
+        if _inexactly_lowered(node) and node.target in table:
+            expanded += decompose_in_place(gm, node, table[node.target]) is not None
+    return expanded
 
 
 def has_fast_path(gm: fx.GraphModule) -> bool:
@@ -218,8 +275,11 @@ def fused_groups(
     A group grows backwards from its output (the last node of the graph not yet taken): a
     producer joins when it is fusible and all its users are already in the group, so nothing
     but the output is seen outside it and the group computes in one pass (a chain, each node
-    feeding only the next, is the simplest case). Groups are in graph order. With `within`,
-    only those nodes are grouped (the nodes a decomposition just made)."""
+    feeding only the next, is the simplest case). A group of elementwise ops then takes the
+    contraction (mm, addmm, bmm) it reads, if nothing else reads it, as its head: the ops are
+    the contraction's epilogue (`_epilogue_head`), and a single elementwise op qualifies.
+    Groups are in graph order. With `within`, only those nodes are grouped (the nodes a
+    decomposition just made)."""
     nodes = [n for n in gm.graph.nodes if within is None or n in within]
     order = {node: i for i, node in enumerate(nodes)}
     groups: list[list[fx.Node]] = []
@@ -242,6 +302,9 @@ def fused_groups(
                     ):
                         group.add(arg)
                         grown = True
+        head = _epilogue_head(group, order, target, taken)
+        if head is not None:
+            group.add(head)
         if len(group) >= 2:
             groups.append(sorted(group, key=order.__getitem__))
             taken.update(group)
@@ -252,7 +315,8 @@ def partition(
     gm: fx.GraphModule, target: Target, fuse: bool = True, fast_paths: bool = True
 ) -> Partition:
     """Make Tasks of `gm`'s compute nodes for `target`: connected groups of elementwise and
-    row-reduction nodes fused into one Task (`fused_groups`), other nodes one Task each,
+    row-reduction nodes (elementwise ones with the contraction they read as their head) fused
+    into one Task (`fused_groups`), other nodes one Task each,
     decomposing nodes torch-mlir cannot lower. With `fast_paths` False, a fused eager fast
     path (e.g. nn.TransformerEncoderLayer's) is not decomposed: one native kernel beats its
     parts run one by one, so it runs eagerly whole."""
@@ -261,6 +325,7 @@ def partition(
     drop_unused_outputs(gm)
     if fuse:
         result.rewrites = rewrite(gm)
+        expand_inexact_lowerings(gm)  # alone, such a node runs eagerly; fused, exactly
     target_key = target.key()
     fused: set[fx.Node] = set()
     for group in fused_groups(gm, target) if fuse else []:

@@ -69,9 +69,11 @@ class OpInfo:
 
 @dataclass(frozen=True)
 class PlainMatmul:
-    """A payload that is `A @ B`, maybe plus a bias row (`mm`, `addmm` and `linear` as
-    torch-mlir lowers them), with A, B and the bias arguments of `@main`: the form a schedule
-    may rewrite to take B in another layout (`kope.vocabulary.layouts`)."""
+    """A payload that is `A @ B` of two `@main` arguments, maybe followed by an elementwise
+    epilogue over the product (a bias row, an activation, a gate, a residual): `mm`, `addmm`
+    and `linear` as torch-mlir lowers them, and those with the elementwise ops the partitioner
+    fuses after them. The form a schedule may rewrite to take B in another layout
+    (`kope.vocabulary.layouts`): B is read by the matmul alone."""
 
     m: int
     k: int
@@ -79,7 +81,7 @@ class PlainMatmul:
     arguments: tuple[str, ...]  # @main's argument types, in order
     a: int  # argument indices
     b: int
-    bias: int | None
+    epilogue: int = 0  # all-parallel M x N generics after the matmul
 
 
 @dataclass
@@ -213,67 +215,42 @@ _MATMUL_MAPS = [
 
 
 def _plain_matmul(func: ir.Operation) -> PlainMatmul | None:
-    """`func` (the payload before generalization) as a `PlainMatmul`, if it is exactly one:
-    fill, `linalg.matmul` of two f32 arguments (no transposing maps), and either nothing more
-    or one all-parallel generic adding a 1-D argument along the columns."""
+    """`func` (the payload before generalization) as a `PlainMatmul`, if it is one: a fill,
+    `linalg.matmul` of two f32 arguments (no transposing maps) into it, B used by nothing
+    else, and after it only all-parallel generics with one M x N result each."""
     ops = _linalg_ops(func)
-    names = [op.name for op in ops]
-    if names not in (_MATMUL, [*_MATMUL, "linalg.generic"]):
+    if [op.name for op in ops[:2]] != _MATMUL:
         return None
     fill, matmul = ops[0], ops[1]
     a, b = _argument(matmul.operands[0]), _argument(matmul.operands[1])
     maps = _maps(matmul)
-    if a is None or b is None or maps != _MATMUL_MAPS:
+    if a is None or b is None or a == b or maps != _MATMUL_MAPS:
         return None
-    if _owner(matmul.operands[2]) != fill:
+    if _owner(matmul.operands[2]) != fill or len(list(matmul.operands[1].uses)) != 1:
         return None
     a_type = ir.RankedTensorType(matmul.operands[0].type)
     b_type = ir.RankedTensorType(matmul.operands[1].type)
     if str(a_type.element_type) != "f32" or str(b_type.element_type) != "f32":
         return None
     (m, k), (_, n) = a_type.shape, b_type.shape
-    result = matmul.results[0]
-    bias = None
-    if len(ops) == 3:
-        bias = _bias_argument(ops[2], result, n)
-        if bias is None:
-            return None
-        result = ops[2].results[0]
-    ret = [op.operation for op in func.regions[0].blocks[0].operations][-1]
-    if list(ret.operands) != [result] or len(list(result.uses)) != 1:
+    epilogue = ops[2:]
+    if not all(_is_epilogue(op, m, n) for op in epilogue):
         return None
     arguments = tuple(str(t) for t in function_type(func).inputs)
-    return PlainMatmul(m, k, n, arguments, a, b, bias)
+    return PlainMatmul(m, k, n, arguments, a, b, len(epilogue))
 
 
-def _bias_argument(generic: ir.Operation, product: ir.Value, n: int) -> int | None:
-    """The argument `generic` adds to `product` along its columns, if that is all it does."""
-    maps = _maps(generic)
-    iterators = [str(a) for a in ir.ArrayAttr(generic.attributes["iterator_types"])]
-    if len(generic.operands) != 3 or any("parallel" not in i for i in iterators):
-        return None
-    init = _owner(generic.operands[2])
-    if init is None or init.name != "tensor.empty":
-        return None
-    by_role = {}
-    for operand, amap in zip(generic.operands[:2], maps[:2], strict=True):
-        if operand == product and amap == "(d0, d1) -> (d0, d1)":
-            by_role["product"] = operand
-        elif _argument(operand) is not None and amap == "(d0, d1) -> (d1)":
-            if ir.RankedTensorType(operand.type).shape != [n]:
-                return None
-            by_role["bias"] = operand
-    if set(by_role) != {"product", "bias"} or maps[2] != "(d0, d1) -> (d0, d1)":
-        return None
-    body = [op.operation for op in generic.regions[0].blocks[0].operations]
-    block_args = list(generic.regions[0].blocks[0].arguments)
-    if [op.name for op in body] != ["arith.addf", "linalg.yield"]:
-        return None
-    if set(body[0].operands) != set(block_args[:2]):
-        return None
-    if list(body[1].operands) != [body[0].results[0]]:
-        return None
-    return _argument(by_role["bias"])
+def _is_epilogue(op: ir.Operation, m: int, n: int) -> bool:
+    """Whether `op` is elementwise over an M x N result (a schedule tiles it like the product)."""
+    if op.name != "linalg.generic" or len(op.results) != 1:
+        return False
+    iterators = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+    result = ir.RankedTensorType(op.results[0].type)
+    return (
+        all("parallel" in i for i in iterators)
+        and result.shape == [m, n]
+        and _maps(op)[-1] == "(d0, d1) -> (d0, d1)"
+    )
 
 
 def _owner(value: ir.Value) -> ir.Operation | None:

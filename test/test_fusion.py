@@ -1,8 +1,9 @@
 """Fusion beyond chains: connected groups of elementwise and row ops as one Task, verified.
 
 Each model is written the way user code writes it (RMSNorm, softmax and layer norm by hand,
-GELU-tanh expanded, eval batch norm + relu, a scaled softmax), at odd shapes. The partition
-must make its row-wise part one fused Task, and the compiled model, running every Task's
+GELU-tanh expanded, eval batch norm + relu, a scaled softmax) and elementwise epilogues
+after a contraction (linear + GELU, a SwiGLU gate, a scaled residual), at odd shapes. The
+partition must make its fused part one Task, and the compiled model, running every Task's
 reference lowering, must match eager.
 """
 
@@ -67,6 +68,33 @@ class ScaledSoftmax(nn.Module):
         return torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, dim=-1)
 
 
+class LinearGelu(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(29, 45)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.gelu(self.linear(x), approximate="tanh")
+
+
+class SwiGlu(nn.Module):
+    """The gate's SiLU and the product with the up projection become the up matmul's
+    epilogue; the gate's matmul is read by the group (a second contraction stays apart)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(23, 41, bias=False)
+        self.up = nn.Linear(23, 41, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.silu(self.gate(x)) * self.up(x)
+
+
+class ScaledResidual(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        return r + 0.5 * torch.bmm(a, b)
+
+
 CASES = {
     # name: (model, inputs, ops the fused Task must hold)
     "rms_norm": (RmsNorm(129), (torch.randn(37, 129),), {"mean", "rsqrt", "mul"}),
@@ -78,6 +106,15 @@ CASES = {
         ScaledSoftmax(),
         (torch.randn(3, 37, 16), torch.randn(3, 29, 16)),
         {"mul", "_softmax"},
+    ),
+    # Elementwise epilogues with the contraction they read as their head.
+    # GELU's tanh form is expanded first (torch-mlir's lowering misstates sqrt(2/pi)).
+    "linear_gelu": (LinearGelu(), (torch.randn(13, 29),), {"addmm", "tanh", "mul"}),
+    "swiglu": (SwiGlu(), (torch.randn(19, 23),), {"mm", "silu", "mul"}),
+    "scaled_residual": (
+        ScaledResidual(),
+        (torch.randn(3, 11, 17), torch.randn(3, 17, 9), torch.randn(3, 11, 9)),
+        {"bmm", "mul", "add"},
     ),
 }
 

@@ -78,6 +78,28 @@ CASES = {
         torch.mm,
         (torch.randn(9, 20, generator=_gen()), torch.randn(20, 40)),
     ),
+    # Epilogues the partitioner fuses after a matmul (`fused_groups`), the packed product
+    # replacing the matmul in the payload: an activation after a bias, a gate read from
+    # another input, a residual, a whole matrix added; ragged, where the epilogue reads the
+    # product's valid slice.
+    "addmm_gelu": (
+        lambda x, w, b: torch.nn.functional.gelu(
+            torch.nn.functional.linear(x, w, b), approximate="tanh"
+        ),
+        (torch.randn(12, 37, generator=_gen()), torch.randn(48, 37), torch.randn(48)),
+    ),
+    "mm_gated_ragged": (
+        lambda x, w, g: torch.nn.functional.silu(g) * (x @ w.t()),
+        (torch.randn(13, 24, generator=_gen()), torch.randn(50, 24), torch.randn(13, 50)),
+    ),
+    "mm_residual": (
+        lambda x, w, r: r + x @ w,
+        (torch.randn(8, 40, generator=_gen()), torch.randn(40, 32), torch.randn(8, 32)),
+    ),
+    "addmm_matrix_ragged": (
+        torch.addmm,
+        (torch.randn(9, 40), torch.randn(9, 16, generator=_gen()), torch.randn(16, 40)),
+    ),
 }
 CONFIGS = [
     _packed(2, [4, 16, 1]),
@@ -95,6 +117,25 @@ def test_packed_matmuls_verify(name: str, target: CpuTarget) -> None:
     space = [config for config, _ in schedule_space(info, CAPABILITIES)[0] if config.get("pack")]
     assert space, f"{task.label}: no packed point"
     for config in CONFIGS:
+        result = target.evaluate(
+            task.spec, Kernel(_source(task, config)), oracle=Kernel(task.payload), measure=False
+        )
+        assert result.verdict == "verified", f"{task.label}, {config}: {result.error}"
+
+
+EPILOGUES = ["addmm_gelu", "addmm_matrix_ragged", "mm_gated_ragged", "mm_residual"]
+
+
+@pytest.mark.parametrize("name", EPILOGUES)
+def test_unpacked_schedules_verify_with_an_epilogue(name: str, target: CpuTarget) -> None:
+    """The unpacked contraction schedules tile a fused epilogue like the product's consumer."""
+    fn, args = CASES[name]
+    task = _task(fn, *args)
+    info = analyze(prepare_payload(task.payload))
+    space = sorted(schedule_space(info, CAPABILITIES)[0], key=lambda point: -point[1])
+    unpacked = [config for config, _ in space if not config.get("pack")][:2]
+    assert unpacked, f"{task.label}: no unpacked point"
+    for config in unpacked:
         result = target.evaluate(
             task.spec, Kernel(_source(task, config)), oracle=Kernel(task.payload), measure=False
         )
@@ -137,8 +178,8 @@ def test_a_layout_that_does_not_fit_is_refused(layout: str, message: str) -> Non
         (torch.bmm, (torch.randn(2, 8, 16), torch.randn(2, 16, 32))),  # B is an activation
         (torch.mm, (torch.randn(1, 16), torch.randn(16, 40))),  # fewer rows than any tile
         (torch.mm, (torch.randn(8, 16), torch.randn(16, 7))),  # fewer columns than a panel
-        # a whole matrix added, not a bias row
-        (torch.addmm, (torch.randn(8, 32), torch.randn(8, 16), torch.randn(16, 32))),
+        # B read by more than the matmul: its packed copy could not serve the other reader
+        (lambda a, b: (a @ b) * b, (torch.randn(16, 16), torch.randn(16, 16))),
     ],
 )
 def test_only_plain_matmuls_a_tile_large_get_packed_points(fn: Any, args: tuple) -> None:

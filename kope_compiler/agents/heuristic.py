@@ -208,6 +208,12 @@ def schedule_space(
                 )
             )
         found += _packed_points(info, threads, big, lanes)
+        if info.math & APPROXIMABLE:
+            # An epilogue's tanh, erf or exp (GELU, SiLU after a matmul): exact, each is a
+            # scalar libm call per element, which cost a 64x256x1024 linear + GELU more than
+            # its product; as polynomials they vectorize with the rest (verified like any).
+            for point, _, _ in found:
+                point["approximate_math"] = True
     elif info.kind == "convolution" and info.find(CONVOLUTIONS):
         conv = info.find(CONVOLUTIONS)
         assert conv is not None

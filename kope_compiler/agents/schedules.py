@@ -10,8 +10,9 @@ Families:
   with the k-loop innermost (unrolled by the register tile's k), the accumulator tile hoisted
   into registers, contractions lowered to outer products (FMAs); a contraction that is the
   result is padded to whole register tiles, other tiles that do not divide the shape are
-  vectorized with masks. With `pack`, a plain matmul (plus bias) takes B in panels of the
-  register tile's width, packed once per weight by the caller (`packed_kernel`).
+  vectorized with masks. With `pack`, a plain matmul (plus an elementwise epilogue: bias,
+  activation, gate, residual) takes B in panels of the register tile's width, packed once
+  per weight by the caller (`packed_kernel`).
 - `rows` (reductions and elementwise ops over rows: softmax, layer norm, sums, maxima,
   elementwise chains): threads over row blocks, all producers fused into a per-row loop so a
   row stays in cache across ops, each op vectorized along the row.
@@ -30,6 +31,9 @@ import json
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from torch_mlir import ir
+from torch_mlir.passmanager import PassManager
 
 from kope.passes.analysis import CONTRACTIONS, OP_ATTR, OpInfo, PayloadInfo, PlainMatmul
 from kope.vocabulary.layouts import LAYOUT_ATTR, panels
@@ -236,7 +240,7 @@ def kernel_source(payload: str, info: PayloadInfo, config: Config) -> str:
     """The kernel module for `config`: the payload with its schedule, or, for a packed
     contraction, a payload rewritten to take B in panels (`packed_kernel`)."""
     if config.get("pack"):
-        return packed_kernel(info, config)
+        return packed_kernel(payload, info, config)
     return attach(payload, render(info, config))
 
 
@@ -571,8 +575,9 @@ def _tile_outer(s: Script, handle: str, sizes: list[int]) -> tuple[str, list[str
 
 def packable(info: PayloadInfo, rows: int, width: int) -> bool:
     """Whether `packed_kernel` can take this payload's B in panels of `width` with register
-    tiles of `rows` rows: a plain matmul (plus bias) at least one register tile large (a
-    ragged last panel is padded with zero columns; ragged last rows are masked)."""
+    tiles of `rows` rows: a plain matmul (plus an elementwise epilogue) at least one register
+    tile large (a ragged last panel is padded with zero columns, ragged last rows with zero
+    rows)."""
     plain = info.plain_matmul
     return plain is not None and plain.m >= rows and plain.n >= width
 
@@ -618,35 +623,92 @@ def _panels(plain: PlainMatmul, config: Config) -> _Panels:
     return _Panels(nr, count, rows, rows, count // threads, threads)
 
 
-def packed_kernel(info: PayloadInfo, config: Config) -> str:
+# The packed product's function, inlined into the payload where its matmul was.
+_PRODUCT = "kope_packed_product"
+
+
+def packed_kernel(payload: str, info: PayloadInfo, config: Config) -> str:
     """A plain matmul (`PlainMatmul`) that takes B as panels of `nr` columns (J x K x nr, see
     `kope.vocabulary.layouts`), with its schedule.
 
     The product is computed in the panels' index space, C[m, j, r] = sum_k A[m, k] B[j, k, r],
     so a register tile of mr x nr reads its B columns as one contiguous stream along k. Where
-    the panels hold exactly N columns, C (M x N) is that product read as M x J x nr, the same
-    memory, and the bias is added in the same index space, fused into the product's tiles;
-    where they hold more (zero columns: a ragged last panel, or panels padded for threads)
-    or A is padded with zero rows to whole register tiles, C is the product's first M x N
-    and the bias is added after. Threads split the rows if they divide into whole register
-    tiles, else the panels; cache tiles are rows x panels x k.
+    the panels hold exactly N columns, C (M x N) is that product read as M x N, the same
+    memory; where they hold more (zero columns: a ragged last panel, or panels padded for
+    threads) or A is padded with zero rows to whole register tiles, C is the product's first
+    M x N. The payload's own epilogue (bias, activation, gate, residual: everything after its
+    matmul) then reads C unchanged: the packed product replaces the matmul in the payload
+    itself, so whatever the epilogue computes, it computes the same. Threads split the rows
+    if they divide into whole register tiles, else the panels; cache tiles are rows x panels
+    x k; the epilogue is tiled by rows of register-tile width.
     """
     plain = info.plain_matmul
     assert plain is not None
     shape = _panels(plain, config)
+    layout = panels(shape.width) if shape.columns == plain.n else panels(shape.width, shape.count)
+    context = ir.Context()
+    context.enable_multithreading(False)
+    module = ir.Module.parse(payload, context)
+    product = ir.Module.parse(_packed_product(plain, shape), context)
+    with context, ir.Location.unknown():
+        main = next(op.operation for op in module.body if op.operation.name == "func.func")
+        matmul = next(
+            op.operation
+            for op in main.regions[0].blocks[0].operations
+            if op.operation.name == "linalg.matmul"
+        )
+        b = main.regions[0].blocks[0].arguments[plain.b]
+        b.set_type(ir.RankedTensorType.get([shape.count, plain.k, shape.width], ir.F32Type.get()))
+        signature = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
+        inputs = list(signature.inputs)
+        inputs[plain.b] = b.type
+        main.attributes["function_type"] = ir.TypeAttr.get(
+            ir.FunctionType.get(inputs, list(signature.results))
+        )
+        main.attributes["arg_attrs"] = ir.ArrayAttr.get(
+            [
+                ir.DictAttr.get(
+                    {LAYOUT_ATTR: ir.StringAttr.get(layout)} if index == plain.b else {}
+                )
+                for index in range(len(inputs))
+            ]
+        )
+        module.body.append(next(iter(product.body)).operation)
+        with ir.InsertionPoint(matmul):
+            call = ir.Operation.create(
+                "func.call",
+                results=[matmul.results[0].type],
+                operands=[matmul.operands[0], b],
+                attributes={"callee": ir.FlatSymbolRefAttr.get(_PRODUCT)},
+            )
+        matmul.results[0].replace_all_uses_with(call.results[0])
+        matmul.erase()
+        PassManager.parse("builtin.module(inline, symbol-dce, canonicalize, cse)").run(
+            module.operation
+        )
+        main = next(op.operation for op in module.body if op.operation.name == "func.func")
+        ops = [
+            op.operation
+            for op in main.regions[0].blocks[0].operations
+            if op.operation.name.startswith("linalg.")
+        ]
+        i64 = ir.IntegerType.get_signless(64)
+        for index, op in enumerate(ops):
+            op.attributes[OP_ATTR] = ir.IntegerAttr.get(i64, index)
+    names = [op.name for op in ops]
+    if names[:2] != ["linalg.fill", "linalg.generic"] or len(ops) != 2 + plain.epilogue:
+        raise ValueError(f"the packed payload's ops are not fill, product, epilogue: {names}")
+    text = module.operation.get_asm(enable_debug_info=False)
+    return attach(text, _packed_schedule(plain, config, shape))
+
+
+def _packed_product(plain: PlainMatmul, shape: _Panels) -> str:
+    """`@kope_packed_product(A, B in panels) -> A @ B`, M x N, in the panels' index space."""
     m, k, n, j, nr = plain.m, plain.k, plain.n, shape.count, shape.width
     mp = shape.padded_rows
-    exact = shape.columns == n and mp == m
-    layout = panels(nr) if shape.columns == n else panels(nr, j)
-    args = []
-    for index, arg_type in enumerate(plain.arguments):
-        if index == plain.b:
-            args.append(f'%arg{index}: tensor<{j}x{k}x{nr}xf32> {{{LAYOUT_ATTR} = "{layout}"}}')
-        else:
-            args.append(f"%arg{index}: {arg_type}")
     c3 = f"tensor<{mp}x{j}x{nr}xf32>"
     c2 = f"tensor<{m}x{n}xf32>"
-    a = f"%arg{plain.a}"
+    a = "%a"
     body = ["%zero = arith.constant 0.0 : f32"]
     if mp != m:
         body += [
@@ -658,84 +720,42 @@ def packed_kernel(info: PayloadInfo, config: Config) -> str:
         a = "%rows"
     body += [
         f"%empty = tensor.empty() : {c3}",
-        f"%fill = linalg.fill {{{OP_ATTR} = 0 : i64}} ins(%zero : f32) outs(%empty : {c3}) -> {c3}",
+        f"%fill = linalg.fill ins(%zero : f32) outs(%empty : {c3}) -> {c3}",
         "%product = linalg.generic {indexing_maps = ["
         "affine_map<(m, j, r, k) -> (m, k)>, affine_map<(m, j, r, k) -> (j, k, r)>, "
         'affine_map<(m, j, r, k) -> (m, j, r)>], iterator_types = ["parallel", "parallel", '
-        f'"parallel", "reduction"]}} ins({a}, %arg{plain.b} : tensor<{mp}x{k}xf32>, '
-        f"tensor<{j}x{k}x{nr}xf32>) outs(%fill : {c3}) attrs = {{{OP_ATTR} = 1 : i64}} {{",
-        "^bb0(%a: f32, %b: f32, %acc: f32):",
-        "  %ab = arith.mulf %a, %b : f32",
-        "  %sum = arith.addf %acc, %ab : f32",
+        f'"parallel", "reduction"]}} ins({a}, %b : tensor<{mp}x{k}xf32>, '
+        f"tensor<{j}x{k}x{nr}xf32>) outs(%fill : {c3}) {{",
+        "^bb0(%x: f32, %y: f32, %acc: f32):",
+        "  %xy = arith.mulf %x, %y : f32",
+        "  %sum = arith.addf %acc, %xy : f32",
         "  linalg.yield %sum : f32",
         f"}} -> {c3}",
+        f"%flat = tensor.collapse_shape %product [[0], [1, 2]] : {c3} into "
+        f"tensor<{mp}x{j * nr}xf32>",
     ]
-    if exact:
-        result, result_type = "%product", c3
-        bias_type, bias_maps = (
-            f"tensor<{j}x{nr}xf32>",
-            ["(m, j, r) -> (j, r)", "(m, j, r) -> (m, j, r)"],
-        )
-        iterators = 3
-    else:
-        body += [
-            f"%flat = tensor.collapse_shape %product [[0], [1, 2]] : {c3} into "
-            f"tensor<{mp}x{j * nr}xf32>",
+    result = "%flat"
+    if (mp, j * nr) != (m, n):
+        body.append(
             f"%valid = tensor.extract_slice %flat[0, 0] [{m}, {n}] [1, 1] : "
-            f"tensor<{mp}x{j * nr}xf32> to {c2}",
-        ]
-        result, result_type = "%valid", c2
-        bias_type, bias_maps = f"tensor<{n}xf32>", ["(m, n) -> (n)", "(m, n) -> (m, n)"]
-        iterators = 2
-    if plain.bias is not None:
-        bias = f"%arg{plain.bias}"
-        if exact:
-            body.append(
-                f"%bias = tensor.expand_shape {bias} [[0, 1]] output_shape [{j}, {nr}] "
-                f": tensor<{n}xf32> into {bias_type}"
-            )
-            bias = "%bias"
-        maps = ", ".join(f"affine_map<{a}>" for a in (*bias_maps, bias_maps[1]))
-        parallel = ", ".join(['"parallel"'] * iterators)
-        body += [
-            f"%empty2 = tensor.empty() : {result_type}",
-            f"%biased = linalg.generic {{indexing_maps = [{maps}], iterator_types = "
-            f"[{parallel}]}} ins({bias}, {result} : {bias_type}, {result_type}) outs(%empty2 : "
-            f"{result_type}) attrs = {{{OP_ATTR} = 2 : i64}} {{",
-            "^bb0(%x: f32, %y: f32, %unused: f32):",
-            "  %xy = arith.addf %x, %y : f32",
-            "  linalg.yield %xy : f32",
-            f"}} -> {result_type}",
-        ]
-        result = "%biased"
-    if exact:
-        body.append(f"%result = tensor.collapse_shape {result} [[0], [1, 2]] : {c3} into {c2}")
-        result = "%result"
+            f"tensor<{mp}x{j * nr}xf32> to {c2}"
+        )
+        result = "%valid"
     body.append(f"return {result} : {c2}")
-    payload = (
-        f"module {{\nfunc.func @main({', '.join(args)}) -> {c2} {{\n  "
-        + "\n  ".join(body)
-        + "\n}\n}\n"
+    return (
+        f"module {{\nfunc.func private @{_PRODUCT}(%a: tensor<{m}x{k}xf32>, "
+        f"%b: tensor<{j}x{k}x{nr}xf32>) -> {c2} {{\n  " + "\n  ".join(body) + "\n}\n}\n"
     )
-    return attach(payload, _packed_schedule(plain, config, shape, exact))
 
 
-def _packed_schedule(plain: PlainMatmul, config: Config, shape: _Panels, exact: bool) -> str:
+def _packed_schedule(plain: PlainMatmul, config: Config, shape: _Panels) -> str:
     mr, nr, kr = config["register"]
     s = Script()
     fill, product = s.match_op(0), s.match_op(1)
-    biased = s.match_op(2) if plain.bias is not None else None
     if shape.threads > 1:
-        fused_bias = biased is not None and exact
-        root = biased if biased is not None and exact else product
         split_rows = shape.rows < shape.padded_rows
         sizes = [shape.rows, 0, 0] if split_rows else [0, shape.per_thread, 0]
-        tiled, loop = s.tile_forall(root, sizes if fused_bias else [*sizes, 0])
-        if fused_bias:
-            biased = tiled
-            product, loop = s.fuse_into(product, loop)
-        else:
-            product = tiled
+        product, loop = s.tile_forall(product, [*sizes, 0])
         fill, loop = s.fuse_into(fill, loop)
     mc = fit_tile(shape.rows, config["cache"][0], mr)
     jc = fit_tile(shape.per_thread, max(1, config["cache"][1] // nr), 1)
@@ -744,10 +764,14 @@ def _packed_schedule(plain: PlainMatmul, config: Config, shape: _Panels, exact: 
     cached, _ = s.tile_for(product, [mc, jc, nr, kc])
     registers, _ = s.tile_for(cached, [mr, 1, nr, kr])
     s.vectorize(registers, [mr, 1, nr, kr])
-    if biased is not None:
-        sizes = [mr, 1, nr] if exact else [1, nr]
-        tile, _ = s.tile_for(biased, sizes)
-        if not exact:  # a ragged last column tile: masked
-            s.vectorize(tile, sizes)
+    # The epilogue, M x N: threads over rows where they divide them, then rows of nr columns;
+    # a ragged last column tile is masked.
+    for index in range(2, 2 + plain.epilogue):
+        op = s.match_op(index)
+        if shape.threads > 1 and plain.m % shape.threads == 0:
+            op, _ = s.tile_forall(op, [plain.m // shape.threads, 0])
+        tile, _ = s.tile_for(op, [1, nr])
+        if plain.n % nr:
+            s.vectorize(tile, [1, nr])
     s.vectorize_function("outerproduct", drop_unit_dims=True)
     return s.text()
