@@ -68,11 +68,10 @@ def _compile(
     them.
     """
     try:
-        aten_gm = aot_export_joint_simple(gm, tuple(example_inputs), trace_joint=False)
+        aten_gm = aten_inference_graph(gm, example_inputs)
     except Exception as err:  # the simple export refuses mutation and aliasing, among others
         log.debug("simple export refused (%s: %s); using aot_autograd", type(err).__name__, err)
         return _aot(gm, example_inputs, opts)
-    assert isinstance(aten_gm, fx.GraphModule)  # typed as a callable; a graph in fact
     compiled, report = compile_graph(aten_gm, opts)
     if not any(task.jit for task in report.tasks) and not report.rewrites:
         return gm.forward
@@ -82,6 +81,14 @@ def _compile(
     ):
         return gm.forward
     return compiled.forward
+
+
+def aten_inference_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
+    """The aten inference graph of a dynamo graph, taking and returning exactly what it does;
+    raises for graphs that mutate an input or return an alias of one."""
+    aten_gm = aot_export_joint_simple(gm, tuple(example_inputs), trace_joint=False)
+    assert isinstance(aten_gm, fx.GraphModule)  # typed as a callable; a graph in fact
+    return aten_gm
 
 
 def _aot(gm: fx.GraphModule, example_inputs: Sequence[Any], opts: Options) -> Callable[..., Any]:

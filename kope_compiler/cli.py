@@ -61,14 +61,37 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
 
 
 def _import_command(args: argparse.Namespace) -> int:
-    import torch
-    from torch_mlir import fx as torch_mlir_fx
-
+    from kope.compiler import target_for
     from kope.models import load_model
 
     model, inputs = load_model(args.model)
+    if args.torch_mlir:
+        text = _torch_mlir_import(model, inputs, args.model)
+        if text is None:
+            return 1
+        return _write(text, args.output)
+    options = Options.parse({"target": args.target})
+    target = target_for(options.target, options.workers, options.timeout_s)
     if args.tasks:
-        return _import_tasks(model, inputs, args)
+        return _import_tasks(model, inputs, target, args)
+    from kope.model_module import model_module
+
+    written = model_module(model, inputs, target)
+    _write(written.text, args.output)
+    print(
+        f"kope import: {args.model} as one module: @main calls {len(written.tasks)} distinct "
+        f"Tasks (keyed as the backend keys them) and {written.glue} glue functions, with "
+        f"{written.constants} weight constants",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _torch_mlir_import(model: Any, inputs: Any, name: str) -> str | None:
+    """torch-mlir's own import of the whole model (torch.export, weights as constants)."""
+    import torch
+    from torch_mlir import fx as torch_mlir_fx
+
     try:
         with torch.no_grad():
             module = torch_mlir_fx.export_and_import(
@@ -77,34 +100,29 @@ def _import_command(args: argparse.Namespace) -> int:
     except Exception as err:  # torch.export or the importer refused the model
         first = str(err).strip().splitlines()[0] if str(err).strip() else ""
         print(
-            f"kope import: torch-mlir cannot import {args.model} whole "
-            f"({type(err).__name__}: {first[:300]}); `torch.compile(backend='kope')` still "
-            "compiles it operator by operator",
+            f"kope import: torch-mlir cannot import {name} whole "
+            f"({type(err).__name__}: {first[:300]}); `kope import` without --torch-mlir cuts "
+            "it as the backend does",
             file=sys.stderr,
         )
-        return 1
-    text = str(module)
-    if args.output:
-        Path(args.output).write_text(text)
+        return None
+    return str(module)
+
+
+def _write(text: str, output: str | None) -> int:
+    if output:
+        Path(output).write_text(text)
     else:
         sys.stdout.write(text)
     return 0
 
 
-def _import_tasks(model: Any, inputs: Any, args: argparse.Namespace) -> int:
-    from kope.compiler import target_for
-    from kope.options import Options
+def _import_tasks(model: Any, inputs: Any, target: Any, args: argparse.Namespace) -> int:
     from kope.precompile import trace
     from kope.task import tasks_module
 
-    options = Options.parse({"target": args.target})
-    target = target_for(options.target, options.workers, options.timeout_s)
     tasks, eager = trace(model.eval(), inputs, target)
-    text = tasks_module(tasks)
-    if args.output:
-        Path(args.output).write_text(text)
-    else:
-        sys.stdout.write(text)
+    _write(tasks_module(tasks), args.output)
     print(f"kope import: {len(tasks)} distinct Tasks of {args.model}", file=sys.stderr)
     for (op, reason), count in sorted(eager.items()):
         print(f"  stays eager: {op} ({count}x): {reason}", file=sys.stderr)
@@ -224,21 +242,29 @@ def build_parser() -> argparse.ArgumentParser:
     import_p = sub.add_parser(
         "import",
         help="write a model as one linalg-on-tensors MLIR module, for kope-opt",
-        description="Import MODEL whole with torch-mlir's FX importer (torch.export, then "
-        "linalg-on-tensors) and write the module: the input of "
-        "`kope-opt --pass-pipeline='builtin.module(kope-outline-operators,kope-optimize,"
-        "kope-apply-kernels,kope-lower-cpu)'`.",
+        description="Trace MODEL as torch.compile(backend='kope') does and write it as one "
+        "linalg-on-tensors module: each of the backend's Tasks a function with the backend's "
+        "kope.key, its label and its ATen call; views and operators the backend leaves to ATen "
+        "glue functions (kope.glue); @main calling them, weights as constants. The input of "
+        "`kope-opt --pass-pipeline='builtin.module(kope-outline-operators,kope-optimize{store=S},"
+        "kope-apply-kernels{store=S},kope-lower-cpu)'`, which then optimizes, applies and "
+        "lowers exactly the kernels torch.compile(backend='kope') looks up.",
     )
     _add_model(import_p)
     import_p.add_argument("-o", "--output", help="the file to write (default: standard output)")
-    import_p.add_argument(
+    form = import_p.add_mutually_exclusive_group()
+    form.add_argument(
         "--tasks",
         action="store_true",
-        help="write the backend's own partition instead: one function per distinct Task (its "
-        "reference lowering, with the backend's kope.key, its label and its ATen call), for "
-        "`kope-opt --pass-pipeline='builtin.module(kope-optimize{store=S},"
-        "kope-apply-kernels{store=S})'`; the kernels it finds are the ones "
-        "torch.compile(backend='kope') looks up",
+        help="write only the distinct Tasks, without @main (a model with graph breaks, or "
+        "with operators that run only in ATen, has them too)",
+    )
+    form.add_argument(
+        "--torch-mlir",
+        action="store_true",
+        help="write torch-mlir's own import of the whole model instead (torch.export, one "
+        "function): IR as other tools make it, which kope-outline-operators cuts per linalg "
+        "operator, not as the backend does",
     )
     _add_option(import_p, "target")
     import_p.set_defaults(run=_import_command)

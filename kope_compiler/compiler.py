@@ -109,6 +109,7 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
             kernel_us=choice.kernel_us,
             verdict=choice.verdict,
             quality=choice.quality,
+            attempt=choice.attempt,
         )
         if choice.source is not None:
             try:

@@ -11,7 +11,7 @@ left annotated with the outcome,
 
 so that `kope-apply-kernels` in the same pipeline puts the winning kernel in its place.
 `speedup` is over the function's reference lowering, the baseline inside a pipeline. Where the
-function carries the ATen call it came from (`kope.eager`, written by `kope import --tasks`), or
+function carries the ATen call it came from (`kope.eager`, written by `kope import`), or
 the store holds one for its key (the backend met the same operator), eager is timed too, the
 winner is judged against it as on the backend's road, and `speedup_vs_eager` is annotated.
 An operator already optimized to `budget` by this agent is not redone; its annotation comes

@@ -31,6 +31,7 @@ class TaskReport:
     verdict: str | None = None  # of the reference lowering
     calls: int = 0
     quality: str = "unknown"  # of the timing the choice rests on: clean | contaminated | unknown
+    attempt: str | None = None  # the recorded attempt whose kernel was chosen (`kope memory show`)
 
     @property
     def jit(self) -> bool:

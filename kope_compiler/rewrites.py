@@ -1,7 +1,7 @@
 """Graph rewrites before partitioning: what a compiler can do that eager cannot.
 
 They run on the aten graph at the start of `kope.partition.partition`, so every road that cuts
-a model into Tasks (the backend, `kope precompile`, `kope import --tasks`) sees the same
+a model into Tasks (the backend, `kope precompile`, `kope import`) sees the same
 rewritten graph and gives its Tasks the same keys.
 
 - **Batch norm folded into the convolution before it** (eval mode): `conv(x, w, b)` followed by

@@ -53,6 +53,7 @@ class Choice:
     kernel_us: float | None = None
     verdict: str | None = None  # the reference lowering's
     quality: str = TIMING_UNKNOWN  # of the figures above
+    attempt: str | None = None  # the store's attempt a pinned kernel rests on
 
 
 # -- choosing -------------------------------------------------------------------------------
@@ -133,6 +134,7 @@ def _choice(
                 pinned.latency_us,
                 reference.verdict,
                 pinned.timing_quality,
+                pinned.id,
             )
         log.warning("the kernel of %s has lost its artifact; running eager", task.label)
     if pinned is not None and pinned.source == SOURCE_REFERENCE:
@@ -145,6 +147,7 @@ def _choice(
             pinned.latency_us,
             reference.verdict,
             pinned.timing_quality,
+            pinned.id,
         )
     figures = standing.baseline or reference
     if figures.latency_us is None:

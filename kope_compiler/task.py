@@ -268,25 +268,35 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0][:300]
 
 
+def task_function(task: Task, name: str, context: ir.Context) -> ir.Operation:
+    """The Task's reference lowering as a function `@name` carrying the key the backend gives
+    it (`kope.key`: the function is the very payload the backend keys, so the key is its own on
+    every road), its label, and its ATen call as JSON (`kope.eager`, when it has one) so that
+    `kope-optimize` times it against eager. The function is detached: append it to a module of
+    `context`."""
+    module = ir.Module.parse(task.payload, context)
+    func = next(op.operation for op in module.body.operations if op.operation.name == "func.func")
+    func.attributes["sym_name"] = ir.StringAttr.get(name, context)
+    func.attributes[KEY_ATTR] = ir.StringAttr.get(task.key, context)
+    func.attributes[LABEL_ATTR] = ir.StringAttr.get(task.label, context)
+    eager = eager_json(task.spec.eager)
+    if eager is not None:
+        text = json.dumps(eager, sort_keys=True, separators=(",", ":"))
+        func.attributes[EAGER_ATTR] = ir.StringAttr.get(text, context)
+    func.detach_from_parent()  # outlives `module`, which owns it until now
+    return func
+
+
+def function_name(prefix: str, index: int, op: str) -> str:
+    """`@<prefix><index>_<op>`: a readable symbol for an operator's function."""
+    return f"{prefix}{index}_" + re.sub(r"[^A-Za-z0-9]+", "_", op).strip("_")[:48]
+
+
 def tasks_module(tasks: Sequence[Task]) -> str:
     """The Tasks as one MLIR module for `kope-opt`: each Task's reference lowering as a function
-    `@task<N>_<op>` carrying the key the backend gives it (`kope.key`: the function is the very
-    payload the backend keys, so the key is its own on every road), its label, and its ATen call
-    as JSON (`kope.eager`, when it has one) so that `kope-optimize` times it against eager."""
+    `@task<N>_<op>` (`task_function`)."""
     context = ir.Context()
-    functions = []
+    module = ir.Module.create(ir.Location.unknown(context))
     for index, task in enumerate(tasks):
-        module = ir.Module.parse(task.payload, context)
-        func = next(
-            op.operation for op in module.body.operations if op.operation.name == "func.func"
-        )
-        op = re.sub(r"[^A-Za-z0-9]+", "_", task.op).strip("_")[:48]
-        func.attributes["sym_name"] = ir.StringAttr.get(f"task{index}_{op}", context)
-        func.attributes[KEY_ATTR] = ir.StringAttr.get(task.key, context)
-        func.attributes[LABEL_ATTR] = ir.StringAttr.get(task.label, context)
-        eager = eager_json(task.spec.eager)
-        if eager is not None:
-            text = json.dumps(eager, sort_keys=True, separators=(",", ":"))
-            func.attributes[EAGER_ATTR] = ir.StringAttr.get(text, context)
-        functions.append(func.get_asm(enable_debug_info=False))
-    return "module {\n" + "\n".join(functions) + "}\n"
+        module.body.append(task_function(task, function_name("task", index, task.op), context))
+    return module.operation.get_asm(enable_debug_info=False)

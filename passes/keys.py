@@ -17,9 +17,12 @@ CANONICAL_NAME = "main"
 KEY_ATTR = "kope.key"
 LABEL_ATTR = "kope.label"
 # The ATen call a function computes, as JSON (`kope.vocabulary.specs.eager_json`): written by
-# `kope import --tasks`, it lets `kope-optimize` time the function against eager.
+# `kope import`, it lets `kope-optimize` time the function against eager.
 EAGER_ATTR = "kope.eager"
 KERNEL_ATTR = "kope.kernel"  # the body is a kernel from memory, not an outlined operator
+# Glue between a model's operators (views, reshapes, an operator the backend leaves to ATen),
+# written by `kope import`: not an operator, so never outlined, keyed or optimized.
+GLUE_ATTR = "kope.glue"
 
 
 def canonical_function(func: ir.Operation) -> str:

@@ -4,7 +4,14 @@ Each linalg operator (with the producers of its init tensors: `tensor.empty`, `l
 and the constants they use) moves into its own `func.func private @kope_op_<n>`, carrying
 `kope.key` (the key the backend computes for the identical function) and `kope.label`;
 the operator is replaced by a `func.call`. Functions already tagged are left alone, so the
-pass is idempotent, and so are kernels `kope-apply-kernels` put in (`kope.kernel`).
+pass is idempotent, and so are kernels `kope-apply-kernels` put in (`kope.kernel`) and the glue
+between a model's operators that `kope import` writes (`kope.glue`): a module `kope import`
+wrote is already cut, by the backend's partitioner, and passes through unchanged.
+
+On IR from elsewhere (torch-mlir's own import of a whole model, a hand-written file) the cut
+is this pass's own, one function per linalg operator: an operator the backend fuses with its
+neighbours, or lowers with its weights as inputs, gets another key there
+(`test/test_keys_agree.py` lists where and why).
 """
 
 from __future__ import annotations
@@ -14,7 +21,14 @@ from dataclasses import dataclass, field
 from torch_mlir import ir
 
 from kope.passes.base import ModulePass, check_target
-from kope.passes.keys import KERNEL_ATTR, KEY_ATTR, LABEL_ATTR, canonical_function, task_key
+from kope.passes.keys import (
+    GLUE_ATTR,
+    KERNEL_ATTR,
+    KEY_ATTR,
+    LABEL_ATTR,
+    canonical_function,
+    task_key,
+)
 
 _NOT_OPERATORS = {"linalg.yield", "linalg.index"}
 _INIT_PRODUCERS = {"tensor.empty", "linalg.fill", "arith.constant"}
@@ -68,6 +82,7 @@ class OutlineOperators(ModulePass):
             if op.operation.name == "func.func"
             and KEY_ATTR not in op.operation.attributes
             and KERNEL_ATTR not in op.operation.attributes
+            and GLUE_ATTR not in op.operation.attributes
         ]
         counter = _Counter(body)
         for func in funcs:

@@ -1,12 +1,16 @@
-"""Do the two roads from a model to its operators cut it the same way? Where not, why.
+"""Do the roads from a model to its operators cut it the same way? Where not, why.
 
 Road one is the backend's (`torch.compile(backend="kope")`, `kope precompile`): the aten graph
 partitioned into Tasks, each lowered alone with its weights as inputs. Road two is `kope
-import` + `kope-outline-operators`: the model imported whole by torch-mlir, weights as
-constants, one function per linalg operator. A Task whose key the outlining also produces
-shares its kernels across both roads. The rest are listed below by operator with the reason
-they differ, and the test fails when an operator differs for an unlisted reason, or when a
-listed one starts to agree (then its line must go).
+import` + `kope-opt`: the module `kope import` writes is cut by the backend's own partitioner
+(each Task a keyed function, `@main` calling them), so every Task, fused groups included, has
+the same key on both roads, and outlining leaves the module as it is.
+
+IR from elsewhere takes outlining's own cut: `kope import --torch-mlir` (torch-mlir's import of
+the whole model, weights as constants) + `kope-outline-operators`, one function per linalg
+operator. A Task whose key that outlining also produces shares its kernels with it; the rest
+are listed below by operator with the reason they differ, and the test fails when an operator
+differs for an unlisted reason, or when a listed one starts to agree (then its line must go).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 from torch_mlir import fx as torch_mlir_fx
 from torch_mlir import ir
 
+from kope.model_module import model_module
 from kope.passes.pipeline import parse_pipeline, run_pipeline
 from kope.precompile import trace_tasks
 from kope.targets.cpu import CpuTarget
@@ -51,14 +56,19 @@ DIFFERS = {
 }
 
 
-def outlined_keys(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> set[str]:
+def outlined_keys(text: str) -> list[str]:
+    """The keys in `text` after `kope-outline-operators`, in order."""
+    parsed = ir.Module.parse(text, ir.Context())
+    run_pipeline(parsed, parse_pipeline("kope-outline-operators"), description="outline")
+    return re.findall(r'kope\.key = "([0-9a-f]+)"', str(parsed))
+
+
+def torch_mlir_import(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> str:
     with torch.no_grad():
         module = torch_mlir_fx.export_and_import(
             model.eval(), *inputs, output_type="linalg-on-tensors"
         )
-    parsed = ir.Module.parse(str(module), ir.Context())
-    run_pipeline(parsed, parse_pipeline("kope-outline-operators"), description="outline")
-    return set(re.findall(r'kope\.key = "([0-9a-f]+)"', str(parsed)))
+    return str(module)
 
 
 def reason_group(op: str) -> str:
@@ -66,33 +76,46 @@ def reason_group(op: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def roads() -> dict[str, tuple[list[tuple[str, str, bool]], int]]:
-    """Per zoo model: (op, label, agrees) per backend Task, and the outlined function count."""
+def roads() -> dict[str, tuple[list[tuple[str, str, bool]], list[str], list[str]]]:
+    """Per zoo model: (op, label, agrees with torch-mlir's import outlined) per backend Task,
+    the backend's keys, and the keys of `kope import`'s module once outlined."""
     target = CpuTarget()
     found = {}
     for name, factory in ZOO.items():
         model, inputs = factory()
-        keys = outlined_keys(model, inputs)
+        keys = set(outlined_keys(torch_mlir_import(model, inputs)))
         tasks = trace_tasks(model, inputs, target)
-        found[name] = ([(t.op, t.label, t.key in keys) for t in tasks], len(keys))
+        imported = outlined_keys(model_module(model, inputs, target).text)
+        found[name] = (
+            [(t.op, t.label, t.key in keys) for t in tasks],
+            [t.key for t in tasks],
+            imported,
+        )
     return found
+
+
+def test_kope_import_cuts_every_model_as_the_backend_does(roads) -> None:
+    for name, (tasks, backend, imported) in roads.items():
+        assert imported == backend, f"{name}: " + ", ".join(
+            label for (_, label, _), key in zip(tasks, backend, strict=True) if key not in imported
+        )
 
 
 def test_every_task_agrees_or_differs_for_a_listed_reason(roads) -> None:
     unexplained = [
         f"{name}: {label}"
-        for name, (tasks, _) in roads.items()
+        for name, (tasks, _, _) in roads.items()
         for op, label, agrees in tasks
         if not agrees and reason_group(op) not in DIFFERS
     ]
     assert not unexplained, "keys differ between the roads for:\n" + "\n".join(unexplained)
-    agreeing = [label for tasks, _ in roads.values() for _, label, agrees in tasks if agrees]
+    agreeing = [label for tasks, _, _ in roads.values() for _, label, agrees in tasks if agrees]
     assert len(agreeing) >= 5, agreeing  # elementwise and reduction operators share keys
 
 
 def test_every_listed_reason_is_still_seen(roads) -> None:
     seen = {
-        reason_group(op) for tasks, _ in roads.values() for op, _, agrees in tasks if not agrees
+        reason_group(op) for tasks, _, _ in roads.values() for op, _, agrees in tasks if not agrees
     }
     stale = sorted(set(DIFFERS) - seen)
     assert not stale, f"these operators now agree on both roads; remove them: {stale}"

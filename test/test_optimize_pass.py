@@ -1,9 +1,9 @@
 """`kope-optimize`: the agent inside a pipeline, on a model imported whole.
 
-`kope import` writes an MLP as one linalg module; `kope-opt` outlines its operators, optimizes
-each (the heuristic agent, verified against the operator's own body and timed against it),
-applies the winners and lowers to LLVM; the ExecutionEngine runs the result, which matches
-eager. The store then holds what the backend needs for the operators both roads share.
+`kope import` writes an MLP as one linalg module cut as the backend cuts it; `kope-opt`
+optimizes each Task (the heuristic agent, verified against the Task's own body and timed
+against it and eager), applies the winners and lowers to LLVM; the ExecutionEngine runs the
+result, which matches eager; and the backend over the same store runs the same kernels.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from kope.memory.store import ExperienceStore
 from kope.optimize_pass import OptimizeOperators
 from kope.passes import pass_class
 from kope.targets.jit import JitKernel
-from kope.vocabulary.evidence import SOURCE_AGENT, SOURCE_EAGER, SOURCE_REFERENCE
+from kope.vocabulary.evidence import SOURCE_AGENT
 from kope.vocabulary.specs import TensorSpec
 
 FACTORY = """
@@ -56,18 +56,52 @@ def _factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     return mlp
 
 
+def keyed_functions(text: str) -> dict[str, str]:
+    """Each keyed function's `func.func` line (its attributes), by its key."""
+    return {
+        match.group(1): line
+        for line in text.splitlines()
+        if line.lstrip().startswith("func.func")
+        and (match := re.search(r'kope\.key = "(\w+)"', line))
+    }
+
+
+def applied_attempts(functions: dict[str, str]) -> dict[str, str]:
+    """The attempt whose kernel `kope-apply-kernels` put in, by key, for the keyed functions
+    whose body it replaced."""
+    applied = {}
+    for key, line in functions.items():
+        if 'kope.kernel = "agent"' in line:
+            attempt = re.search(r'kope\.attempt = "([^"]+)"', line)
+            assert attempt is not None, line
+            applied[key] = attempt.group(1)
+    return applied
+
+
 def test_kope_optimize_is_found_by_name_and_lives_in_the_driver() -> None:
     assert pass_class("kope-optimize") is OptimizeOperators
     assert OptimizeOperators.__module__ == "kope.optimize_pass"
 
 
-def test_an_imported_model_is_optimized_applied_lowered_and_runs(
+def test_an_imported_model_is_optimized_applied_lowered_and_runs_as_the_backend_runs_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """One road from model to kernel: `kope import` cuts the MLP as the backend does, `kope-opt`
+    alone optimizes, applies and lowers it, the ExecutionEngine runs it, and the backend over
+    the same store compiles the same keys and chooses the same kernels."""
+    import kope
+    from kope.precompile import trace_tasks
+    from kope.targets.cpu import CpuTarget
+
     mlp = _factory(tmp_path, monkeypatch)
+    model, (x,) = mlp()
     source = tmp_path / "mlp.mlir"
-    run("kope", "import", "models:mlp", "-o", str(source))
-    assert "linalg.matmul" in source.read_text()
+    proc = run("kope", "import", "models:mlp", "-o", str(source))
+    text = source.read_text()
+    assert "func.func @main(%arg0: tensor<16x64xf32>) -> tensor<16x32xf32>" in text
+    backend_keys = [task.key for task in trace_tasks(model, (x,), CpuTarget())]
+    assert f"{len(backend_keys)} distinct Tasks" in proc.stderr
+    assert re.findall(r'kope\.key = "(\w+)"', text) == backend_keys
 
     store = tmp_path / "store"
     pipeline = (
@@ -75,35 +109,48 @@ def test_an_imported_model_is_optimized_applied_lowered_and_runs(
         f"kope-apply-kernels{{store={store}}})"
     )
     optimized = run("kope-opt", f"--pass-pipeline={pipeline}", str(source)).stdout
-    outcomes = re.findall(r'kope\.optimized = \{[^}]*winner = "(\w+)"', optimized)
-    assert len(outcomes) == optimized.count("func.func private @kope_op_") >= 4
-    # Against the naive reference loops the agent's schedules win by a wide margin; where a
-    # figure was disturbed nothing is pinned and the reference body stays: both are right.
-    applied = optimized.count('kope.kernel = "agent"')
-    assert applied == outcomes.count("agent")
-
+    assert "kope_op_" not in optimized  # outlining leaves the backend's cut as it is
+    functions = keyed_functions(optimized)
+    assert list(functions) == backend_keys
+    assert all("speedup_vs_eager = " in line for line in functions.values())
+    applied = applied_attempts(functions)
     recorded = ExperienceStore(store)
-    attempts = [a for t in recorded.tasks() for a in recorded.attempts(t.key)]
-    assert all(a.eager_us is None for a in attempts)  # no eager call inside a pipeline
-    assert {a.source for a in attempts} <= {SOURCE_REFERENCE, SOURCE_AGENT}
-    assert not any(a.source == SOURCE_EAGER for a in attempts)
+    attempts = [a for key in backend_keys for a in recorded.attempts(key)]
+    assert all(a.eager_us is not None for a in attempts)  # timed against eager, as the backend
+    assert any(a.source == SOURCE_AGENT for a in attempts)
 
     # A second run over the same store makes no new attempt.
     again = run("kope-opt", f"--pass-pipeline={pipeline}", str(source)).stdout
-    assert again.count('kope.kernel = "agent"') == applied
+    assert applied_attempts(keyed_functions(again)) == applied
     recorded.refresh()
-    assert sum(len(recorded.attempts(t.key)) for t in recorded.tasks()) == len(attempts)
+    assert sum(len(recorded.attempts(key)) for key in backend_keys) == len(attempts)
 
-    # Lowered whole and JIT-compiled, the optimized model computes what eager does.
+    # Lowered whole by kope-opt and JIT-compiled, @main computes what eager does.
     lowered = tmp_path / "mlp.llvm.mlir"
     lower = pipeline.removesuffix(")") + ",kope-lower-cpu)"
     run("kope-opt", f"--pass-pipeline={lower}", str(source), "-o", str(lowered))
-    model, (x,) = mlp()
     module = ir.Module.parse(lowered.read_text(), ir.Context())
     jit = JitKernel(module, [TensorSpec.of(x)], [TensorSpec((16, 32), "float32")])
     with torch.no_grad():
         for inputs in (x, torch.randn(16, 64)):
             torch.testing.assert_close(jit(inputs)[0], model(inputs), rtol=1e-4, atol=1e-5)
+
+    # The backend over the same store: the same keys, and where the pipeline's choice rests on
+    # clean figures, the same kernel (a choice on disturbed figures is re-measured at compile).
+    kope.reset_report()
+    with torch.no_grad():
+        compiled = torch.compile(model, backend="kope", options={"store": str(store)})
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    chosen = {t.key: t.attempt for graph in kope.report().graphs for t in graph.tasks}
+    assert list(chosen) == backend_keys
+    recorded.refresh()
+    for key in backend_keys:
+        standing = recorded.standing(key)
+        if standing.clean:
+            pinned = standing.pinned.id if standing.pinned is not None else None
+            assert chosen[key] == pinned, key
+            if key in applied:
+                assert applied[key] == pinned, key
 
 
 def test_the_backends_own_partition_goes_through_kope_opt_with_eager_timed(
