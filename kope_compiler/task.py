@@ -14,6 +14,7 @@ import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,6 +33,8 @@ from kope.passes.keys import (
     workload_digest,
 )
 from kope.passes.pipeline import PipelineError, run_pipeline
+from kope.targets.host import package_version
+from kope.vocabulary.cache import cache_dir, digest, source_digest, write_atomically
 from kope.vocabulary.kernels import FORM_MLIR, Kernel
 from kope.vocabulary.specs import (
     InputRef,
@@ -246,8 +249,65 @@ def make_task(nodes: fx.Node | list[fx.Node], target_key: str) -> Task:
     LoweringError when torch-mlir cannot lower it."""
     group = nodes if isinstance(nodes, list) else [nodes]
     inputs, call, in_specs, out_specs = group_signature(group)
+    payload = reference_lowering(group, call, in_specs, out_specs)
+    spec = TaskSpec(label_for(call, in_specs), in_specs, out_specs, call)
+    return Task(
+        group, inputs, spec, payload, task_key(payload, target_key), workload_digest(payload)
+    )
+
+
+def reference_lowering(
+    group: list[fx.Node],
+    call: OpCall | Program,
+    in_specs: tuple[TensorSpec, ...],
+    out_specs: tuple[TensorSpec, ...],
+) -> str:
+    """The canonical reference lowering of `group`, whose ATen call and specs are given.
+
+    The import is a function of the ATen call, its specs and the toolchain alone, and costs
+    tens of milliseconds per Task at every compile, so it is cached on disk
+    (`kope.vocabulary.cache`), failures too; a call without a JSON encoding is not cached."""
+    encoded = eager_json(call)
+    path = None
+    if encoded is not None:
+        name = digest(
+            json.dumps(encoded, sort_keys=True),
+            repr((in_specs, out_specs)),
+            torch.__version__,
+            package_version("torch-mlir"),
+            source_digest(_IMPORT_SOURCES),
+        )
+        path = cache_dir("imports") / f"{name}.json"
+        try:
+            entry = json.loads(path.read_text())
+        except (OSError, ValueError):
+            entry = None
+        if isinstance(entry, dict) and isinstance(entry.get("error"), str):
+            raise LoweringError(entry["error"])
+        if isinstance(entry, dict) and isinstance(entry.get("payload"), str):
+            return entry["payload"]
     try:
-        payload = canonicalize_module_text(import_group(group))
+        payload = _imported(group)
+    except LoweringError as err:
+        if path is not None:
+            write_atomically(path, json.dumps({"error": str(err)}).encode())
+        raise
+    if path is not None:
+        write_atomically(path, json.dumps({"payload": payload}).encode())
+    return payload
+
+
+# KOPE's code an import depends on: the importer's use here, the pipelines, canonical form.
+_IMPORT_SOURCES = (
+    Path(__file__),
+    Path(canonicalize_module_text.__code__.co_filename),
+    Path(run_pipeline.__code__.co_filename),
+)
+
+
+def _imported(group: list[fx.Node]) -> str:
+    try:
+        return canonicalize_module_text(import_group(group))
     except ir.MLIRError as err:
         # The lowering left ops outside linalg-on-tensors that no target builds (sort and topk
         # become torch-mlir's own `tm_tensor` dialect): the node runs eagerly.
@@ -257,10 +317,6 @@ def make_task(nodes: fx.Node | list[fx.Node], target_key: str) -> Task:
             if len(detail) > 1
             else _first_line(err)
         ) from None
-    spec = TaskSpec(label_for(call, in_specs), in_specs, out_specs, call)
-    return Task(
-        group, inputs, spec, payload, task_key(payload, target_key), workload_digest(payload)
-    )
 
 
 def _first_line(err: BaseException) -> str:

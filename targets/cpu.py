@@ -17,6 +17,7 @@ from torch_mlir import ir
 from kope.targets.base import BuildError, Target
 from kope.targets.host import cpu_fingerprint, cpu_target_key
 from kope.targets.jit import ENTRY, JitKernel, openmp_library, set_openmp_threads
+from kope.targets.kernel_cache import load_kernel
 from kope.vocabulary.kernels import FORM_MLIR, Kernel
 from kope.vocabulary.layouts import LayoutError, laid_out
 from kope.vocabulary.specs import DTYPES, TaskSpec, TensorSpec
@@ -176,6 +177,14 @@ class CpuTarget(Target):
     @classmethod
     def build(cls, task: TaskSpec, kernel: Kernel) -> JitKernel:
         return build_kernel(task, kernel)
+
+    @classmethod
+    def build_verified(cls, task: TaskSpec, kernel: Kernel) -> JitKernel:
+        """A verified kernel, loaded from `kope.targets.kernel_cache` or built into it."""
+        try:
+            return load_kernel(task, kernel, _lowered)
+        except RuntimeError as err:
+            raise BuildError(f"JIT compilation failed: {err}") from None
 
     @classmethod
     def prepare_worker(cls, eager_threads: int) -> None:

@@ -25,6 +25,7 @@ _ISA_FLAGS = (
 )
 
 
+@functools.cache  # read once per process: every task key asks for three of them
 def package_version(name: str) -> str:
     try:
         return version(name)

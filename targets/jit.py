@@ -25,6 +25,8 @@ from kope.vocabulary.specs import TensorSpec
 # `llvm.emit_c_interface` (set by `kope-destination-abi`) names the wrapper that takes one
 # pointer per memref descriptor; the packed form of that wrapper is what a call enters.
 C_INTERFACE = "_mlir_ciface_" + ENTRY
+# The ExecutionEngine's packed wrapper of a function `f`, which takes one `void**`, is `_mlir_f`.
+PACKED_ENTRY = "_mlir_" + C_INTERFACE
 OPT_LEVEL = 3
 
 _DESCRIPTOR_TYPES: dict[int, type[ctypes.Structure]] = {}
@@ -42,6 +44,22 @@ def set_openmp_threads(threads: int) -> None:
     from kope.targets.openmp import set_threads
 
     set_threads(threads)
+
+
+def runtime_libraries(parallel: bool) -> list[str]:
+    """The libraries a kernel links against: the OpenMP runtime if it runs parallel loops (its
+    threads set to torch's count)."""
+    if not parallel:
+        return []
+    library = openmp_library()
+    if library is None:
+        raise RuntimeError(
+            "the kernel runs parallel loops but no OpenMP runtime is usable: install a "
+            "C compiler (KOPE builds a shim over torch's libgomp) or libomp "
+            "(Debian: apt-get install libomp5-19)"
+        )
+    set_openmp_threads(torch.get_num_threads())
+    return [library]
 
 
 def descriptor_type(rank: int) -> type[ctypes.Structure]:
@@ -80,31 +98,63 @@ class JitKernel:
         inputs: Sequence[TensorSpec],
         outputs: Sequence[TensorSpec],
         layouts: dict[int, str] | None = None,
+        object_file: str | None = None,
     ):
-        self.inputs = tuple(inputs)
-        self.outputs = tuple(outputs)
-        self._layouts = tuple((layouts or {}).get(i) for i in range(len(self.inputs)))
-        self._any_layout = any(self._layouts)
-        self._module = llvm_module  # the engine refers to it; keep it alive
-        self.parallel = "omp.parallel" in str(llvm_module)
-        libraries = []
-        if self.parallel:
-            library = openmp_library()
-            if library is None:
-                raise RuntimeError(
-                    "the kernel runs parallel loops but no OpenMP runtime is usable: install a "
-                    "C compiler (KOPE builds a shim over torch's libgomp) or libomp "
-                    "(Debian: apt-get install libomp5-19)"
-                )
-            libraries.append(library)
-            set_openmp_threads(torch.get_num_threads())
-        self._engine = ExecutionEngine(llvm_module, opt_level=OPT_LEVEL, shared_libs=libraries)
-        address = self._engine.raw_lookup(C_INTERFACE)
+        """JIT-compile `llvm_module`; with `object_file`, as position-independent code, which
+        is also written there (for `kope.targets.kernel_cache`)."""
+        parallel = "omp.parallel" in str(llvm_module)
+        libraries = runtime_libraries(parallel)
+        engine = ExecutionEngine(
+            llvm_module,
+            opt_level=OPT_LEVEL,
+            shared_libs=libraries,
+            enable_object_dump=object_file is not None,
+            enable_pic=object_file is not None,
+        )
+        address = engine.raw_lookup(C_INTERFACE)
         if not address:
             raise RuntimeError(
                 f"JIT-compiled module has no @{ENTRY} entry point ({C_INTERFACE}): lower it "
                 f"with kope-lower-cpu, whose kope-destination-abi gives @{ENTRY} its C interface"
             )
+        if object_file is not None:
+            engine.dump_to_object_file(object_file)
+        # The engine refers to the module; both must outlive the entry point.
+        self._setup(inputs, outputs, layouts, parallel, address, (llvm_module, engine))
+
+    @classmethod
+    def from_library(
+        cls,
+        path: str,
+        inputs: Sequence[TensorSpec],
+        outputs: Sequence[TensorSpec],
+        layouts: dict[int, str] | None,
+        parallel: bool,
+    ) -> JitKernel:
+        """The kernel in a shared library built from a `JitKernel`'s object file."""
+        runtime_libraries(parallel)
+        library = ctypes.CDLL(path)
+        address = ctypes.cast(getattr(library, PACKED_ENTRY), ctypes.c_void_p).value
+        assert address is not None
+        kernel = cls.__new__(cls)
+        kernel._setup(inputs, outputs, layouts, parallel, address, (library,))
+        return kernel
+
+    def _setup(
+        self,
+        inputs: Sequence[TensorSpec],
+        outputs: Sequence[TensorSpec],
+        layouts: dict[int, str] | None,
+        parallel: bool,
+        address: int,
+        keep: tuple[object, ...],
+    ) -> None:
+        self.inputs = tuple(inputs)
+        self.outputs = tuple(outputs)
+        self._layouts = tuple((layouts or {}).get(i) for i in range(len(self.inputs)))
+        self._any_layout = any(self._layouts)
+        self.parallel = parallel
+        self._keep = keep
         # PYFUNCTYPE keeps the GIL held during the call: two threads never race on descriptors.
         self._fn = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)(address)
         self._in_desc = [

@@ -1,5 +1,5 @@
 """Where KOPE keeps its files: `$KOPE_HOME`, else `~/.cache/kope` (the store, the OpenMP shim,
-pipeline repros)."""
+the caches of `kope.vocabulary.cache`, pipeline repros)."""
 
 from __future__ import annotations
 
