@@ -37,6 +37,7 @@ from kope.passes.experience import (
 )
 from kope.passes.keys import KERNEL_ATTR, canonical_function, task_key
 from kope.passes.schedule import ApplySchedule
+from kope.vocabulary.kernels import FORM_MLIR
 from kope.vocabulary.layouts import LayoutError, panel_geometry
 
 log = logging.getLogger("kope.passes")
@@ -96,6 +97,15 @@ class ApplyKernels(ModulePass):
             return
         if best.artifact is None:
             raise _Skip(f"attempt {best.id} won but recorded no kernel text")
+        if best.form != FORM_MLIR:
+            # A Triton kernel is Python that its target's launcher runs on the device; no MLIR
+            # body on the host can stand for it.
+            raise _Skip(
+                f"its winner, attempt {best.id}, is a {best.form} kernel, which runs through the "
+                f"{self.target} target's launcher (torch.compile(backend='kope') with "
+                f"target={self.target!r}, or a kernel pack: `kope export --target {self.target}`)"
+                ", not as an MLIR body"
+            )
         text = store.get_artifact(best.artifact)
         if text is None:
             raise _Skip(

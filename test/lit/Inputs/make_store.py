@@ -4,13 +4,16 @@
 
 Each record argument adds one attempt for the function FUNC of FUNCS.mlir (typically the output
 of `kope-opt --kope-outline-operators`). The task key is computed as kope-outline-operators
-computes it (`kope.passes.keys`, cpu target), so the store answers for that function. Keys:
+computes it (`kope.passes.keys`, for the record's target), so the store answers for that
+function. Keys:
 
     source=agent|eager|reference   (default agent)
     verdict=verified|mismatch|...  (default verified)
     kernel=PATH      the attempt's kernel text is this file
     kernel=payload   ... is FUNC itself, renamed @main (an unscheduled kernel)
     kernel=missing   ... is recorded by digest only: its text is not in the store
+    form=mlir|triton               the form of the kernel text (default mlir)
+    target=cpu|cuda|ascend         the target the function was outlined for (default cpu)
     latency_us=F eager_us=F        timings; speedup_vs_eager is their ratio
 """
 
@@ -38,19 +41,20 @@ def main(argv: list[str]) -> None:
     store_dir, funcs_file, *records = argv
     context = ir.Context()
     module = ir.Module.parse(Path(funcs_file).read_text(), context)
-    target_key = get_target("cpu").key()
     store = ExperienceStore(store_dir)
     for record in records:
         name, *pairs = record.split()
         fields = dict(pair.split("=", 1) for pair in pairs)
         func = find(module, name)
+        target = fields.get("target", "cpu")
+        target_key = get_target(target).key()
         canonical = canonical_function(func)
         key = task_key(canonical, target_key)
         attrs = func.attributes
         label = ir.StringAttr(attrs["kope.label"]).value if "kope.label" in attrs else name
         op = label.split("(")[0]
         workload = workload_digest(canonical)
-        store.add_task(TaskRecord(key, op, label, workload, [], [], "cpu", target_key))
+        store.add_task(TaskRecord(key, op, label, workload, [], [], target, target_key))
         latency = float(fields["latency_us"]) if "latency_us" in fields else None
         eager = float(fields["eager_us"]) if "eager_us" in fields else None
         attempt = AttemptRecord(
@@ -60,6 +64,7 @@ def main(argv: list[str]) -> None:
             latency_us=latency,
             eager_us=eager,
             speedup_vs_eager=eager / latency if latency and eager else None,
+            form=fields.get("form", "mlir"),
         )
         kernel = fields.get("kernel")
         if kernel == "missing":
