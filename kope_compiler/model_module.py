@@ -47,7 +47,7 @@ from kope.task import (
     op_name,
     task_function,
 )
-from kope.vocabulary.specs import DTYPES, dtype_name
+from kope.vocabulary.specs import MLIR_ELEMENTS, dtype_name
 
 GRAPH_ATTR = "kope.graph"
 
@@ -281,8 +281,7 @@ def _flat(value: Any) -> list[Any]:
 def _tensor_type(value: Any) -> ir.RankedTensorType:
     if not isinstance(value, torch.Tensor):
         raise ModelImportError(f"the model takes or returns a {type(value).__name__}")
-    element = DTYPES.get(dtype_name(value.dtype))
+    element = MLIR_ELEMENTS.get(dtype_name(value.dtype))
     if element is None:
         raise ModelImportError(f"the model uses dtype {value.dtype}, which MLIR here does not")
-    element = "i8" if element == "u8" else element
     return ir.RankedTensorType.get(list(value.shape), ir.Type.parse(element))

@@ -20,13 +20,9 @@ from kope.targets.jit import ENTRY, JitKernel, openmp_library, set_openmp_thread
 from kope.targets.kernel_cache import load_kernel
 from kope.vocabulary.kernels import FORM_MLIR, Kernel
 from kope.vocabulary.layouts import LayoutError, laid_out
-from kope.vocabulary.specs import DTYPES, TaskSpec, TensorSpec
+from kope.vocabulary.specs import MLIR_ELEMENTS, TaskSpec, TensorSpec
 
 log = logging.getLogger("kope.targets.cpu")
-
-# MLIR's element types: the short dtype names, but MLIR integers are signless.
-_MLIR_ELEMENT = {**DTYPES, "uint8": "i8"}
-
 
 # What a kernel may be written in. Anything else (llvm, gpu, omp, ...) could reach outside the
 # kernel (inline assembly, calls into libc), so it is refused before any pass runs. The LLM
@@ -88,7 +84,7 @@ def screen_kernel(module: ir.Module) -> str | None:
 
 
 def memref_type(spec: TensorSpec) -> str:
-    element = _MLIR_ELEMENT.get(spec.dtype)
+    element = MLIR_ELEMENTS.get(spec.dtype)
     if element is None:
         raise BuildError(f"dtype {spec.dtype} has no CPU kernel support")
     dims = "".join(f"{d}x" for d in spec.shape)
@@ -169,7 +165,7 @@ class CpuTarget(Target):
 
     name = "cpu"
     kernel_forms = (FORM_MLIR,)
-    dtypes: ClassVar[frozenset[str]] = frozenset(_MLIR_ELEMENT)
+    dtypes: ClassVar[frozenset[str]] = frozenset(MLIR_ELEMENTS)
 
     def key(self) -> str:
         return cpu_target_key()

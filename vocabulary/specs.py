@@ -25,6 +25,8 @@ DTYPES = {
     "uint8": "u8",
     "bool": "i1",
 }
+# MLIR's element types of those dtypes: the short names, but MLIR integers are signless.
+MLIR_ELEMENTS = {**DTYPES, "uint8": "i8"}
 
 
 @dataclass(frozen=True)
