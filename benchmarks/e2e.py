@@ -125,7 +125,7 @@ def _inputs(*shape: int) -> tuple[torch.Tensor, ...]:
 
 MODELS: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
     "llm_block": lambda: (LlmBlock(), _inputs(32, 256)),
-    "gpt2_mlp": lambda: (Gpt2Mlp(), _inputs(64, 256)),
+    "gpt2_mlp": lambda: (Gpt2Mlp(), _inputs(2, 32, 256)),  # batch × sequence × dim
     "attention": lambda: (Attention(), _inputs(2, 64, 128)),
     "encoder_layer": lambda: (
         nn.TransformerEncoderLayer(128, 4, 256, dropout=0.0, batch_first=True),

@@ -4,7 +4,9 @@ The graph is first rewritten (`kope.rewrites`: batch norm folded into convolutio
 as one kernel), here, so that every road that partitions cuts the same Tasks.
 A connected group of elementwise and row-reduction nodes whose only value seen outside is its
 output becomes one Task (one kernel, one pass over memory): an elementwise chain, RMSNorm or
-softmax written by hand, GELU-tanh expanded. Every other compute node becomes a Task at the
+softmax written by hand, GELU-tanh expanded; elementwise ops take the contraction they read
+as their head (its epilogue), after the views a 3-D linear makes between them are sunk below
+them (`sink_views`). Every other compute node becomes a Task at the
 coarsest level torch-mlir lowers: a node is first imported as it is (softmax, layer_norm, ...
 stay one Task); only when that fails and a decomposition is known (torch-mlir's table, plus
 KOPE's own for fused fast paths) is the node replaced by its decomposition in the graph, whose
@@ -13,6 +15,7 @@ nodes are partitioned in turn.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 from collections.abc import Callable
@@ -145,10 +148,13 @@ _VALUES_ONLY_OPS: dict[Any, Callable[[tuple[Any, ...]], tuple[Any, tuple[Any, ..
 }
 
 
-def drop_unused_outputs(gm: fx.GraphModule) -> int:
-    """Replace multi-output ops whose later outputs nobody reads by their values-only op."""
-    rewritten = 0
+def drop_unused_outputs(gm: fx.GraphModule, within: set[fx.Node] | None = None) -> list[fx.Node]:
+    """Replace multi-output ops whose later outputs nobody reads by their values-only op (with
+    `within`, those among these nodes); the values-only nodes made."""
+    made = []
     for node in list(gm.graph.nodes):
+        if within is not None and node not in within:
+            continue
         rewrite = _VALUES_ONLY_OPS.get(node.target) if node.op == "call_function" else None
         if rewrite is None or node.kwargs:
             continue
@@ -164,8 +170,8 @@ def drop_unused_outputs(gm: fx.GraphModule) -> int:
             user.replace_all_uses_with(values)
             gm.graph.erase_node(user)
         gm.graph.erase_node(node)
-        rewritten += 1
-    return rewritten
+        made.append(values)
+    return made
 
 
 # Row-wise reductions a fused group may hold besides elementwise ops: with them RMSNorm, layer
@@ -239,6 +245,168 @@ def _epilogue_head(
         and all(user in group for user in arg.users)
     ]
     return max(heads, key=order.__getitem__, default=None)
+
+
+# Reshapes a linear's 3-D activation passes through on its way into and out of a 2-D matmul.
+_RESHAPES = frozenset({aten.view.default, aten._unsafe_view.default, aten.reshape.default})
+# Set on an elementwise node that a view was sunk below (`sink_views`): its input is a
+# contraction's product, directly or through other such nodes, so views below it sink too.
+_SUNK = "kope_view_sunk"
+
+
+def _reshaped(node: Any) -> fx.Node | None:
+    """The tensor `node` reshapes, if it is a reshape of a node."""
+    if not isinstance(node, fx.Node) or node.op != "call_function" or node.target not in _RESHAPES:
+        return None
+    source = node.args[0]
+    return source if isinstance(source, fx.Node) else None
+
+
+def _val(node: Any) -> torch.Tensor | None:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def _operand_below(
+    arg: Any, view: fx.Node, product: torch.Tensor, shape: tuple[int, ...]
+) -> tuple[str, Any] | None:
+    """How an operand of an elementwise user of `view` (a reshape of `product` to `shape`)
+    reads once the user computes on `product`'s shape instead: ("same", x) as it is, ("node",
+    n) another node, ("view", x) x reshaped to the product's shape; None if it cannot."""
+    if arg is view:
+        return ("node", view.args[0])
+    val = _val(arg)
+    if val is None:
+        return ("same", arg)  # a scalar
+    source = _reshaped(arg)
+    source_val = _val(source)
+    if source is not None and source_val is not None and source_val.shape == product.shape:
+        return ("node", source)  # another view of a tensor of the product's shape
+    if tuple(val.shape) == shape and val.is_contiguous():
+        return ("view", arg)
+    # Broadcast along rows (a bias, a scale per feature): it broadcasts against the product
+    # alike, as the view keeps the last dim; one of a higher rank than the product's drops
+    # its leading ones.
+    if all(d == 1 for d in val.shape[:-1]) and val.dim() <= product.dim():
+        return ("same", arg)
+    return None
+
+
+def sink_views(graph: fx.Graph, within: set[fx.Node] | None = None) -> list[fx.Node]:
+    """Move reshapes of a contraction's product below the elementwise ops that read them, so
+    that those ops can become the contraction's epilogue; the nodes made.
+
+    A linear on a 3-D activation traces as `view(x)` → `addmm` → `view` → GELU ...: the view
+    between the product and its activation keeps `fused_groups` from taking the addmm as the
+    group's head. For an elementwise `f`, `f(view(p), y) = view(f(p, view⁻¹(y)))` exactly (the
+    same operations on the same numbers) when the view keeps the last dim and each other
+    operand is a scalar, a tensor broadcast along rows, or a contiguous tensor of the view's
+    shape (read through the inverse view). The view sinks below all its users at once, or not
+    at all, and keeps sinking below their users in turn. With `within`, only views of those
+    nodes' products."""
+    made: list[fx.Node] = []
+    pending = [n for n in graph.nodes if within is None or n in within]
+    while pending:
+        view = pending.pop(0)
+        product = _reshaped(view)
+        if product is None or getattr(view, "_erased", False):
+            continue
+        if not (_name(product) in _CONTRACTIONS or product.meta.get(_SUNK)):
+            continue
+        before, after = _val(product), _val(view)
+        if before is None or after is None or not view.users or len(product.users) != 1:
+            continue
+        if before.shape[-1:] != after.shape[-1:] or not before.is_contiguous():
+            continue
+        if all(_sinks_below(user, view, before, tuple(after.shape)) for user in view.users):
+            new = _sink(graph, view, product)
+            made += new
+            pending = [n for n in new if n.target in _RESHAPES] + pending
+    # An operand read through the inverse view may have sunk since, and the next linear views
+    # the product back to 2-D: view(view(y)) to y's own shape is y.
+    for node in [n for n in graph.nodes if within is None or n in within] + made:
+        source = _reshaped(_reshaped(node))
+        if source is not None and _same_layout(source, node) and not node._erased:
+            inner = node.args[0]
+            node.replace_all_uses_with(source)
+            graph.erase_node(node)
+            if isinstance(inner, fx.Node) and not inner.users:
+                graph.erase_node(inner)
+    return [n for n in made if not n._erased]
+
+
+def _same_layout(a: fx.Node, b: fx.Node) -> bool:
+    va, vb = _val(a), _val(b)
+    return va is not None and vb is not None and va.shape == vb.shape and va.is_contiguous()
+
+
+def _sinks_below(
+    user: fx.Node, view: fx.Node, product: torch.Tensor, shape: tuple[int, ...]
+) -> bool:
+    """Whether `user` of `view` is elementwise and can compute on the product's shape. Not
+    one a row reduction reads (a scale before a softmax): it fuses into that row group as it
+    is, and a row kernel beats eager more often than a contraction's does."""
+    target = user.target
+    return (
+        user.op == "call_function"
+        and isinstance(target, torch._ops.OpOverload)
+        and torch.Tag.pointwise in target.tags
+        and not any(_name(reader) in _ROW_OPS for reader in user.users)
+        and tuple(getattr(_val(user), "shape", ())) == shape
+        and not any(isinstance(v, fx.Node) for v in user.kwargs.values())
+        and all(_operand_below(arg, view, product, shape) is not None for arg in user.args)
+    )
+
+
+def _sink(graph: fx.Graph, view: fx.Node, product: fx.Node) -> list[fx.Node]:
+    """Make each user of `view` compute on `product`'s shape, then view back; the nodes made.
+    Users run in graph order, so one that reads another (GELU's x·x·x) finds it sunk already
+    and reads its product directly."""
+    made: list[fx.Node] = []
+    before, after = _val(product), _val(view)
+    assert before is not None and after is not None
+    mode = detect_fake_mode([before])
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    shape = tuple(after.shape)
+    dead: list[fx.Node] = []
+    for user in sorted(view.users, key=order.__getitem__):
+        op = user.target
+        assert isinstance(op, torch._ops.OpOverload)  # `_sinks_below` checked it
+        with graph.inserting_before(user):
+            args: list[Any] = []
+            for arg in user.args:
+                how, operand = _operand_below(arg, view, before, shape) or ("same", arg)
+                if how == "view":
+                    assert isinstance(arg, fx.Node)
+                    operand = graph.call_function(aten.view.default, (arg, list(before.shape)))
+                    with _fake(mode):
+                        operand.meta["val"] = aten.view.default(arg.meta["val"], before.shape)
+                    made.append(operand)
+                elif how == "node" and arg is not view:
+                    assert isinstance(arg, fx.Node)
+                    dead.append(arg)
+                args.append(operand)
+            computed = graph.call_function(op, tuple(args), dict(user.kwargs))
+            values = [a.meta["val"] if isinstance(a, fx.Node) else a for a in args]
+            with _fake(mode):
+                computed.meta["val"] = op(*values, **user.kwargs)
+            computed.meta[_SUNK] = True
+            back = graph.call_function(aten.view.default, (computed, list(shape)))
+            back.meta["val"] = user.meta["val"]
+        user.replace_all_uses_with(back)
+        graph.erase_node(user)
+        made += [computed, back]
+    graph.erase_node(view)
+    # Another view of a product that a user now reads directly may be dead: erased, so that
+    # the product it reshaped has that user alone and can head an epilogue too.
+    for other in dead:
+        if not other.users and not getattr(other, "_erased", False):
+            graph.erase_node(other)
+    return made
+
+
+def _fake(mode: Any) -> Any:
+    return mode if mode is not None else contextlib.nullcontext()
 
 
 def _inexactly_lowered(node: fx.Node) -> bool:
@@ -326,6 +494,7 @@ def partition(
     if fuse:
         result.rewrites = rewrite(gm)
         expand_inexact_lowerings(gm)  # alone, such a node runs eagerly; fused, exactly
+        sink_views(gm.graph)  # a 3-D linear's activation becomes its matmul's epilogue
     target_key = target.key()
     fused: set[fx.Node] = set()
     for group in fused_groups(gm, target) if fuse else []:
@@ -392,9 +561,13 @@ def partition(
         if fuse:  # a decomposition may write attention out (nn.TransformerEncoderLayer's does)
             fused_attention = fuse_attention(gm.graph, set(replacement))
             result.rewrites += [n.meta[REWRITE] for n in fused_attention]
+            # ... and calls of its own that the whole graph's clean-up did not see.
+            made = drop_unused_outputs(gm, set(replacement))
+            made += sink_views(gm.graph, set(replacement) | set(made))
             order = {n: i for i, n in enumerate(gm.graph.nodes)}
             replacement = sorted(
-                [n for n in replacement if n in order] + fused_attention, key=order.__getitem__
+                {n for n in replacement if n in order} | set(fused_attention) | set(made),
+                key=order.__getitem__,
             )
         for new in replacement:
             depth[new] = level + 1
@@ -408,6 +581,9 @@ def partition(
     for task in result.tasks:
         if len(task.nodes) > 1:  # a group's input may since have been decomposed and replaced
             task.input_nodes[:] = group_inputs(task.nodes)
+    # In the order the graph computes them, as `kope import`'s @main calls them.
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    result.tasks.sort(key=lambda task: order[task.node])
     return result
 
 

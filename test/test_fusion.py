@@ -95,6 +95,20 @@ class ScaledResidual(nn.Module):
         return r + 0.5 * torch.bmm(a, b)
 
 
+class LinearResidual(nn.Module):
+    """A linear on a 3-D activation with a scaled residual; `other` is added as well, read
+    with other strides (it cannot be viewed as the product's rows, so it stays apart)."""
+
+    def __init__(self, transposed: bool = False) -> None:
+        super().__init__()
+        self.linear = nn.Linear(31, 31)
+        self.transposed = transposed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x + 0.5 * self.linear(x)
+        return y + x.transpose(0, 1) if self.transposed else y
+
+
 CASES = {
     # name: (model, inputs, ops the fused Task must hold)
     "rms_norm": (RmsNorm(129), (torch.randn(37, 129),), {"mean", "rsqrt", "mul"}),
@@ -116,6 +130,16 @@ CASES = {
         (torch.randn(3, 11, 17), torch.randn(3, 17, 9), torch.randn(3, 11, 9)),
         {"bmm", "mul", "add"},
     ),
+    # A linear on a 3-D activation reads and writes it through views (x viewed as rows,
+    # the product viewed back): they sink below the epilogue (`kope.partition.sink_views`).
+    "linear_gelu_3d": (LinearGelu(), (torch.randn(3, 5, 29),), {"addmm", "tanh", "mul"}),
+    "swiglu_3d": (SwiGlu(), (torch.randn(3, 7, 23),), {"mm", "silu", "mul"}),
+    "linear_residual_3d": (LinearResidual(), (torch.randn(2, 9, 31),), {"addmm", "mul", "add"}),
+    "linear_residual_strided": (
+        LinearResidual(transposed=True),
+        (torch.randn(9, 9, 31),),
+        {"addmm", "mul", "add"},
+    ),
 }
 
 
@@ -133,3 +157,13 @@ def test_fused_group_is_one_task_and_matches_eager(name: str) -> None:
         compiled = torch.compile(model, backend="kope", options={"kernels": "reference"})
         got, want = compiled(*inputs), model(*inputs)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_a_3d_linear_and_its_epilogue_are_the_same_task_as_on_rows() -> None:
+    """The views sink, so a linear + GELU on (3, 5, d) is the Task of (15, d) rows, key and
+    all: what was learned on one layout serves the other."""
+    torch.manual_seed(0)
+    model = LinearGelu().eval()
+    rows = trace_tasks(model, (torch.randn(15, 29),), CpuTarget())
+    batched = trace_tasks(model, (torch.randn(3, 5, 29),), CpuTarget())
+    assert [t.key for t in batched] == [t.key for t in rows]

@@ -37,10 +37,6 @@ DIFFERS = {
     "aten.addmm.default": WEIGHTS + " (transpose + matmul + bias add, three outlined functions)",
     "aten.convolution.default": WEIGHTS + " (the padded input is a separate operator)",
     "aten.max_pool2d.default": "the import pads the input with -inf as an operator of its own",
-    "aten.native_layer_norm.default": (
-        "torch.export decomposes layer norm into generics; the backend keeps the decomposed "
-        "encoder layer's native_layer_norm one Task (with its mean and rstd outputs)"
-    ),
     "aten.layer_norm.default": (
         "torch.export decomposes layer norm into mean, variance and normalization generics; "
         "the backend keeps it one Task"

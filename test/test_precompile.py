@@ -245,7 +245,9 @@ def test_precompile_optimizes_a_fast_paths_parts() -> None:
     model, inputs = ZOO["encoder_layer"]()
     tasks, eager = trace(model, inputs, target_for("cpu", 1, 60.0))
     ops = {t.op for t in tasks}
-    assert {"aten.addmm.default", "aten.native_layer_norm.default"} <= ops
+    # The residual add and layer norm fused, the linear and its relu (kope.partition).
+    assert {"aten.addmm.default", "aten.add.Tensor+aten.layer_norm.default"} <= ops
+    assert "aten.addmm.default+aten.relu.default" in ops
     assert "aten.bmm.default" not in ops  # its attention runs as one kernel (kope.rewrites)
     ((op, reason),) = eager
     assert op == "aten._transformer_encoder_layer_fwd.default"
