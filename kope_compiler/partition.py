@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import operator
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +30,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_map
 
 from kope.decompositions import FAST_PATHS, decomposition_table
-from kope.rewrites import REWRITE, fuse_attention, rewrite
+from kope.rewrites import RESHAPES, REWRITE, fuse_attention, rewrite
 from kope.targets.base import Target
 from kope.task import LoweringError, Task, group_inputs, make_task, op_name
 
@@ -247,8 +248,6 @@ def _epilogue_head(
     return max(heads, key=order.__getitem__, default=None)
 
 
-# Reshapes a linear's 3-D activation passes through on its way into and out of a 2-D matmul.
-_RESHAPES = frozenset({aten.view.default, aten._unsafe_view.default, aten.reshape.default})
 # Set on an elementwise node that a view was sunk below (`sink_views`): its input is a
 # contraction's product, directly or through other such nodes, so views below it sink too.
 _SUNK = "kope_view_sunk"
@@ -256,7 +255,7 @@ _SUNK = "kope_view_sunk"
 
 def _reshaped(node: Any) -> fx.Node | None:
     """The tensor `node` reshapes, if it is a reshape of a node."""
-    if not isinstance(node, fx.Node) or node.op != "call_function" or node.target not in _RESHAPES:
+    if not isinstance(node, fx.Node) or node.op != "call_function" or node.target not in RESHAPES:
         return None
     source = node.args[0]
     return source if isinstance(source, fx.Node) else None
@@ -305,11 +304,13 @@ def sink_views(graph: fx.Graph, within: set[fx.Node] | None = None) -> list[fx.N
     at all, and keeps sinking below their users in turn. With `within`, only views of those
     nodes' products."""
     made: list[fx.Node] = []
-    pending = [n for n in graph.nodes if within is None or n in within]
+    pending = deque(n for n in graph.nodes if within is None or n in within)
     while pending:
-        view = pending.pop(0)
+        view = pending.popleft()
+        if view._erased:
+            continue
         product = _reshaped(view)
-        if product is None or getattr(view, "_erased", False):
+        if product is None:
             continue
         if not (_name(product) in _CONTRACTIONS or product.meta.get(_SUNK)):
             continue
@@ -321,12 +322,13 @@ def sink_views(graph: fx.Graph, within: set[fx.Node] | None = None) -> list[fx.N
         if all(_sinks_below(user, view, before, tuple(after.shape)) for user in view.users):
             new = _sink(graph, view, product)
             made += new
-            pending = [n for n in new if n.target in _RESHAPES] + pending
+            pending.extendleft(reversed([n for n in new if n.target in RESHAPES]))
     # An operand read through the inverse view may have sunk since, and the next linear views
     # the product back to 2-D: view(view(y)) to y's own shape is y.
-    for node in [n for n in graph.nodes if within is None or n in within] + made:
+    made_here = set(made)
+    for node in [n for n in graph.nodes if within is None or n in within or n in made_here]:
         source = _reshaped(_reshaped(node))
-        if source is not None and _same_layout(source, node) and not node._erased:
+        if source is not None and _same_layout(source, node):
             inner = node.args[0]
             node.replace_all_uses_with(source)
             graph.erase_node(node)
@@ -366,10 +368,9 @@ def _sink(graph: fx.Graph, view: fx.Node, product: fx.Node) -> list[fx.Node]:
     before, after = _val(product), _val(view)
     assert before is not None and after is not None
     mode = detect_fake_mode([before])
-    order = {n: i for i, n in enumerate(graph.nodes)}
     shape = tuple(after.shape)
     dead: list[fx.Node] = []
-    for user in sorted(view.users, key=order.__getitem__):
+    for user in sorted(view.users):  # fx orders nodes by their place in the graph
         op = user.target
         assert isinstance(op, torch._ops.OpOverload)  # `_sinks_below` checked it
         with graph.inserting_before(user):
@@ -400,7 +401,7 @@ def _sink(graph: fx.Graph, view: fx.Node, product: fx.Node) -> list[fx.Node]:
     # Another view of a product that a user now reads directly may be dead: erased, so that
     # the product it reshaped has that user alone and can head an epilogue too.
     for other in dead:
-        if not other.users and not getattr(other, "_erased", False):
+        if not other.users and not other._erased:
             graph.erase_node(other)
     return made
 
@@ -581,9 +582,9 @@ def partition(
     for task in result.tasks:
         if len(task.nodes) > 1:  # a group's input may since have been decomposed and replaced
             task.input_nodes[:] = group_inputs(task.nodes)
-    # In the order the graph computes them, as `kope import`'s @main calls them.
-    order = {node: i for i, node in enumerate(gm.graph.nodes)}
-    result.tasks.sort(key=lambda task: order[task.node])
+    # In the order the graph computes them (fx orders nodes by place), as `kope import`'s
+    # @main calls them.
+    result.tasks.sort(key=lambda task: task.node)
     return result
 
 

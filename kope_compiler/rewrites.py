@@ -242,7 +242,9 @@ def _random_values(nodes: Sequence[fx.Node]) -> list[torch.Tensor]:
 
 # --- attention as one kernel ------------------------------------------------------------------
 
-_RESHAPES = frozenset({aten.view.default, aten._unsafe_view.default, aten.reshape.default})
+# The reshapes a matmul's operands and products pass through (shared with
+# `kope.partition.sink_views`).
+RESHAPES = frozenset({aten.view.default, aten._unsafe_view.default, aten.reshape.default})
 _SCALES: dict[Any, Callable[[float], float]] = {
     aten.div.Tensor: lambda c: 1.0 / c,
     aten.div.Scalar: lambda c: 1.0 / c,
@@ -284,7 +286,7 @@ def _only_user(node: fx.Node | None, targets: Any) -> fx.Node | None:
 def _unbatched(operand: fx.Node | None) -> fx.Node | None:
     """The rank-4 tensor that matmul's broadcasting turned into this bmm operand: the operand
     is `view(clone(expand(x, x.shape)))` (the clone and expand optional) of it."""
-    node = _input(operand) if _calls(operand, _RESHAPES) else None
+    node = _input(operand) if _calls(operand, RESHAPES) else None
     if _calls(node, aten.clone.default):
         node = _input(node)
     if _calls(node, aten.expand.default):
@@ -328,7 +330,7 @@ def _attention_at(softmax: fx.Node) -> _Attention | None:
             scale = _SCALES[scaling.target](float(factor))
             nodes.append(scaling)
             scores = _input(scaling)
-    scores = _calls(scores, _RESHAPES)
+    scores = _calls(scores, RESHAPES)
     if scores is None or len(scores.users) != 1:
         return None
     first = _calls(_input(scores), aten.bmm.default)
@@ -337,14 +339,14 @@ def _attention_at(softmax: fx.Node) -> _Attention | None:
     nodes += [scores, first]
     q, keys_t = _unbatched(_input(first, 0)), _unbatched(_input(first, 1))
     k = _untransposed(keys_t) if keys_t is not None else None
-    probs = _only_user(softmax, frozenset({aten.expand.default}) | _RESHAPES)
+    probs = _only_user(softmax, frozenset({aten.expand.default}) | RESHAPES)
     if probs is not None and probs.target is aten.expand.default:
         nodes.append(probs)
-        probs = _only_user(probs, _RESHAPES)
+        probs = _only_user(probs, RESHAPES)
     second = _only_user(probs, aten.bmm.default)
     if probs is None or second is None or _input(second, 0) is not probs:
         return None
-    out = _only_user(second, _RESHAPES)
+    out = _only_user(second, RESHAPES)
     v = _unbatched(_input(second, 1))
     if q is None or keys_t is None or k is None or v is None or out is None:
         return None
