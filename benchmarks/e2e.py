@@ -136,9 +136,16 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
 }
 
 
+# Models outside the default set, for `--models`: a stack of convolutions deep enough that
+# KOPE computes it channels-last (`kope.rewrites.channels_last`; one block is not).
+EXTRA_MODELS: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
+    "resnet_stage": lambda: (nn.Sequential(ResNetBlock(), ResNetBlock()), _inputs(1, 32, 28, 28)),
+}
+
+
 def _model(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     torch.manual_seed(0)
-    model, inputs = MODELS[name]()
+    model, inputs = {**MODELS, **EXTRA_MODELS}[name]()
     return model.eval(), inputs
 
 
@@ -219,7 +226,11 @@ def main() -> None:
     )
     parser.add_argument("--precompile", type=int, default=8, help="agent budget (0: none)")
     parser.add_argument("--no-inductor", action="store_true", help="skip the inductor column")
-    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated")
+    parser.add_argument(
+        "--models",
+        default=",".join(MODELS),
+        help=f"comma-separated (default: all six; also: {', '.join(EXTRA_MODELS)})",
+    )
     parser.add_argument("--store", help="experience store (default: a fresh temporary one)")
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument(

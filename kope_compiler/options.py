@@ -34,7 +34,8 @@ class Options:
     fuse: bool = True
     """Fuse connected groups of elementwise and row operators into one kernel each (elementwise
     ones with the matmul before them, as its epilogue), and make the graph rewrites of
-    `kope.rewrites` (batch norm folded, attention as one kernel)."""
+    `kope.rewrites` (batch norm folded, stacks of convolutions channels-last, attention as one
+    kernel)."""
     optimize: bool = False
     """Let the agent optimize operators the store has not seen optimized, inline."""
     agent: str = "heuristic"

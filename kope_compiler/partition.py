@@ -1,7 +1,8 @@
 """Partitioning an aten graph into Tasks, views, and operators that run eagerly (with a reason).
 
-The graph is first rewritten (`kope.rewrites`: batch norm folded into convolutions, attention
-as one kernel), here, so that every road that partitions cuts the same Tasks.
+The graph is first rewritten (`kope.rewrites`: batch norm folded into convolutions, stacks of
+convolutions channels-last, attention as one kernel), here, so that every road that partitions
+cuts the same Tasks.
 A connected group of elementwise and row-reduction nodes whose only value seen outside is its
 output becomes one Task (one kernel, one pass over memory): an elementwise chain, RMSNorm or
 softmax written by hand, GELU-tanh expanded; elementwise ops take the contraction they read
@@ -30,7 +31,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_map
 
 from kope.decompositions import FAST_PATHS, decomposition_table
-from kope.rewrites import RESHAPES, REWRITE, fuse_attention, rewrite
+from kope.rewrites import RESHAPES, REWRITE, fuse_attention, rewrite, tensor_value
 from kope.targets.base import Target
 from kope.task import LoweringError, Task, group_inputs, make_task, op_name
 
@@ -261,11 +262,6 @@ def _reshaped(node: Any) -> fx.Node | None:
     return source if isinstance(source, fx.Node) else None
 
 
-def _val(node: Any) -> torch.Tensor | None:
-    val = node.meta.get("val") if isinstance(node, fx.Node) else None
-    return val if isinstance(val, torch.Tensor) else None
-
-
 def _operand_below(
     arg: Any, view: fx.Node, product: torch.Tensor, shape: tuple[int, ...]
 ) -> tuple[str, Any] | None:
@@ -274,11 +270,11 @@ def _operand_below(
     n) another node, ("view", x) x reshaped to the product's shape; None if it cannot."""
     if arg is view:
         return ("node", view.args[0])
-    val = _val(arg)
+    val = tensor_value(arg)
     if val is None:
         return ("same", arg)  # a scalar
     source = _reshaped(arg)
-    source_val = _val(source)
+    source_val = tensor_value(source)
     if source is not None and source_val is not None and source_val.shape == product.shape:
         return ("node", source)  # another view of a tensor of the product's shape
     if tuple(val.shape) == shape and val.is_contiguous():
@@ -314,7 +310,7 @@ def sink_views(graph: fx.Graph, within: set[fx.Node] | None = None) -> list[fx.N
             continue
         if not (_name(product) in _CONTRACTIONS or product.meta.get(_SUNK)):
             continue
-        before, after = _val(product), _val(view)
+        before, after = tensor_value(product), tensor_value(view)
         if before is None or after is None or not view.users or len(product.users) != 1:
             continue
         if before.shape[-1:] != after.shape[-1:] or not before.is_contiguous():
@@ -338,7 +334,7 @@ def sink_views(graph: fx.Graph, within: set[fx.Node] | None = None) -> list[fx.N
 
 
 def _same_layout(a: fx.Node, b: fx.Node) -> bool:
-    va, vb = _val(a), _val(b)
+    va, vb = tensor_value(a), tensor_value(b)
     return va is not None and vb is not None and va.shape == vb.shape and va.is_contiguous()
 
 
@@ -354,7 +350,7 @@ def _sinks_below(
         and isinstance(target, torch._ops.OpOverload)
         and torch.Tag.pointwise in target.tags
         and not any(_name(reader) in _ROW_OPS for reader in user.users)
-        and tuple(getattr(_val(user), "shape", ())) == shape
+        and tuple(getattr(tensor_value(user), "shape", ())) == shape
         and not any(isinstance(v, fx.Node) for v in user.kwargs.values())
         and all(_operand_below(arg, view, product, shape) is not None for arg in user.args)
     )
@@ -365,7 +361,7 @@ def _sink(graph: fx.Graph, view: fx.Node, product: fx.Node) -> list[fx.Node]:
     Users run in graph order, so one that reads another (GELU's x·x·x) finds it sunk already
     and reads its product directly."""
     made: list[fx.Node] = []
-    before, after = _val(product), _val(view)
+    before, after = tensor_value(product), tensor_value(view)
     assert before is not None and after is not None
     mode = detect_fake_mode([before])
     shape = tuple(after.shape)
@@ -589,19 +585,23 @@ def partition(
 
 
 def _take_rewritten(node: fx.Node, made_by: str, target: Target, result: Partition) -> None:
-    """A node a rewrite made: its fused ATen kernel is a Task where torch-mlir lowers it, else
-    it runs eagerly; never decomposed again (that would undo the rewrite). A rewrite's own
-    steps (folding weights) are no operator of the model."""
-    if not _is_aten_op(node.target):
+    """A node a rewrite made: its ATen operator (a fused kernel, a layout copy) is a Task where
+    torch-mlir lowers it, else it runs eagerly; never decomposed again (that would undo the
+    rewrite). A rewrite's own steps (folding weights) are no operator of the model. A copy in
+    another layout, `clone(permute(x))`, is one Task with its view (a transpose of x, which is
+    contiguous); the view alone is no Task."""
+    if not _is_aten_op(node.target) or node.target.is_view:
         return
     name = op_name(node.target)
+    view = node.args[0] if node.target is aten.clone.default else None
+    group = [view, node] if isinstance(view, fx.Node) and view.meta.get(REWRITE) else node
     if eager_reason(node, target) is None:
         try:
-            result.tasks.append(make_task(node, target.key()))
+            result.tasks.append(make_task(group, target.key()))
             return
         except LoweringError:
             pass
-    result.eager.append(EagerNode(node, name, f"{made_by}: ATen's fused kernel runs it", False))
+    result.eager.append(EagerNode(node, name, f"{made_by}: ATen runs it", False))
 
 
 def decompose_in_place(

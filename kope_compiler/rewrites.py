@@ -10,6 +10,19 @@ rewritten graph and gives its Tasks the same keys.
   the six tensors they come from are the same tensors, unwritten (identity, storage and version
   counter): a weight written in place after compiling, or a checkpoint loaded into the model,
   is folded again on the next call.
+- **Convolutions channels-last** (on CPU): oneDNN runs a convolution on NCHW activations by
+  reordering them to its own layout and back on every call; on NHWC (channels-last) ones it
+  does not (a 3×3 32→32 convolution at 28×28: 141 against 174-196 µs, 2-core AVX2). A region
+  of convolutions and the elementwise ops between them is computed on NHWC tensors: a 4-D
+  tensor entering it is copied to NHWC once (a transpose), a convolution reads a permuted
+  view of it (NCHW in shape, channels-last in strides) with its weight channels-last (kept
+  like a folded weight) and its product is viewed back as NHWC, elementwise ops run on the
+  NHWC tensors as they are (their small broadcast operands permuted alike), and a value
+  leaving the region is copied back to NCHW once. Each copy costs about what one
+  convolution of that activation saves (20-27 µs for 1×32×28×28), so a region is rewritten
+  only when it has two convolutions per copy (`CONVS_PER_COPY`): a stack of residual blocks,
+  not one block or a lone convolution. Its elementwise Tasks see contiguous NHWC tensors, as
+  KOPE's kernels take them.
 - **Attention as one kernel**: scores `q @ kᵀ`, an optional scale, a softmax over the last dim
   and the weighted sum `@ v` — as hand-written attention and KOPE's own decomposition of
   `nn.TransformerEncoderLayer` trace — become one `scaled_dot_product_attention` (a flash
@@ -45,11 +58,12 @@ aten = torch.ops.aten
 REWRITE = "kope_rewrite"
 FOLDED_BATCH_NORM = "batch norm folded into the convolution before it"
 FUSED_ATTENTION = "attention as one scaled_dot_product_attention"
+CHANNELS_LAST = "convolutions computed channels-last"
 
 
 def rewrite(gm: fx.GraphModule) -> list[str]:
     """Apply every rewrite to `gm`'s graph in place; the names of those made, one per site."""
-    made = fold_batch_norms(gm.graph) + fuse_attention(gm.graph)
+    made = fold_batch_norms(gm.graph) + channels_last(gm.graph) + fuse_attention(gm.graph)
     return [node.meta[REWRITE] for node in made]
 
 
@@ -64,34 +78,65 @@ _BATCH_NORMS = frozenset(
 )
 
 
-class FoldedBatchNorm:
-    """A graph node's callable: (weight, bias) of a convolution with the eval-mode batch norm
-    after it folded in, kept while its inputs are the same tensors, unwritten."""
+class _Kept:
+    """A graph node's callable computing tensors from weights: the result is kept while its
+    inputs are the same tensors, unwritten (identity, storage and version counter), so a
+    weight written in place after compiling, or a checkpoint loaded, is used on the next call."""
 
-    def __init__(self, eps: float):
-        self.eps = eps
-        self.__name__ = "kope_folded_batch_norm"
+    name = ""
+
+    def __init__(self) -> None:
+        self.__name__ = self.name
         self._inputs: tuple[Any, ...] = ()
         self._stamps: tuple[Any, ...] = ()
-        self._folded: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.folds = 0  # how many times the weights were folded (tests read it)
+        self._kept: Any = None
+        self.computed = 0  # how many times the result was computed (tests read it)
 
-    def __call__(self, *inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        # (weight, bias, gamma, beta, mean, var); a plain loop: this runs on every call.
-        if self._folded is not None:
+    def compute(self, *inputs: Any) -> Any:
+        raise NotImplementedError
+
+    def __call__(self, *inputs: Any) -> Any:
+        # A plain loop: this runs on every call.
+        if self._kept is not None:
             for t, cached, stamp in zip(inputs, self._inputs, self._stamps, strict=True):
                 if t is not cached or (t is not None and (t._version, t.data_ptr()) != stamp):
                     break
             else:
-                return self._folded
-        folded = fold_batch_norm(inputs, self.eps)
-        self.folds += 1
-        # An inference tensor counts no writes: its fold cannot be kept.
+                return self._kept
+        result = self.compute(*inputs)
+        self.computed += 1
+        # An inference tensor counts no writes: its result cannot be kept.
         if not any(t is not None and t.is_inference() for t in inputs):
             self._inputs = inputs
             self._stamps = tuple(None if t is None else (t._version, t.data_ptr()) for t in inputs)
-            self._folded = folded
-        return folded
+            self._kept = result
+        return result
+
+
+class FoldedBatchNorm(_Kept):
+    """(weight, bias) of a convolution with the eval-mode batch norm after it folded in, from
+    (weight, bias, gamma, beta, mean, var)."""
+
+    name = "kope_folded_batch_norm"
+
+    def __init__(self, eps: float):
+        super().__init__()
+        self.eps = eps
+
+    def compute(self, *inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return fold_batch_norm(inputs, self.eps)
+
+
+class ChannelsLastWeight(_Kept):
+    """A convolution's weight in channels-last strides (the layout oneDNN takes it in beside
+    channels-last activations, without a reorder per call)."""
+
+    name = "kope_channels_last_weight"
+
+    def compute(self, *inputs: Any) -> torch.Tensor:
+        (weight,) = inputs
+        with torch.no_grad():
+            return _channels_last(weight)
 
 
 def fold_batch_norm(sources: Sequence[Any], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -240,6 +285,242 @@ def _random_values(nodes: Sequence[fx.Node]) -> list[torch.Tensor]:
     return verify.make_inputs(specs, verify.Trial("random", 0))
 
 
+# --- convolutions channels-last -----------------------------------------------------------
+
+_TO_NHWC = [0, 2, 3, 1]
+# A region is computed channels-last when it has at least this many convolutions per layout
+# copy. Measured on ResNet basic blocks (1×32×28×28, 2-core AVX2; batch norms folded in both
+# arms): a copy costs 20-27 µs (ATen's strided copy loop) and a convolution saves about
+# as much, so one block (2 convolutions, 2 copies) ran 0.97× of NCHW, two blocks 1.03×, four
+# 1.07× (`python benchmarks/channels_last.py`).
+CONVS_PER_COPY = 2
+_TO_NCHW = [0, 3, 1, 2]
+
+
+def _nchw_convolution(node: fx.Node) -> bool:
+    """A 2-D convolution of a float NCHW activation on the CPU with a weight from the graph."""
+    if node.op != "call_function" or node.target is not aten.convolution.default:
+        return False
+    args = _arguments(node)
+    x, weight, val = tensor_value(args["input"]), tensor_value(args["weight"]), tensor_value(node)
+    return (
+        x is not None
+        and weight is not None
+        and val is not None
+        and not args["transposed"]
+        and x.dim() == 4
+        and weight.dim() == 4
+        and x.dtype.is_floating_point
+        and x.device.type == "cpu"
+        and x.is_contiguous()
+        and val.is_contiguous()
+    )
+
+
+def _nhwc_elementwise(node: fx.Node) -> bool:
+    """An elementwise op of 4-D contiguous tensors that computes the same on their NHWC
+    permutations: its tensor operands broadcast to its output, its other operands are
+    numbers."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    val = tensor_value(node)
+    op = node.target
+    if torch.Tag.pointwise not in op.tags or node.kwargs or op.is_view or op._schema.is_mutable:
+        return False
+    if val is None or val.dim() != 4 or not val.is_contiguous() or val.device.type != "cpu":
+        return False
+    for arg in node.args:
+        if isinstance(arg, fx.Node):
+            operand = tensor_value(arg)
+            if operand is None or operand.dim() > 4:
+                return False
+            trailing = val.shape[val.dim() - operand.dim() :]
+            if any(a not in (1, b) for a, b in zip(operand.shape, trailing, strict=True)):
+                return False
+        elif not isinstance(arg, (int, float, bool)):
+            return False
+    return True
+
+
+def _channels_last_regions(graph: fx.Graph) -> list[list[fx.Node]]:
+    """Connected groups (in graph order) of NCHW convolutions and the elementwise ops that
+    read them or each other, each with at least one convolution."""
+    member = {n for n in graph.nodes if _nchw_convolution(n) or _nhwc_elementwise(n)}
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    seen: set[fx.Node] = set()
+    regions = []
+    for start in graph.nodes:
+        if start in seen or not _nchw_convolution(start):
+            continue
+        region, pending = {start}, [start]
+        while pending:
+            node = pending.pop()
+            # A convolution joins through its activation only: its weight stays outside.
+            inputs = [node.args[0]] if node.target is aten.convolution.default else node.args
+            neighbours = [a for a in inputs if isinstance(a, fx.Node)] + list(node.users)
+            for other in neighbours:
+                if other in member and other not in region and _joins(other, node):
+                    region.add(other)
+                    pending.append(other)
+        seen |= region
+        regions.append(sorted(region, key=order.__getitem__))
+    return regions
+
+
+def _joins(other: fx.Node, node: fx.Node) -> bool:
+    """Whether `other`, a neighbour of region member `node`, joins it: a convolution joins
+    and is joined through its activation only (a weight computed by an elementwise op stays
+    NCHW)."""
+    if other.target is aten.convolution.default:
+        return other.args[0] is node
+    if node.target is aten.convolution.default:
+        return other in node.users or other is node.args[0]
+    return True
+
+
+def _copies(region: list[fx.Node]) -> tuple[list[fx.Node], list[fx.Node]]:
+    """The 4-D tensors a region reads whole from outside (each copied to NHWC once) and its
+    members read outside it (each copied back once)."""
+    inside = set(region)
+    entering: dict[fx.Node, None] = {}
+    for node in region:
+        operands = [node.args[0]] if node.target is aten.convolution.default else node.args
+        for arg in operands:
+            if isinstance(arg, fx.Node) and arg not in inside and _whole(arg, node):
+                entering[arg] = None
+    leaving = [n for n in region if any(user not in inside for user in n.users)]
+    return list(entering), leaving
+
+
+def _whole(arg: fx.Node, node: fx.Node) -> bool:
+    """Whether operand `arg` of `node` is as large as its output (else it is broadcast)."""
+    operand, val = tensor_value(arg), tensor_value(node)
+    return (
+        operand is not None
+        and val is not None
+        and operand.dim() == 4
+        and (operand.numel() == val.numel() or node.target is aten.convolution.default)
+    )
+
+
+def channels_last(graph: fx.Graph, convs_per_copy: float = CONVS_PER_COPY) -> list[fx.Node]:
+    """Compute on NHWC tensors each region with at least `convs_per_copy` convolutions per
+    layout copy; one node per region rewritten."""
+    made = []
+    for region in _channels_last_regions(graph):
+        entering, leaving = _copies(region)
+        convolutions = sum(n.target is aten.convolution.default for n in region)
+        copies = len(entering) + len(leaving)
+        if convolutions < convs_per_copy * copies:
+            log.debug("convolutions kept NCHW: %d of them, %d layout copies", convolutions, copies)
+            continue
+        first = _rewrite_channels_last(graph, region, entering, leaving)
+        if first is not None:
+            made.append(first)
+    return made
+
+
+def _channels_last(weight: torch.Tensor) -> torch.Tensor:
+    return weight.contiguous(memory_format=torch.channels_last)
+
+
+def _fake_call(target: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """`target`'s value on the fake values of `args` (nodes) and literals."""
+    values = [tensor_value(a) if isinstance(a, fx.Node) else a for a in args]
+    mode = detect_fake_mode([v for v in values if isinstance(v, torch.Tensor)])
+    assert mode is not None, "an aten graph's values are fake tensors"
+    with mode:
+        out: torch.Tensor = target(*values, **kwargs)
+    return out
+
+
+def _rewrite_channels_last(
+    graph: fx.Graph, region: list[fx.Node], entering: list[fx.Node], leaving: list[fx.Node]
+) -> fx.Node | None:
+    """Rewrite one region to NHWC, checked against the original on seeded random inputs; its
+    first channels-last weight, or None (graph unchanged) if the two disagree."""
+    inside = set(region)
+    made: list[fx.Node] = []
+    marker: fx.Node | None = None  # what the report counts: the region's first weight
+    nhwc: dict[fx.Node, fx.Node] = {}  # a region member or entering tensor -> its NHWC value
+
+    def call(
+        target: Any, *args: Any, fake: Any = None, rewrite: bool = False, **kwargs: Any
+    ) -> fx.Node:
+        node = graph.call_function(target, tuple(args), kwargs)
+        node.meta["val"] = _fake_call(fake or target, *args, **kwargs)
+        if rewrite:  # the rewrite's own steps, not operators of the model
+            node.meta[REWRITE] = CHANNELS_LAST
+        made.append(node)
+        return node
+
+    def copy(tensor: fx.Node, permutation: list[int]) -> fx.Node:
+        # A transpose Task of its own (`kope.partition` takes the pair as one group): linalg
+        # lowers it where `permute_copy` does not, and its input is contiguous.
+        view = call(aten.permute.default, tensor, permutation, rewrite=True)
+        return call(
+            aten.clone.default, view, rewrite=True, memory_format=torch.contiguous_format
+        )
+
+    def operand(arg: Any, user: fx.Node) -> Any:
+        if not isinstance(arg, fx.Node):
+            return arg
+        if arg in nhwc:
+            return nhwc[arg]
+        if arg not in inside and _whole(arg, user):
+            nhwc[arg] = copy(arg, _TO_NHWC)
+            return nhwc[arg]
+        val = tensor_value(arg)
+        assert val is not None
+        if val.dim() == 0:
+            return arg
+        # Broadcast (a bias per channel, a scale per sample): the same permutation, as a view.
+        full = arg
+        if val.dim() < 4:
+            full = call(aten.view.default, arg, [1] * (4 - val.dim()) + list(val.shape))
+        return call(aten.permute.default, full, _TO_NHWC)
+
+    for node in region:
+        with graph.inserting_before(node):
+            if node.target is aten.convolution.default:
+                args = _positional(node)
+                activation = call(aten.permute.default, operand(args[0], node), _TO_NCHW)
+                weight = call(ChannelsLastWeight(), args[1], fake=_channels_last, rewrite=True)
+                marker = marker or weight
+                conv = call(aten.convolution.default, activation, weight, *args[2:])
+                nhwc[node] = call(aten.permute.default, conv, _TO_NHWC)
+            else:
+                nhwc[node] = call(node.target, *[operand(a, node) for a in node.args])
+    back = {}
+    for node in leaving:
+        with graph.inserting_before(node):  # after its NHWC value, made before it
+            back[node] = copy(nhwc[node], _TO_NCHW)
+    inputs = list(dict.fromkeys(a for n in region for a in n.all_input_nodes if a not in inside))
+    with unset_fake_temporarily():
+        agrees = all(_region_agrees(inputs, region, made, node, back[node]) for node in leaving)
+    if not agrees:
+        for node in reversed(made):
+            graph.erase_node(node)
+        return None
+    for node in leaving:
+        node.replace_all_uses_with(back[node], delete_user_cb=lambda user: user not in inside)
+    for node in reversed(region):
+        graph.erase_node(node)
+    return marker
+
+
+def _region_agrees(
+    inputs: list[fx.Node], region: list[fx.Node], made: list[fx.Node], old: fx.Node, new: fx.Node
+) -> bool:
+    order = {n: i for i, n in enumerate(old.graph.nodes)}
+    values = _random_values(inputs)
+    want = subgraph(inputs, region, old)(*values)
+    got = subgraph(inputs, sorted(made, key=order.__getitem__), new)(*values)
+    weights = [tensor_value(n.args[1]) for n in region if n.target is aten.convolution.default]
+    reduction = max(int(w[0].numel()) for w in weights if w is not None)
+    return _agrees(CHANNELS_LAST, got, want, reduction)
+
+
 # --- attention as one kernel ------------------------------------------------------------------
 
 # The reshapes a matmul's operands and products pass through (shared with
@@ -255,10 +536,16 @@ _SCALES: dict[Any, Callable[[float], float]] = {
 _LAYOUT_BOUND = frozenset({aten.view.default, aten._unsafe_view.default})
 
 
+def tensor_value(node: Any) -> torch.Tensor | None:
+    """A node's tensor value (fake, from tracing); None for anything else."""
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
 def _shape(node: Any) -> tuple[int, ...]:
     """The shape of a node's tensor value; () for anything else."""
-    val = node.meta.get("val") if isinstance(node, fx.Node) else None
-    return tuple(val.shape) if isinstance(val, torch.Tensor) else ()
+    val = tensor_value(node)
+    return tuple(val.shape) if val is not None else ()
 
 
 def _input(node: fx.Node | None, index: int = 0) -> fx.Node | None:

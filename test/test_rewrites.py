@@ -18,7 +18,7 @@ import torch.nn as nn
 import kope
 from kope import rewrites
 from kope.precompile import trace_tasks
-from kope.rewrites import FOLDED_BATCH_NORM, FUSED_ATTENTION, FoldedBatchNorm
+from kope.rewrites import CHANNELS_LAST, FOLDED_BATCH_NORM, FUSED_ATTENTION, FoldedBatchNorm
 from kope.targets.cpu import CpuTarget
 
 
@@ -138,12 +138,12 @@ def test_a_fold_of_inference_tensors_is_redone_on_every_call() -> None:
     folder = FoldedBatchNorm(1e-5)
     for _ in range(3):
         folder(weight, None, None, None, mean, var)
-    assert folder.folds == 3
+    assert folder.computed == 3
     kept = FoldedBatchNorm(1e-5)
     weight, mean, var = weight.clone(), mean.clone(), var.clone()
     for _ in range(3):
         kept(weight, None, None, None, mean, var)
-    assert kept.folds == 1
+    assert kept.computed == 1
 
 
 def test_a_convolution_whose_output_is_used_elsewhere_is_not_folded(tmp_path: Path) -> None:
@@ -212,3 +212,63 @@ def test_a_rewrite_that_disagrees_with_the_original_is_not_made(
         torch.testing.assert_close(compiled(q, k, v), model(q, k, v), rtol=1e-4, atol=1e-5)
     assert _rewrites() == []
     assert "rewrite not made (attention" in caplog.text
+
+
+class Residual(nn.Module):
+    """A ResNet basic block at odd sizes, with a scale per channel between its convolutions
+    (a broadcast operand the NHWC region must permute alike)."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.a = ConvBn(nn.Conv2d(channels, channels, 3, padding=1, bias=False))
+        self.b = ConvBn(nn.Conv2d(channels, channels, 3, padding=1), relu=False)
+        self.scale = nn.Parameter(torch.rand(channels, 1, 1) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.b(self.a(x) * self.scale) + x)
+
+
+def _stack(blocks: int, channels: int = 5) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(*[Residual(channels) for _ in range(blocks)]).eval()
+
+
+def test_a_stack_of_convolutions_is_computed_channels_last(tmp_path: Path) -> None:
+    """Two blocks: four convolutions, two layout copies (the input in, the output back)."""
+    model = _stack(2)
+    x = torch.randn(2, 5, 9, 11)
+    tasks = trace_tasks(model, (x,), CpuTarget())
+    copies = [t for t in tasks if "permute" in t.op]  # a transpose Task each
+    assert [t.spec.outputs[0].shape for t in copies] == [(2, 9, 11, 5), (2, 5, 9, 11)]
+    elementwise = [t for t in tasks if "convolution" not in t.op and t not in copies]
+    assert elementwise and all(t.spec.inputs[0].shape == (2, 9, 11, 5) for t in elementwise)
+    with torch.no_grad():
+        for kernels in ("eager", "reference"):
+            compiled = _compiled(model, tmp_path, kernels)
+            got = compiled(x)
+            torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-5)
+            assert got.is_contiguous()  # back in the layout eager returns
+            assert _rewrites().count(CHANNELS_LAST) == 1
+            ran = [t for g in kope.report().graphs for t in g.tasks if "permute" in t.op]
+            assert len(ran) == 2, ran
+
+
+def test_one_block_stays_nchw_its_copies_cost_what_its_convolutions_save(tmp_path: Path) -> None:
+    model = _stack(1)
+    x = torch.randn(2, 5, 9, 11)
+    with torch.no_grad():
+        compiled = _compiled(model, tmp_path)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    assert CHANNELS_LAST not in _rewrites()
+
+
+def test_channels_last_weights_follow_writes_after_compiling(tmp_path: Path) -> None:
+    model = _stack(2)
+    x = torch.randn(1, 5, 8, 8)
+    with torch.no_grad():
+        compiled = _compiled(model, tmp_path, "reference")
+        compiled(x)
+        model[1].b.conv.weight.mul_(-2)  # written in place
+        model[0].scale.add_(1)  # a broadcast operand, read each call
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    assert _rewrites().count(CHANNELS_LAST) == 1
