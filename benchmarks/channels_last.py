@@ -1,14 +1,15 @@
 """What computing convolutions channels-last (`kope.rewrites.channels_last`) moves, by depth.
 
 For stacks of 1, 2 and 4 ResNet basic blocks (e2e's `ResNetBlock`, 1×32×28×28 by default),
-the aten graph KOPE compiles is run three ways, every operator eager, called directly (no
-dynamo frame): as traced ("aten": batch norms separate), with batch norms folded ("folded"),
-and folded with its convolutions computed on NHWC tensors ("channels_last": layout copies in
-and out of the region included). The three are timed against each other, interleaved, by
-`kope.targets.measure.measure_interleaved` (clean-round rules; `~` marks a figure whose rounds
-were disturbed), each sample ~20 ms. The ratio is folded / channels_last: what the layout
-itself moves. A stack whose region has fewer than `CONVS_PER_COPY` convolutions per layout copy
-is not rewritten by the backend; this script rewrites every depth regardless, to show why.
+the aten graph KOPE compiles is run four ways, called directly (no dynamo frame): as traced
+("aten": batch norms separate), with batch norms folded ("folded"), and folded with its
+convolutions computed on NHWC tensors, its two layout copies (into the region and out of it)
+run by ATen ("nhwc_aten_copies") or by KOPE transpose kernels ("nhwc_kope_copies": the heuristic
+agent's first-ranked transpose schedule, built and checked here; what `kope precompile` finds
+at budget 8 is at least as fast). Every other operator runs eagerly. The four are timed
+against each other, interleaved, by `kope.targets.measure.measure_interleaved` (clean-round
+rules; `~` marks a figure whose rounds were disturbed), each sample ~20 ms. The ratios are
+folded / nhwc: what the layout itself moves, with each kind of copy.
 
     python benchmarks/channels_last.py [--blocks 1,2,4] [--channels 32] [--size 28]
 
@@ -27,9 +28,54 @@ import torch.nn as nn
 from e2e import ResNetBlock
 
 from kope import rewrites
+from kope.agents.heuristic import candidate_space
+from kope.agents.schedules import kernel_source
 from kope.backend import aten_inference_graph
 from kope.dispatch import fast_operators
+from kope.passes.analysis import analyze, prepare_payload
+from kope.targets.cpu import CpuTarget, build_kernel
 from kope.targets.measure import MeasureConfig, measure_interleaved
+from kope.task import make_task
+from kope.vocabulary.kernels import Kernel
+
+
+class _Transpose:
+    """A layout copy run by a KOPE transpose kernel: the heuristic agent's first-ranked
+    schedule for it, checked against ATen's copy once."""
+
+    def __init__(self, view: fx.Node, copy: fx.Node, target: CpuTarget):
+        task = make_task([view, copy], target.key())
+        payload = prepare_payload(task.payload)
+        info = analyze(payload)
+        space = candidate_space(info, target.capabilities())
+        config = max(space, key=lambda point: point[1])[0]
+        self.kernel = build_kernel(task.spec, Kernel(kernel_source(payload, info, config)))
+        self.permutation = list(view.args[1])  # type: ignore[arg-type]
+        self.shape = tuple(copy.meta["val"].shape)
+        self.checked = False
+        self.__name__ = "kope_transpose"
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(self.shape, dtype=x.dtype)
+        self.kernel.run([x], [out])
+        if not self.checked:
+            assert torch.equal(out, x.permute(*self.permutation).contiguous())
+            self.checked = True
+        return out
+
+
+def _kope_copies(gm: fx.GraphModule) -> None:
+    """Run each layout copy (`clone(permute(x))` the rewrite made) by a KOPE kernel."""
+    target = CpuTarget()
+    for node in list(gm.graph.nodes):
+        view = node.args[0] if node.target is torch.ops.aten.clone.default else None
+        if isinstance(view, fx.Node) and view.meta.get(rewrites.REWRITE):
+            transpose = _Transpose(view, node, target)
+            with gm.graph.inserting_before(node):
+                call = gm.graph.call_function(transpose, (view.args[0],))
+            node.replace_all_uses_with(call)
+            gm.graph.erase_node(node)
+            gm.graph.erase_node(view)
 
 
 def _graphs(model: nn.Module, x: torch.Tensor) -> dict[str, tuple[fx.GraphModule, list[Any]]]:
@@ -44,12 +90,14 @@ def _graphs(model: nn.Module, x: torch.Tensor) -> dict[str, tuple[fx.GraphModule
     torch.compile(model, backend=capture)(x)
     gm, inputs = captured["gm"], captured["inputs"]
     graphs = {}
-    for name in ("aten", "folded", "channels_last"):
+    for name in ("aten", "folded", "nhwc_aten_copies", "nhwc_kope_copies"):
         aten = aten_inference_graph(gm, inputs)
         if name != "aten":
             rewrites.fold_batch_norms(aten.graph)
-        if name == "channels_last":
-            rewrites.channels_last(aten.graph, convs_per_copy=0)
+        if name.startswith("nhwc"):
+            assert rewrites.channels_last(aten.graph, convs_per_copy=0), "no region rewritten"
+        if name == "nhwc_kope_copies":
+            _kope_copies(aten)
         fast_operators(aten.graph)
         aten.recompile()
         graphs[name] = (aten, inputs)
@@ -84,8 +132,13 @@ def main() -> None:
         cells = "  ".join(
             f"{n} {t.median_us:8.1f} µs{'' if t.clean else ' ~'}" for n, t in timings.items()
         )
-        ratio = timings["folded"].median_us / timings["channels_last"].median_us
-        print(f"{depth} block(s), {2 * depth} convolutions:  {cells}  channels-last {ratio:.3f}x")
+        folded = timings["folded"].median_us
+        ratios = ", ".join(
+            f"{n.removeprefix('nhwc_')} {folded / t.median_us:.3f}x"
+            for n, t in timings.items()
+            if n.startswith("nhwc")
+        )
+        print(f"{depth} block(s), {2 * depth} convolutions:  {cells}\n  NHWC over folded: {ratios}")
 
 
 if __name__ == "__main__":

@@ -590,7 +590,7 @@ def _take_rewritten(node: fx.Node, made_by: str, target: Target, result: Partiti
     rewrite). A rewrite's own steps (folding weights) are no operator of the model. A copy in
     another layout, `clone(permute(x))`, is one Task with its view (a transpose of x, which is
     contiguous); the view alone is no Task."""
-    if not _is_aten_op(node.target) or node.target.is_view:
+    if not isinstance(node.target, torch._ops.OpOverload) or node.target.is_view:
         return
     name = op_name(node.target)
     view = node.args[0] if node.target is aten.clone.default else None

@@ -18,10 +18,11 @@ rewritten graph and gives its Tasks the same keys.
   view of it (NCHW in shape, channels-last in strides) with its weight channels-last (kept
   like a folded weight) and its product is viewed back as NHWC, elementwise ops run on the
   NHWC tensors as they are (their small broadcast operands permuted alike), and a value
-  leaving the region is copied back to NCHW once. Each copy costs about what one
-  convolution of that activation saves (20-27 µs for 1×32×28×28), so a region is rewritten
-  only when it has two convolutions per copy (`CONVS_PER_COPY`): a stack of residual blocks,
-  not one block or a lone convolution. Its elementwise Tasks see contiguous NHWC tensors, as
+  leaving the region is copied back to NCHW once. A copy (20-25 µs for 1×32×28×28) and a
+  convolution's views cost about what the convolution saves, so a region is rewritten only
+  when it has two convolutions per copy (`CONVS_PER_COPY`): a stack of residual blocks, not
+  one block or a lone convolution. Depthwise convolutions stay NCHW (KOPE's own kernels for
+  them beat oneDNN's). Its elementwise Tasks see contiguous NHWC tensors, as
   KOPE's kernels take them.
 - **Attention as one kernel**: scores `q @ kᵀ`, an optional scale, a softmax over the last dim
   and the weighted sum `@ v` — as hand-written attention and KOPE's own decomposition of
@@ -290,15 +291,19 @@ def _random_values(nodes: Sequence[fx.Node]) -> list[torch.Tensor]:
 _TO_NHWC = [0, 2, 3, 1]
 # A region is computed channels-last when it has at least this many convolutions per layout
 # copy. Measured on ResNet basic blocks (1×32×28×28, 2-core AVX2; batch norms folded in both
-# arms): a copy costs 20-27 µs (ATen's strided copy loop) and a convolution saves about
-# as much, so one block (2 convolutions, 2 copies) ran 0.97× of NCHW, two blocks 1.03×, four
-# 1.07× (`python benchmarks/channels_last.py`).
+# arms, `python benchmarks/channels_last.py`): one block (2 convolutions, 2 copies) ran 0.99×
+# of NCHW, two blocks 1.06×, four 1.10×. Per node, a convolution saves ~35 µs, its two views
+# and its weight's check cost ~10, and a copy costs 20-25 µs inside the graph whether ATen or
+# a KOPE transpose kernel runs it (the kernel takes 6-8 µs alone: in the graph it reads what
+# the other core's half of the convolution left in that core's cache).
 CONVS_PER_COPY = 2
 _TO_NCHW = [0, 3, 1, 2]
 
 
 def _nchw_convolution(node: fx.Node) -> bool:
-    """A 2-D convolution of a float NCHW activation on the CPU with a weight from the graph."""
+    """A 2-D convolution of a float NCHW activation on the CPU with a weight from the graph,
+    not depthwise: KOPE's own depthwise kernels take NCHW and beat oneDNN's (a depthwise-
+    separable block ran 1.38x eager with them, 0.80x channels-last without)."""
     if node.op != "call_function" or node.target is not aten.convolution.default:
         return False
     args = _arguments(node)
@@ -308,6 +313,7 @@ def _nchw_convolution(node: fx.Node) -> bool:
         and weight is not None
         and val is not None
         and not args["transposed"]
+        and not (args["groups"] > 1 and args["groups"] == x.shape[1])
         and x.dim() == 4
         and weight.dim() == 4
         and x.dtype.is_floating_point
@@ -458,9 +464,7 @@ def _rewrite_channels_last(
         # A transpose Task of its own (`kope.partition` takes the pair as one group): linalg
         # lowers it where `permute_copy` does not, and its input is contiguous.
         view = call(aten.permute.default, tensor, permutation, rewrite=True)
-        return call(
-            aten.clone.default, view, rewrite=True, memory_format=torch.contiguous_format
-        )
+        return call(aten.clone.default, view, rewrite=True, memory_format=torch.contiguous_format)
 
     def operand(arg: Any, user: fx.Node) -> Any:
         if not isinstance(arg, fx.Node):

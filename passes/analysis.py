@@ -53,6 +53,8 @@ class OpInfo:
     ranges: list[int]  # static trip count per loop (0 if unknown)
     init_producers: list[int] = field(default_factory=list)  # ops whose results are its outs
     is_root: bool = False  # produces the function's (first) result
+    # linalg.transpose's: output dim i is input dim permutation[i] (its loops are the output's)
+    permutation: list[int] = field(default_factory=list)
 
     @property
     def reduction_dims(self) -> list[int]:
@@ -164,6 +166,12 @@ def analyze(text: str) -> PayloadInfo:
     func = _main(module)
     originals = _linalg_ops(func)
     names = [op.name for op in originals]
+    permutations = [
+        list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
+        if op.name == "linalg.transpose"
+        else []
+        for op in originals
+    ]
     init_producers = [_init_producers(op, originals) for op in originals]
     root_index = _root_index(func)
     math_ops: set[str] = set()
@@ -184,7 +192,13 @@ def analyze(text: str) -> PayloadInfo:
         iterators, ranges = _loops(op)
         info.ops.append(
             OpInfo(
-                index, names[index], iterators, ranges, init_producers[index], index == root_index
+                index,
+                names[index],
+                iterators,
+                ranges,
+                init_producers[index],
+                index == root_index,
+                permutations[index],
             )
         )
         if op.results:

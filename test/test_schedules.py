@@ -12,13 +12,16 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn as nn
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kope.agents.base import Feedback, ProposalRequest
 from kope.agents.heuristic import HeuristicAgent
 from kope.optimize import task_view
 from kope.partition import partition
+from kope.precompile import trace_tasks
 from kope.targets.cpu import CpuTarget
+from kope.task import Task
 from kope.vocabulary.kernels import Kernel
 
 ATTEMPTS = 3  # proposals checked per operator: the agent's first choices, in its own order
@@ -104,7 +107,10 @@ def target() -> CpuTarget:
 def _proposals_verify(name: str, fn: Callable[..., Any], args: tuple, target: CpuTarget) -> None:
     tasks = partition(make_fx(fn, tracing_mode="fake")(*args), target).tasks
     assert len(tasks) == 1, [t.label for t in tasks]
-    task = tasks[0]
+    _task_proposals_verify(name, tasks[0], target)
+
+
+def _task_proposals_verify(name: str, task: Task, target: CpuTarget) -> None:
     view = task_view(task, target)
     agent = HeuristicAgent(seed=0)
     history: list[Feedback] = []
@@ -140,3 +146,20 @@ def test_nan_sensitive_and_power_schedules_verify(name: str, target: CpuTarget) 
 def test_reduction_schedules_verify(name: str, target: CpuTarget) -> None:
     fn, args = REDUCTIONS[name]
     _proposals_verify(name, fn, args, target)
+
+
+@pytest.mark.parametrize("channels, size", [(5, (9, 11)), (32, (7, 12)), (16, (28, 28))])
+def test_layout_copy_schedules_verify(
+    channels: int, size: tuple[int, int], target: CpuTarget
+) -> None:
+    """The transposes around a stack of convolutions computed channels-last (NCHW to NHWC and
+    back), at sizes whose tiles divide and sizes whose do not."""
+    layers = [nn.Conv2d(channels, channels, 3, padding=1) for _ in range(4)]
+    model = nn.Sequential(*[m for conv in layers for m in (conv, nn.ReLU())]).eval()
+    tasks = trace_tasks(model, (torch.randn(2, channels, *size),), CpuTarget())
+    copies = [t for t in tasks if "permute" in t.op]
+    assert len(copies) == 2, [t.label for t in tasks]
+    for task in copies:
+        first = HeuristicAgent(seed=0).propose(ProposalRequest(task_view(task, target)))
+        assert first is not None and first.config["family"] == "transpose", first
+        _task_proposals_verify(task.label, task, target)

@@ -69,6 +69,12 @@ def describe(config: Config) -> str:
             f"tiles {config['channels']} out-channels x {config['columns']} columns "
             f"x {config['inputs']} in-channels, 1-D decomposition"
         )
+    elif family == "transpose":
+        reads, writes = config["tile"]
+        parts.append(
+            f"tiles of {reads} input rows x {writes} output columns, "
+            f"{config['lowering']} register transposes"
+        )
     if config.get("approximate_math"):
         parts.append("polynomial math")
     return ", ".join(parts)
@@ -254,6 +260,8 @@ def render(info: PayloadInfo, config: Config) -> str:
         return _conv(info, config)
     if family == "depthwise":
         return _depthwise(info, config)
+    if family == "transpose":
+        return _transpose(info, config)
     raise ValueError(f"unknown schedule family {family!r}")
 
 
@@ -545,6 +553,71 @@ def _depthwise(info: PayloadInfo, config: Config) -> str:
         _vectorize_tile(s, tile)
     s.vectorize_function()
     return s.text()
+
+
+TRANSPOSES = {"linalg.transpose"}
+
+
+def transposed_dims(op: OpInfo) -> tuple[int, int]:
+    """A transpose's two contiguous dims, as loops (the output's dims): the one the input's
+    innermost dim becomes, and the output's innermost."""
+    rank = len(op.ranges)
+    return op.permutation.index(rank - 1), rank - 1
+
+
+def _transpose(info: PayloadInfo, config: Config) -> str:
+    """Register tiles that read `reads` contiguous input rows and write `writes` contiguous
+    output rows, transposed in vector registers.
+
+    Left to the rows schedule a transpose vectorizes along the output row and gathers it from
+    input elements a row apart (1x32x28x28 to NHWC: 13 µs, the other way 26 µs, eager's
+    strided copy 20-27); a tile of reads x writes loads whole input vectors, transposes them
+    in registers and stores whole output vectors (6-8 µs both ways, 2-core AVX2; a memcpy of
+    the same 100 KB takes 4.6)."""
+    s = Script()
+    op = info.root
+    handle = s.match_op(op.index)
+    rank = len(op.ranges)
+    reads, writes = transposed_dims(op)
+    threads = config.get("threads", 1)
+    if threads > 1:
+        # The outermost loop wide enough to share, other than the two tiled ones.
+        outer = next(
+            (d for d in range(rank) if d not in (reads, writes) and op.ranges[d] >= threads),
+            reads,
+        )
+        sizes = [0] * rank
+        sizes[outer] = _chunk(op.ranges[outer], threads)
+        handle, _ = s.tile_forall(handle, sizes)
+    tile = [1] * rank
+    tile[reads] = _static_tile(op.ranges[reads], config["tile"][0])
+    tile[writes] = _static_tile(op.ranges[writes], config["tile"][1])
+    handle, _ = s.tile_for(handle, tile)
+    func = s.parent_function(handle)
+    s.vectorize(handle, tile)
+    patterns = [
+        "transform.apply_patterns.vector.transfer_permutation_patterns",
+        "transform.apply_patterns.vector.cast_away_vector_leading_one_dim",
+        "transform.apply_patterns.vector.lower_transpose "
+        f'lowering_strategy = "{config["lowering"]}"',
+        "transform.apply_patterns.tensor.fold_tensor_subset_ops_into_vector_transfers",
+        "transform.apply_patterns.canonicalization",
+    ]
+    s.emit(
+        f"transform.apply_patterns to {func} {{\n    "
+        + "\n    ".join(patterns)
+        + "\n  } : !transform.any_op"
+    )
+    return s.text()
+
+
+def _static_tile(extent: int, target: int) -> int:
+    """A transpose tile that divides its loop (a partial tile would be masked, and a masked
+    transposing read does not lower): the largest divisor up to `target`, or the whole loop
+    when that divisor is under half the target and the loop at most twice it (11 columns:
+    one tile of 11, not 11 of 1)."""
+    tile = fit_tile(extent, target, 1)
+    return extent if 2 * tile <= target and extent <= 2 * target else tile
 
 
 def _vectorize_tile(s: Script, handle: str) -> None:
