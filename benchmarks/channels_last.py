@@ -139,6 +139,28 @@ def main() -> None:
             if n.startswith("nhwc")
         )
         print(f"{depth} block(s), {2 * depth} convolutions:  {cells}\n  NHWC over folded: {ratios}")
+        if depth == 1:
+            _copies_alone(graphs["nhwc_kope_copies"][0])
+
+
+def _copies_alone(gm: fx.GraphModule) -> None:
+    """Each layout copy timed alone, on an input that stays in cache: KOPE's kernel against
+    ATen's strided copy."""
+    for node in gm.graph.nodes:
+        if not isinstance(node.target, _Transpose):
+            continue
+        copy = node.target
+        x = torch.randn(node.args[0].meta["val"].shape)
+        fns = {
+            "kope": lambda c=copy, x=x: c(x),
+            "aten": lambda c=copy, x=x: x.permute(*c.permutation).contiguous(),
+        }
+        threads = dict.fromkeys(fns, torch.get_num_threads())
+        timings = measure_interleaved(fns, MeasureConfig(), threads)
+        cells = "  ".join(
+            f"{n} {t.median_us:.1f} µs{'' if t.clean else ' ~'}" for n, t in timings.items()
+        )
+        print(f"  copy {tuple(x.shape)} -> {copy.shape} alone:  {cells}")
 
 
 if __name__ == "__main__":

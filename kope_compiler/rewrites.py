@@ -294,8 +294,8 @@ _TO_NHWC = [0, 2, 3, 1]
 # arms, `python benchmarks/channels_last.py`): one block (2 convolutions, 2 copies) ran 0.99×
 # of NCHW, two blocks 1.06×, four 1.10×. Per node, a convolution saves ~35 µs, its two views
 # and its weight's check cost ~10, and a copy costs 20-25 µs inside the graph whether ATen or
-# a KOPE transpose kernel runs it (the kernel takes 6-8 µs alone: in the graph it reads what
-# the other core's half of the convolution left in that core's cache).
+# a KOPE transpose kernel runs it (the kernel takes 10-12 µs alone, ATen 22: in the graph it
+# reads what the other core's half of the convolution left in that core's cache).
 CONVS_PER_COPY = 2
 _TO_NCHW = [0, 3, 1, 2]
 

@@ -571,9 +571,9 @@ def _transpose(info: PayloadInfo, config: Config) -> str:
 
     Left to the rows schedule a transpose vectorizes along the output row and gathers it from
     input elements a row apart (1x32x28x28 to NHWC: 13 µs, the other way 26 µs, eager's
-    strided copy 20-27); a tile of reads x writes loads whole input vectors, transposes them
-    in registers and stores whole output vectors (6-8 µs both ways, 2-core AVX2; a memcpy of
-    the same 100 KB takes 4.6)."""
+    strided copy 20-27, in the worker); a tile of reads x writes loads whole input vectors,
+    transposes them in registers and stores whole output vectors (6-8 µs both ways, 2-core
+    AVX2, the kernel alone; a memcpy of the same 100 KB takes 4.6)."""
     s = Script()
     op = info.root
     handle = s.match_op(op.index)
