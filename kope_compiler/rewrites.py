@@ -289,6 +289,7 @@ def _random_values(nodes: Sequence[fx.Node]) -> list[torch.Tensor]:
 # --- convolutions channels-last -----------------------------------------------------------
 
 _TO_NHWC = [0, 2, 3, 1]
+_TO_NCHW = [0, 3, 1, 2]
 # A region is computed channels-last when it has at least this many convolutions per layout
 # copy. Measured on ResNet basic blocks (1×32×28×28, 2-core AVX2; batch norms folded in both
 # arms, `python benchmarks/channels_last.py`): one block (2 convolutions, 2 copies) ran 0.99×
@@ -297,13 +298,12 @@ _TO_NHWC = [0, 2, 3, 1]
 # a KOPE transpose kernel runs it (the kernel takes 10-12 µs alone, ATen 22: in the graph it
 # reads what the other core's half of the convolution left in that core's cache).
 CONVS_PER_COPY = 2
-_TO_NCHW = [0, 3, 1, 2]
 
 
 def _nchw_convolution(node: fx.Node) -> bool:
     """A 2-D convolution of a float NCHW activation on the CPU with a weight from the graph,
     not depthwise: KOPE's own depthwise kernels take NCHW and beat oneDNN's (a depthwise-
-    separable block ran 1.38x eager with them, 0.80x channels-last without)."""
+    separable block's graph ran 1.55x eager's with them, 0.80x channels-last without)."""
     if node.op != "call_function" or node.target is not aten.convolution.default:
         return False
     args = _arguments(node)

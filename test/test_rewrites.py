@@ -17,6 +17,7 @@ import torch.nn as nn
 
 import kope
 from kope import rewrites
+from kope.model_module import model_module
 from kope.precompile import trace_tasks
 from kope.rewrites import CHANNELS_LAST, FOLDED_BATCH_NORM, FUSED_ATTENTION, FoldedBatchNorm
 from kope.targets.cpu import CpuTarget
@@ -272,3 +273,9 @@ def test_channels_last_weights_follow_writes_after_compiling(tmp_path: Path) -> 
         model[0].scale.add_(1)  # a broadcast operand, read each call
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
     assert _rewrites().count(CHANNELS_LAST) == 1
+
+
+def test_a_channels_last_model_imports_as_one_module() -> None:
+    """`kope import` writes the layout copies as the backend runs them: transpose Tasks."""
+    module = model_module(_stack(2), (torch.randn(2, 5, 9, 11),), CpuTarget())
+    assert sum("permute" in task.op for task in module.tasks) == 2
