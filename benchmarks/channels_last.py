@@ -3,10 +3,11 @@
 For stacks of 1, 2 and 4 ResNet basic blocks (e2e's `ResNetBlock`, 1×32×28×28 by default),
 the aten graph KOPE compiles is run four ways, called directly (no dynamo frame): as traced
 ("aten": batch norms separate), with batch norms folded ("folded"), and folded with its
-convolutions computed on NHWC tensors, its two layout copies (into the region and out of it)
-run by ATen ("nhwc_aten_copies") or by KOPE transpose kernels ("nhwc_kope_copies": the heuristic
-agent's first-ranked transpose schedule, built and checked here; what `kope precompile` finds
-at budget 8 is at least as fast). Every other operator runs eagerly. The four are timed
+convolutions computed on NHWC tensors, its layout copies (into the region and out of it) run
+by ATen ("nhwc_aten_copies") or by KOPE transpose kernels ("nhwc_kope_copies": the heuristic
+agent's first-ranked transpose schedule, built and checked here, the copy out with the add and
+ReLU before it in one kernel, as the backend's partition fuses them; what `kope precompile`
+finds at budget 8 is at least as fast). Every other operator runs eagerly. The four are timed
 against each other, interleaved, by `kope.targets.measure.measure_interleaved` (clean-round
 rules; `~` marks a figure whose rounds were disturbed), each sample ~20 ms. The ratios are
 folded / nhwc: what the layout itself moves, with each kind of copy.
@@ -31,51 +32,59 @@ from kope import rewrites
 from kope.agents.heuristic import candidate_space
 from kope.agents.schedules import kernel_source
 from kope.backend import aten_inference_graph
-from kope.dispatch import fast_operators
+from kope.dispatch import fast_operators, subgraph
+from kope.partition import fused_groups
 from kope.passes.analysis import analyze, prepare_payload
 from kope.targets.cpu import CpuTarget, build_kernel
 from kope.targets.measure import MeasureConfig, measure_interleaved
-from kope.task import make_task
+from kope.task import group_inputs, make_task
 from kope.vocabulary.kernels import Kernel
 
 
 class _Transpose:
-    """A layout copy run by a KOPE transpose kernel: the heuristic agent's first-ranked
-    schedule for it, checked against ATen's copy once."""
+    """A layout copy, with the elementwise ops the partitioner fuses before it, run by a KOPE
+    kernel: the heuristic agent's first-ranked transpose schedule for it, checked against the
+    same nodes run eagerly once."""
 
-    def __init__(self, view: fx.Node, copy: fx.Node, target: CpuTarget):
-        task = make_task([view, copy], target.key())
-        payload = prepare_payload(task.payload)
-        info = analyze(payload)
+    def __init__(self, group: list[fx.Node], target: CpuTarget):
+        task = make_task(group, target.key())
+        info = analyze(prepare_payload(task.payload))
         space = candidate_space(info, target.capabilities())
         config = max(space, key=lambda point: point[1])[0]
+        payload = prepare_payload(
+            task.payload, approximate_math=bool(config.get("approximate_math"))
+        )
         self.kernel = build_kernel(task.spec, Kernel(kernel_source(payload, info, config)))
-        self.permutation = list(view.args[1])  # type: ignore[arg-type]
-        self.shape = tuple(copy.meta["val"].shape)
+        self.eager = subgraph(task.input_nodes, group, group[-1])
+        self.shape = tuple(group[-1].meta["val"].shape)
+        self.label = task.label
         self.checked = False
         self.__name__ = "kope_transpose"
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.empty(self.shape, dtype=x.dtype)
-        self.kernel.run([x], [out])
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(self.shape, dtype=inputs[0].dtype)
+        self.kernel.run(list(inputs), [out])
         if not self.checked:
-            assert torch.equal(out, x.permute(*self.permutation).contiguous())
+            torch.testing.assert_close(out, self.eager(*inputs))
             self.checked = True
         return out
 
 
 def _kope_copies(gm: fx.GraphModule) -> None:
-    """Run each layout copy (`clone(permute(x))` the rewrite made) by a KOPE kernel."""
+    """Run each layout copy (`clone(permute(x))` the rewrite made), with the elementwise ops
+    fused before it as the backend's partition fuses them, by a KOPE kernel."""
     target = CpuTarget()
-    for node in list(gm.graph.nodes):
-        view = node.args[0] if node.target is torch.ops.aten.clone.default else None
-        if isinstance(view, fx.Node) and view.meta.get(rewrites.REWRITE):
-            transpose = _Transpose(view, node, target)
-            with gm.graph.inserting_before(node):
-                call = gm.graph.call_function(transpose, (view.args[0],))
-            node.replace_all_uses_with(call)
+    for group in fused_groups(gm, target):
+        if not any(node.meta.get(rewrites.REWRITE) for node in group):
+            continue
+        transpose = _Transpose(group, target)
+        last = group[-1]
+        with gm.graph.inserting_before(last):
+            call = gm.graph.call_function(transpose, tuple(group_inputs(group)))
+        call.meta["val"] = last.meta["val"]  # what a later group's kernel is built for
+        last.replace_all_uses_with(call)
+        for node in reversed(group):
             gm.graph.erase_node(node)
-            gm.graph.erase_node(view)
 
 
 def _graphs(model: nn.Module, x: torch.Tensor) -> dict[str, tuple[fx.GraphModule, list[Any]]]:
@@ -144,23 +153,20 @@ def main() -> None:
 
 
 def _copies_alone(gm: fx.GraphModule) -> None:
-    """Each layout copy timed alone, on an input that stays in cache: KOPE's kernel against
-    ATen's strided copy."""
+    """Each layout copy (with its fused ops) timed alone, on inputs that stay in cache: KOPE's
+    kernel against the same nodes run eagerly."""
     for node in gm.graph.nodes:
         if not isinstance(node.target, _Transpose):
             continue
         copy = node.target
-        x = torch.randn(node.args[0].meta["val"].shape)
-        fns = {
-            "kope": lambda c=copy, x=x: c(x),
-            "aten": lambda c=copy, x=x: x.permute(*c.permutation).contiguous(),
-        }
+        xs = [torch.randn(arg.meta["val"].shape) for arg in node.args]
+        fns = {"kope": lambda c=copy, xs=xs: c(*xs), "aten": lambda c=copy, xs=xs: c.eager(*xs)}
         threads = dict.fromkeys(fns, torch.get_num_threads())
         timings = measure_interleaved(fns, MeasureConfig(), threads)
         cells = "  ".join(
             f"{n} {t.median_us:.1f} µs{'' if t.clean else ' ~'}" for n, t in timings.items()
         )
-        print(f"  copy {tuple(x.shape)} -> {copy.shape} alone:  {cells}")
+        print(f"  {copy.label} alone:  {cells}")
 
 
 if __name__ == "__main__":

@@ -442,7 +442,9 @@ def fused_groups(
     but the output is seen outside it and the group computes in one pass (a chain, each node
     feeding only the next, is the simplest case). A group of elementwise ops then takes the
     contraction (mm, addmm, bmm) it reads, if nothing else reads it, as its head: the ops are
-    the contraction's epilogue (`_epilogue_head`), and a single elementwise op qualifies.
+    the contraction's epilogue (`_epilogue_head`), and a single elementwise op qualifies. A
+    layout copy a rewrite made (`clone(permute(x))`, `kope.rewrites.channels_last`) grows
+    from its view, so the elementwise ops before it write their output transposed.
     Groups are in graph order. With `within`, only those nodes are grouped (the nodes a
     decomposition just made)."""
     nodes = [n for n in gm.graph.nodes if within is None or n in within]
@@ -452,7 +454,7 @@ def fused_groups(
     for sink in reversed(nodes):
         if sink in taken or not _fusible(sink, target):
             continue
-        group = {sink}
+        group = {sink} | _layout_view(sink)
         grown = True
         while grown:
             grown = False
@@ -474,6 +476,14 @@ def fused_groups(
             groups.append(sorted(group, key=order.__getitem__))
             taken.update(group)
     return groups[::-1]
+
+
+def _layout_view(node: fx.Node) -> set[fx.Node]:
+    """The view of a layout copy a rewrite made (`clone(permute(x))`), if `node` is one."""
+    view = node.args[0] if node.target is aten.clone.default and node.args else None
+    if isinstance(view, fx.Node) and view.meta.get(REWRITE) and len(view.users) == 1:
+        return {view}
+    return set()
 
 
 def partition(

@@ -18,11 +18,12 @@ rewritten graph and gives its Tasks the same keys.
   view of it (NCHW in shape, channels-last in strides) with its weight channels-last (kept
   like a folded weight) and its product is viewed back as NHWC, elementwise ops run on the
   NHWC tensors as they are (their small broadcast operands permuted alike), and a value
-  leaving the region is copied back to NCHW once. A copy (20-25 µs for 1×32×28×28) and a
+  leaving the region is copied back to NCHW once, by the kernel of the elementwise ops before
+  it where it can (`kope.partition.fused_groups`). A copy (20-25 µs for 1×32×28×28) and a
   convolution's views cost about what the convolution saves, so a region is rewritten only
-  when it has two convolutions per copy (`CONVS_PER_COPY`): a stack of residual blocks, not
-  one block or a lone convolution. Depthwise convolutions stay NCHW (KOPE's own kernels for
-  them beat oneDNN's). Its elementwise Tasks see contiguous NHWC tensors, as
+  when it has two convolutions per copy of its own (`CONVS_PER_COPY`): a residual block, not
+  a lone convolution. Depthwise convolutions stay NCHW (KOPE's own kernels for them beat
+  oneDNN's). Its elementwise Tasks see contiguous NHWC tensors, as
   KOPE's kernels take them.
 - **Attention as one kernel**: scores `q @ kᵀ`, an optional scale, a softmax over the last dim
   and the weighted sum `@ v` — as hand-written attention and KOPE's own decomposition of
@@ -291,12 +292,15 @@ def _random_values(nodes: Sequence[fx.Node]) -> list[torch.Tensor]:
 _TO_NHWC = [0, 2, 3, 1]
 _TO_NCHW = [0, 3, 1, 2]
 # A region is computed channels-last when it has at least this many convolutions per layout
-# copy. Measured on ResNet basic blocks (1×32×28×28, 2-core AVX2; batch norms folded in both
-# arms, `python benchmarks/channels_last.py`): one block (2 convolutions, 2 copies) ran 0.99×
-# of NCHW, two blocks 1.06×, four 1.10×. Per node, a convolution saves ~35 µs, its two views
-# and its weight's check cost ~10, and a copy costs 20-25 µs inside the graph whether ATen or
-# a KOPE transpose kernel runs it (the kernel takes 10-12 µs alone, ATen 22: in the graph it
-# reads what the other core's half of the convolution left in that core's cache).
+# copy; a copy out of an elementwise op read only outside the region does not count (its
+# kernel writes its result transposed). Per node (1×32×28×28, 2-core AVX2): a convolution
+# saves ~35 µs, its two views and its weight's check cost ~10, a copy 20-25 µs inside the
+# graph whether ATen or a KOPE transpose kernel runs it (the kernel takes 10-12 µs alone, ATen
+# 22-28: in the graph it reads what the other core's half of a convolution left in that
+# core's cache). ResNet basic blocks, batch norms folded in every arm, NHWC over NCHW
+# (`python benchmarks/channels_last.py`): one block (two convolutions, one copy in, the copy
+# out in its last add and ReLU's kernel) 1.05× with KOPE's copies (0.96× with ATen's), two
+# blocks 1.09×, four 1.11×; a lone convolution would pay one copy for one saving.
 CONVS_PER_COPY = 2
 
 
@@ -416,7 +420,15 @@ def channels_last(graph: fx.Graph, convs_per_copy: float = CONVS_PER_COPY) -> li
     for region in _channels_last_regions(graph):
         entering, leaving = _copies(region)
         convolutions = sum(n.target is aten.convolution.default for n in region)
-        copies = len(entering) + len(leaving)
+        # A copy out of an elementwise op read only outside the region costs no pass of its
+        # own: the op's kernel writes its result transposed (`kope.partition.fused_groups`).
+        inside = set(region)
+        fused = [
+            n
+            for n in leaving
+            if n.target is not aten.convolution.default and all(u not in inside for u in n.users)
+        ]
+        copies = len(entering) + len(leaving) - len(fused)
         if convolutions < convs_per_copy * copies:
             log.debug("convolutions kept NCHW: %d of them, %d layout copies", convolutions, copies)
             continue

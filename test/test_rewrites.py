@@ -254,13 +254,30 @@ def test_a_stack_of_convolutions_is_computed_channels_last(tmp_path: Path) -> No
             assert len(ran) == 2, ran
 
 
-def test_one_block_stays_nchw_its_copies_cost_what_its_convolutions_save(tmp_path: Path) -> None:
-    model = _stack(1)
+def test_a_lone_convolution_stays_nchw_its_copy_costs_what_it_saves(tmp_path: Path) -> None:
+    """One convolution and its ReLU: one copy in (the copy out is the ReLU's kernel writing
+    its result transposed), against one convolution's saving."""
+    torch.manual_seed(0)
+    model = ConvBn(nn.Conv2d(5, 5, 3, padding=1)).eval()
     x = torch.randn(2, 5, 9, 11)
     with torch.no_grad():
         compiled = _compiled(model, tmp_path)
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
     assert CHANNELS_LAST not in _rewrites()
+
+
+def test_one_block_writes_its_output_transposed(tmp_path: Path) -> None:
+    """A residual block: its last add and ReLU and the copy back to NCHW are one kernel."""
+    model = _stack(1)
+    x = torch.randn(2, 5, 9, 11)
+    tasks = trace_tasks(model, (x,), CpuTarget())
+    last = tasks[-1]
+    assert last.op.endswith("aten.permute.default+aten.clone.default"), last.op
+    assert "add" in last.op and "relu" in last.op
+    with torch.no_grad():
+        compiled = _compiled(model, tmp_path, "reference")
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    assert _rewrites().count(CHANNELS_LAST) == 1
 
 
 def test_channels_last_weights_follow_writes_after_compiling(tmp_path: Path) -> None:

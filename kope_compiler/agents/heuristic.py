@@ -65,6 +65,7 @@ from kope.agents.schedules import (
     kernel_source,
     packable,
     transposed_dims,
+    transposing,
 )
 from kope.agents.triton_kernels import describe_config as describe_triton
 from kope.agents.triton_kernels import render_triton, triton_space, unsupported_reason
@@ -261,30 +262,25 @@ def schedule_space(
                     wide,
                 )
             )
-    elif info.kind == "elementwise" and [op.name for op in info.ops] == ["linalg.transpose"]:
-        # A layout copy (NCHW <-> NHWC around convolutions computed channels-last): tiles of
-        # whole input rows by whole output rows, transposed in registers.
+    elif info.kind == "elementwise" and transposing(info):
+        # A layout copy (NCHW <-> NHWC around convolutions computed channels-last), maybe of
+        # elementwise ops' result: tiles of whole input rows by whole output rows, transposed
+        # in registers.
         reads, writes = transposed_dims(info.root)
-        for (t, tile, lowering), wide in _grid(
-            [threads, [(4, lanes), (8, lanes)], ["eltwise", "shuffle_1d"]],
-            [[], [(4, 2 * lanes), (8, 2 * lanes), (2, lanes), (16, lanes)], []],
+        # An elementwise producer's tanh, erf or exp vectorizes only as a polynomial.
+        approximate = [True] if info.math & APPROXIMABLE else [False]
+        for (t, tile, lowering, approx), wide in _grid(
+            [threads, [(4, lanes), (8, lanes)], ["eltwise", "shuffle_1d"], approximate],
+            [[], [(4, 2 * lanes), (8, 2 * lanes), (2, lanes), (16, lanes)], [], []],
         ):
             score = (2.0 if (t > 1) == big else 0.0) + (1.0 if tile == (4, lanes) else 0.0)
             score += 0.5 if lowering == "eltwise" else 0.0
             if reads == writes:  # the innermost dim stays: rows are copied whole
                 tile = (1, tile[1])
-            found.append(
-                (
-                    {
-                        "family": "transpose",
-                        "threads": t,
-                        "tile": list(tile),
-                        "lowering": lowering,
-                    },
-                    score,
-                    wide,
-                )
-            )
+            config = {"family": "transpose", "threads": t, "tile": list(tile), "lowering": lowering}
+            if approx:
+                config["approximate_math"] = True
+            found.append((config, score, wide))
     elif info.kind in ("reduction", "elementwise"):
         approximate = [True, False] if info.math & APPROXIMABLE else [False]
         row_options = [1, 4, 8] if info.kind == "reduction" else [1, 4]
