@@ -277,10 +277,15 @@ def schedule_space(
             score += 0.5 if lowering == "eltwise" else 0.0
             if reads == writes:  # the innermost dim stays: rows are copied whole
                 tile = (1, tile[1])
-            config = {"family": "transpose", "threads": t, "tile": list(tile), "lowering": lowering}
+            transpose: Config = {
+                "family": "transpose",
+                "threads": t,
+                "tile": list(tile),
+                "lowering": lowering,
+            }
             if approx:
-                config["approximate_math"] = True
-            found.append((config, score, wide))
+                transpose["approximate_math"] = True
+            found.append((transpose, score, wide))
     elif info.kind in ("reduction", "elementwise"):
         approximate = [True, False] if info.math & APPROXIMABLE else [False]
         row_options = [1, 4, 8] if info.kind == "reduction" else [1, 4]
