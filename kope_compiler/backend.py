@@ -163,6 +163,20 @@ class ShapeSpecializer:
                     )
                     self._warned = True
                 return self.gm(*args)
-            fn = _compile(self.gm, list(args), self.opts)
+            try:
+                fn = _compile(self.gm, list(args), self.opts)
+            except KopeError:
+                raise  # meant for the user (a training graph, a target that cannot run)
+            except Exception as err:
+                # A shape-generic graph may hold what its concrete values cannot trace (a
+                # float attribute turned tensor, read with `.item()`): it still runs.
+                log.warning(
+                    "compiling the graph for input shapes %s failed (%s: %s); running it "
+                    "eagerly for them",
+                    [s[0] if isinstance(s, tuple) else s for s in signature],
+                    type(err).__name__,
+                    str(err).strip().splitlines()[0][:200] if str(err).strip() else "",
+                )
+                fn = self.gm
             self.compiled[signature] = fn
         return fn(*args)

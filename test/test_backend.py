@@ -129,6 +129,24 @@ def test_dynamic_shapes_are_specialised() -> None:
             torch.testing.assert_close(compiled(x), f(x))
 
 
+def test_a_shape_generic_graph_that_cannot_be_specialised_runs_eagerly(
+    tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under dynamic=True dynamo makes batch norm's float momentum a tensor read with
+    `.item()`, which tracing the graph on concrete values cannot: the model still runs."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU()
+    ).eval()
+    options = {"store": str(tmp_path / "store")}
+    compiled = torch.compile(model, backend="kope", dynamic=True, options=options)
+    with torch.no_grad(), caplog.at_level("WARNING", logger="kope.compiler"):
+        for shape in ((2, 3, 9, 9), (3, 3, 11, 11)):
+            x = torch.randn(*shape)
+            torch.testing.assert_close(compiled(x), model(x))
+    assert "running it eagerly" in caplog.text
+
+
 def test_works_without_import_and_with_torch_logs(tmp_path) -> None:
     script = (
         "import torch\n"
