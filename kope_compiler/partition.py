@@ -131,6 +131,11 @@ def _layer_norm_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return (x, shape, weight, bias, eps, False)
 
 
+def _group_norm_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    x, weight, bias, _n, _c, _hw, groups, eps = args
+    return (x, groups, weight, bias, eps, False)
+
+
 def _batch_norm_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
     x, weight, bias, mean, var, momentum, eps = args
     return (x, weight, bias, mean, var, False, momentum, eps, False)
@@ -143,6 +148,7 @@ _VALUES_ONLY_OPS: dict[Any, Callable[[tuple[Any, ...]], tuple[Any, tuple[Any, ..
         aten.batch_norm.default, _batch_norm_args
     ),
     aten.native_layer_norm.default: _values_only(aten.layer_norm.default, _layer_norm_args),
+    aten.native_group_norm.default: _values_only(aten.group_norm.default, _group_norm_args),
     aten.max_pool2d_with_indices.default: _values_only(aten.max_pool2d.default, _same_args),
     aten.max_pool3d_with_indices.default: _values_only(aten.max_pool3d.default, _same_args),
     aten.max.dim: _values_only(aten.amax.default, _dim_to_list),

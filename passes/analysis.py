@@ -55,6 +55,12 @@ class OpInfo:
     is_root: bool = False  # produces the function's (first) result
     # linalg.transpose's: output dim i is input dim permutation[i] (its loops are the output's)
     permutation: list[int] = field(default_factory=list)
+    # ops whose results it reads or writes as they are (not through a reshape): the only ones
+    # a loop around it can fuse, since fusion follows the slices of its operands
+    producers: list[int] = field(default_factory=list)
+    # a result of the function besides the root's (a multi-output op's statistics): fusing
+    # such an op into a loop crashes MLIR's fusion, so it is computed on its own
+    returned: bool = False
 
     @property
     def reduction_dims(self) -> list[int]:
@@ -95,6 +101,10 @@ class PayloadInfo:
     math: set[str] = field(default_factory=set)  # math.* ops in op bodies
     element_type: str = "f32"
     plain_matmul: PlainMatmul | None = None
+    # A `tensor.insert_slice` with a stride other than 1 (a transposed convolution's zero
+    # insertion). MLIR's whole-function vectorization writes such a slice as if its strides
+    # were 1, so a schedule must not vectorize the function around it.
+    strided_insert: bool = False
 
     @property
     def root(self) -> OpInfo:
@@ -173,12 +183,19 @@ def analyze(text: str) -> PayloadInfo:
         for op in originals
     ]
     init_producers = [_init_producers(op, originals) for op in originals]
+    producers = [_producers(op, originals) for op in originals]
     root_index = _root_index(func)
+    returned = _returned(func, originals)
     math_ops: set[str] = set()
+    strided_insert = False
 
     def collect(op: ir.Operation) -> ir.WalkResult:
+        nonlocal strided_insert
         if op.name.startswith("math."):
             math_ops.add(op.name)
+        if op.name == "tensor.insert_slice":
+            strides = ir.DenseI64ArrayAttr(op.attributes["static_strides"])
+            strided_insert |= any(stride != 1 for stride in strides)
         return ir.WalkResult.ADVANCE
 
     func.walk(collect)
@@ -187,7 +204,7 @@ def analyze(text: str) -> PayloadInfo:
         PassManager.parse("builtin.module(func.func(linalg-generalize-named-ops))").run(
             module.operation
         )
-    info = PayloadInfo(math=math_ops)
+    info = PayloadInfo(math=math_ops, strided_insert=strided_insert)
     for index, op in enumerate(_linalg_ops(_main(module))):
         iterators, ranges = _loops(op)
         info.ops.append(
@@ -199,6 +216,8 @@ def analyze(text: str) -> PayloadInfo:
                 init_producers[index],
                 index == root_index,
                 permutations[index],
+                producers[index],
+                index in returned and index != root_index,
             )
         )
         if op.results:
@@ -281,6 +300,23 @@ def _init_producers(op: ir.Operation, ops: list[ir.Operation]) -> list[int]:
         for index, candidate in enumerate(ops):
             if owner is not None and candidate == owner:
                 found.append(index)
+    return found
+
+
+def _producers(op: ir.Operation, ops: list[ir.Operation]) -> list[int]:
+    owners = [owner for value in op.operands if (owner := _owner(value)) is not None]
+    return [index for index, candidate in enumerate(ops) if candidate in owners]
+
+
+def _returned(func: ir.Operation, ops: list[ir.Operation]) -> set[int]:
+    """The linalg ops whose results the function returns (through reshapes and casts)."""
+    ret = [op.operation for op in func.regions[0].blocks[0].operations][-1]
+    found = set()
+    for value in ret.operands:
+        owner = _owner(value)
+        while owner is not None and not owner.name.startswith("linalg.") and owner.operands:
+            owner = _owner(owner.operands[0])
+        found |= {index for index, op in enumerate(ops) if owner is not None and op == owner}
     return found
 
 

@@ -53,6 +53,22 @@ CONVOLUTIONS = {
     "depthwise_partial": _conv(16, (6, 12), 16, (3, 3), groups=16, padding=1),
     "depthwise_5x3_dilation2": _conv(8, (6, 16), 8, (5, 3), groups=8, dilation=2, padding=(4, 2)),
     "depthwise_stride2": _conv(8, (7, 33), 8, (3, 3), groups=8, stride=2, padding=1),
+    # 1-D convolutions (no schedule family took them), one with 33 output channels, which
+    # neither channel tile of 16 nor of 8 divides.
+    "conv1d_33_channels": (
+        lambda x, w: torch.nn.functional.conv1d(x, w),
+        (torch.randn(2, 17, 45), torch.randn(33, 17, 3)),
+    ),
+    "conv1d_stride2": (
+        lambda x, w: torch.nn.functional.conv1d(x, w, stride=2, padding=2),
+        (torch.randn(2, 16, 64), torch.randn(32, 16, 5)),
+    ),
+    # Its reference inserts the input into zeros with strides 2 (a strided insert_slice), which
+    # MLIR's whole-function vectorization wrote as if contiguous: every schedule mismatched.
+    "transposed_stride2": (
+        lambda x, w: torch.nn.functional.conv_transpose2d(x, w, stride=2, padding=1),
+        (torch.randn(1, 16, 9, 16), torch.randn(16, 8, 4, 4)),
+    ),
 }
 
 
@@ -91,6 +107,15 @@ REDUCTIONS = {
     "norm_last": (lambda x: torch.linalg.vector_norm(x, dim=-1), (_rows_of(256, 512),)),
     "mean_middle": (lambda x: x.mean(1), (_rows_of(8, 256, 128),)),
     "sum_long_rows": (lambda x: x.sum(-1), (_rows_of(4, 4096),)),
+    # Ops a row loop cannot fuse: the scale before a 4-D softmax, read through a reshape
+    # (fusing it failed every schedule), and a second output, the mean of var_mean (fusing
+    # a returned value crashed LLVM in the build).
+    "scaled_softmax_4d": (lambda x: torch.softmax(x * 0.25, -1), (_rows_of(1, 4, 37, 37),)),
+    "var_mean": (lambda x: torch.var_mean(x, -1), (_rows_of(64, 256),)),
+    "group_norm": (
+        lambda x, w, b: torch.nn.functional.group_norm(x, 6, w, b),
+        (_rows_of(4, 36, 15, 15), _rows_of(36), _rows_of(36)),
+    ),
 }
 
 #: Operators the agent does not schedule (no family covers them): it must say so, not fail.

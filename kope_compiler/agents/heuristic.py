@@ -60,6 +60,7 @@ from kope.agents.schedules import (
     DEPTHWISE,
     Config,
     config_key,
+    conv_dims,
     describe,
     fits,
     kernel_source,
@@ -219,19 +220,25 @@ def schedule_space(
     elif info.kind == "convolution" and info.find(CONVOLUTIONS):
         conv = info.find(CONVOLUTIONS)
         assert conv is not None
-        channels, columns = conv.ranges[1], conv.ranges[3]
+        f_dim, ow_dim, c_dim = conv_dims(conv)
+        channels, columns, inputs = conv.ranges[f_dim], conv.ranges[ow_dim], conv.ranges[c_dim]
         # Column tiles are whole vectors (a conv row of another width has been seen to
         # vectorize wrongly); a row shorter than a vector (8 columns under AVX-512's 16
         # lanes) takes the widest power of two that fits, a part of one vector.
         widths = [w for w in (2 * lanes, lanes) if w <= columns] or [
             w for w in (lanes // 2, lanes // 4) if 4 <= w <= columns
         ][:1]
+        # Channel tiles divide the output channels: 16 or 8, else (33 of them) the largest
+        # divisor up to 16.
+        tiles = [f for f in (16, 8) if channels % f == 0] or [
+            max(d for d in range(1, 17) if channels % d == 0)
+        ]
         for (t, f, ow, c), wide in _grid(
-            [threads, [16, 8], widths, [1, 4]], [[], [32, 4], [4 * lanes], [2, 8]]
+            [threads, tiles, widths, [1, 4]], [[], [32, 4], [4 * lanes], [2, 8]]
         ):
             # Thread chunks hold whole channel tiles, and input-channel tiles divide the
             # input channels (a partial one makes the 1-D conv dynamic).
-            if f > channels or ow > columns or conv.ranges[4] % c or channels % (t * f):
+            if f > channels or ow > columns or inputs % c or channels % (t * f):
                 continue
             score = (2.0 if (t > 1) == big else 0.0) + (1.0 if f == 16 else 0.0)
             score += 0.5 if columns % ow == 0 else 0.0

@@ -86,6 +86,13 @@ class Script:
 
     lines: list[str] = field(default_factory=list)
     counter: int = 0
+    # False where the payload holds a strided insert_slice (`PayloadInfo.strided_insert`):
+    # then only the tiles a schedule vectorizes explicitly are vectors, the rest stays loops.
+    vectorize_all: bool = True
+
+    @classmethod
+    def of(cls, info: PayloadInfo) -> Script:
+        return cls(vectorize_all=not info.strided_insert)
 
     def fresh(self, prefix: str) -> str:
         self.counter += 1
@@ -154,10 +161,13 @@ class Script:
             f'{func} = transform.structured.match ops{{["func.func"]}} in %root '
             ": (!transform.any_op) -> !transform.any_op"
         )
-        self.emit(
-            f"{vec} = transform.structured.vectorize_children_and_apply_patterns {func} "
-            ": (!transform.any_op) -> !transform.any_op"
-        )
+        if self.vectorize_all:
+            self.emit(
+                f"{vec} = transform.structured.vectorize_children_and_apply_patterns {func} "
+                ": (!transform.any_op) -> !transform.any_op"
+            )
+        else:
+            vec = func
         patterns = [
             "transform.apply_patterns.vector.lower_masked_transfers",
             "transform.apply_patterns.vector.transfer_permutation_patterns",
@@ -293,7 +303,7 @@ def _chunk(extent: int, parts: int, multiple: int = 1) -> int:
 
 
 def _contraction(info: PayloadInfo, config: Config) -> str:
-    s = Script()
+    s = Script.of(info)
     contraction = next(op for op in info.ops if op.name in CONTRACTIONS)
     root = info.root
     batch = len(contraction.iterators) == 4  # b, m, n, k
@@ -388,7 +398,7 @@ def _rows(info: PayloadInfo, config: Config) -> str:
     op is a vector along the row: reduced middle dims are walked one at a time (the
     accumulator stays a row of vectors) and a reduced row longer than `ROW_CHUNK` is reduced
     chunk by chunk, so no op is vectorized over more than a few rows."""
-    s = Script()
+    s = Script.of(info)
     root = info.root
     handles = {op.index: s.match_op(op.index) for op in info.ops}
     threads = config.get("threads", 1)
@@ -404,9 +414,10 @@ def _rows(info: PayloadInfo, config: Config) -> str:
     while anchor is not None:
         rank = len(anchor.ranges)
         lead = _row_dims(anchor)
-        members = [
-            op for op in pending if not op.is_fill and op.ranges[:lead] == anchor.ranges[:lead]
-        ]
+        members = _fusable(
+            anchor,
+            [op for op in pending if not op.is_fill and op.ranges[:lead] == anchor.ranges[:lead]],
+        )
         inits = {index for op in [anchor, *members] for index in op.init_producers}
         members += [op for op in pending if op.is_fill and op.index in inits]
         members.sort(key=lambda op: -op.index)  # consumers first: each fuses into the loop
@@ -450,6 +461,23 @@ def _rows(info: PayloadInfo, config: Config) -> str:
     return s.text()
 
 
+def _fusable(anchor: OpInfo, candidates: list[OpInfo]) -> list[OpInfo]:
+    """The candidates a loop around `anchor` can fuse: those it reads directly, and those
+    they read, and so on (an op read only through a reshape, or only by ops outside the loop,
+    has no slice in it to fuse), but none the function also returns."""
+    by_index = {op.index: op for op in candidates if not op.returned}
+    found: list[OpInfo] = []
+    frontier = [anchor]
+    while frontier:
+        op = frontier.pop()
+        for index in op.producers:
+            producer = by_index.pop(index, None)
+            if producer is not None:
+                found.append(producer)
+                frontier.append(producer)
+    return found
+
+
 def _row_dims(op: OpInfo) -> int:
     """How many leading dims of `op` a row loop walks: all its parallel dims but the
     innermost (the row itself), or all of them when it reduces a row."""
@@ -468,32 +496,47 @@ def _row_chunk(length: int, vector: int) -> int:
     return chunk if chunk >= vector else 0
 
 
-CONVOLUTIONS = {"linalg.conv_2d_nchw_fchw"}
+CONVOLUTIONS = {"linalg.conv_2d_nchw_fchw", "linalg.conv_1d_ncw_fcw"}
+_CONV_1D = "linalg.conv_1d_ncw_fcw"
+
+
+def conv_dims(conv: OpInfo) -> tuple[int, int, int]:
+    """The loops of a convolution's output channels, output columns and input channels:
+    (n, f, oh, ow, c, kh, kw) for a 2-D one, (n, f, ow, c, kw) for a 1-D one."""
+    return (1, 2, 3) if conv.name == _CONV_1D else (1, 3, 4)
 
 
 def _conv(info: PayloadInfo, config: Config) -> str:
-    """Output channels split over threads; (channel x column x input-channel) register tiles."""
-    s = Script()
+    """Output channels split over threads; (channel x column x input-channel) register tiles.
+    A 2-D convolution's tile (one output row, one window row) is decomposed into the 1-D
+    convolution a 1-D one's tile already is, and that is what is vectorized."""
+    s = Script.of(info)
     conv = next(op for op in info.ops if op.name in CONVOLUTIONS)
     handles = {op.index: s.match_op(op.index) for op in info.ops}
     conv_handle = handles[conv.index]
+    f, ow, c = conv_dims(conv)
     threads = config.get("threads", 1)
     if threads > 1:
-        conv_handle, loop = s.tile_forall(conv_handle, [0, _chunk(conv.ranges[1], threads), 0, 0])
+        sizes = [0] * len(conv.ranges)
+        sizes[f] = _chunk(conv.ranges[f], threads)
+        conv_handle, loop = s.tile_forall(conv_handle, sizes)
         for index in conv.init_producers:
             handles[index], loop = s.fuse_into(handles[index], loop)
     for index in conv.init_producers:
-        s.tile_for(handles[index], [1, 1, 1, config["columns"]])
-    tiled, _ = s.tile_for(
-        conv_handle, [1, config["channels"], 1, config["columns"], config["inputs"], 1, 0]
-    )
-    decomposed = s.fresh("conv1d")
-    s.emit(
-        f"{decomposed} = transform.structured.decompose {tiled} "
-        ": (!transform.any_op) -> !transform.any_op"
-    )
-    if conv.ranges[3] % config["columns"] == 0 and conv.ranges[4] % config["inputs"] == 0:
-        _vectorize_tile(s, decomposed)  # full tiles: the 1-D convolution is static
+        rank = len(info.ops[index].ranges)
+        s.tile_for(handles[index], [1] * (rank - 1) + [config["columns"]])
+    sizes = [1] * (len(conv.ranges) - 1) + [0]  # batch, window rows: 1; window columns whole
+    sizes[f], sizes[ow], sizes[c] = config["channels"], config["columns"], config["inputs"]
+    tiled, _ = s.tile_for(conv_handle, sizes)
+    if conv.name != _CONV_1D:
+        decomposed = s.fresh("conv1d")
+        s.emit(
+            f"{decomposed} = transform.structured.decompose {tiled} "
+            ": (!transform.any_op) -> !transform.any_op"
+        )
+        tiled = decomposed
+    if conv.ranges[ow] % config["columns"] == 0 and conv.ranges[c] % config["inputs"] == 0:
+        _vectorize_tile(s, tiled)  # full tiles: the 1-D convolution is static
     s.vectorize_function("outerproduct")
     return s.text()
 
@@ -511,7 +554,7 @@ def _depthwise(info: PayloadInfo, config: Config) -> str:
     unit loop is folded with reshapes: folded with rank-reducing slices, a full tile's write
     lost its permutation map as in `_vectorize_tile`, even vectorized on its own.
     """
-    s = Script()
+    s = Script.of(info)
     conv = next(op for op in info.ops if op.name in DEPTHWISE)
     handles = {op.index: s.match_op(op.index) for op in info.ops}
     conv_handle = handles[conv.index]
@@ -591,7 +634,7 @@ def _transpose(info: PayloadInfo, config: Config) -> str:
     transposes them in registers and stores whole output vectors (6-8 µs both ways, 2-core
     AVX2, the kernel alone; a memcpy of the same 100 KB takes 4.6). With a residual add and
     ReLU before it (NHWC in, NCHW out): 9.6 µs, against 35 for eager's add, ReLU and copy."""
-    s = Script()
+    s = Script.of(info)
     op = info.root
     handles = {other.index: s.match_op(other.index) for other in info.ops}
     handle = handles[op.index]
