@@ -1,8 +1,16 @@
-"""Decompositions used when an operator does not lower as a whole.
+"""Decompositions used when an operator does not lower as a whole, or lowers wrongly.
 
 torch-mlir's table covers most of ATen. KOPE adds decompositions for the fused inference fast
 paths PyTorch takes in eval mode, which torch-mlir does not lower
 (`nn.TransformerEncoderLayer` → `aten._transformer_encoder_layer_fwd`).
+
+`REFERENCE_DECOMPOSITIONS` are for operators torch-mlir lowers to something other than what
+eager computes: their Task stays the ATen operator (its eager call, label and baseline), but
+its reference lowering is imported from the decomposition (`kope.task.import_group`). torch-mlir
+picks the index of argmax, argmin, max.dim and min.dim with an ordered compare against the
+running extreme (`arith.cmpf ogt`/`olt`), which a NaN never wins and which nothing wins once
+the extreme is NaN, so a row with a NaN gets the index of its extreme before the first NaN;
+eager takes a NaN for the extreme and returns the first NaN's index.
 """
 
 from __future__ import annotations
@@ -92,6 +100,64 @@ def transformer_encoder_layer_fwd(
 
 _KOPE_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten._transformer_encoder_layer_fwd.default: transformer_encoder_layer_fwd,
+}
+
+
+def _first_extreme(x: torch.Tensor, dim: int | None, keepdim: bool, extreme: Any) -> Any:
+    """(values, indices) of `extreme` (`torch.amax` or `torch.amin`) of a floating `x` along
+    `dim` (all elements when None), the indices those of the first element equal to the
+    extreme or NaN, as eager's argmax and argmin choose them (amax and amin propagate a NaN,
+    so a row with one has NaN for its extreme and only NaNs are hits). NotImplemented for
+    another `x` (integers lower exactly; a single element has index 0 either way): traced as
+    the operator itself."""
+    if not x.is_floating_point() or x.dim() == 0:
+        return NotImplemented
+    rank = x.dim()
+    whole = dim is None
+    if dim is None:
+        x, dim = x.reshape(-1), 0
+    dim %= x.dim()
+    size = x.shape[dim]
+    values = extreme(x, dim, keepdim=True)
+    hits = (x == values) | torch.isnan(x)
+    place = [1] * x.dim()
+    place[dim] = size
+    positions = torch.arange(size, device=x.device).view(place)
+    indices = torch.where(hits, positions, size).amin(dim, keepdim=keepdim)
+    if whole and keepdim:  # all elements, dims kept: a 1x...x1 result
+        values, indices = values.view([1] * rank), indices.view([1] * rank)
+    return values if keepdim else values.squeeze(dim), indices
+
+
+def argmax(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
+    """`aten.argmax` as eager computes it, NaN first (see `REFERENCE_DECOMPOSITIONS`)."""
+    found = _first_extreme(x, dim, keepdim, torch.amax)
+    return found if found is NotImplemented else found[1]
+
+
+def argmin(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> Any:
+    """`aten.argmin` as eager computes it, NaN first (see `REFERENCE_DECOMPOSITIONS`)."""
+    found = _first_extreme(x, dim, keepdim, torch.amin)
+    return found if found is NotImplemented else found[1]
+
+
+def max_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> Any:
+    """`aten.max.dim` (values, indices) as eager computes it (see `REFERENCE_DECOMPOSITIONS`)."""
+    return _first_extreme(x, dim, keepdim, torch.amax)
+
+
+def min_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> Any:
+    """`aten.min.dim` (values, indices) as eager computes it (see `REFERENCE_DECOMPOSITIONS`)."""
+    return _first_extreme(x, dim, keepdim, torch.amin)
+
+
+# Operators whose torch-mlir lowering computes something else than eager: their reference
+# lowering is imported from these (see the module docstring).
+REFERENCE_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
+    aten.argmax.default: argmax,
+    aten.argmin.default: argmin,
+    aten.max.dim: max_dim,
+    aten.min.dim: min_dim,
 }
 
 

@@ -137,7 +137,8 @@ def optimize_task(
     reference = known_reference(task, target, store, events)
     if reference.verdict != VERIFIED:
         log.warning(
-            "%s: the reference lowering is %s; nothing to verify candidates against",
+            "%s: the reference lowering was not verified (verdict: %s); nothing to verify "
+            "candidates against",
             task.label,
             reference.verdict,
         )

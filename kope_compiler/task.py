@@ -3,7 +3,8 @@
 The reference lowering is torch-mlir's FX import of the single node, lowered to
 linalg-on-tensors (`func.func @main`), in canonical form; its key is the sha256 of that text
 and the target key (`kope.passes.keys`), so every path to the same function finds the same
-kernel.
+kernel. A node torch-mlir lowers to something other than what eager computes (argmax on NaN)
+is imported from KOPE's decomposition of it (`kope.decompositions.REFERENCE_DECOMPOSITIONS`).
 """
 
 from __future__ import annotations
@@ -19,11 +20,15 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._guards import detect_fake_mode
+from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_map
 from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
 from torch_mlir.extras.fx_importer import FxImporter
 
+from kope import decompositions
+from kope.decompositions import REFERENCE_DECOMPOSITIONS
 from kope.passes.keys import (
     EAGER_ATTR,
     KEY_ATTR,
@@ -223,10 +228,28 @@ def group_graph(nodes: list[fx.Node]) -> fx.GraphModule:
     return fx.GraphModule(torch.nn.Module(), graph)
 
 
+def exact_graph(gm: fx.GraphModule) -> fx.GraphModule:
+    """`gm` with the nodes torch-mlir lowers wrongly traced through their decompositions
+    (`REFERENCE_DECOMPOSITIONS`); `gm` itself when it has none."""
+    if not any(n.target in REFERENCE_DECOMPOSITIONS for n in gm.graph.nodes):
+        return gm
+    vals = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    fake_mode = detect_fake_mode(vals)
+    if fake_mode is None:
+        return make_fx(gm, REFERENCE_DECOMPOSITIONS, tracing_mode="fake")(*vals)
+    with fake_mode:
+        return make_fx(gm, REFERENCE_DECOMPOSITIONS)(*vals)
+
+
 def import_group(nodes: list[fx.Node]) -> str:
     """The reference lowering of a node (or fused group): linalg-on-tensors text (`@main`)."""
-    gm = group_graph(nodes)
     node = nodes[-1]
+    try:
+        gm = exact_graph(group_graph(nodes))
+    except Exception as err:  # a decomposition can refuse arguments it does not handle
+        raise LoweringError(
+            f"tracing the exact decomposition of {op_name(node.target)} failed: {_first_line(err)}"
+        ) from None
     context = ir.Context()
     context.enable_multithreading(False)
     torch_d.register_dialect(context)
@@ -297,9 +320,11 @@ def reference_lowering(
     return payload
 
 
-# KOPE's code an import depends on: the importer's use here, the pipelines, canonical form.
+# KOPE's code an import depends on: the importer's use here, the decompositions it imports
+# instead of an operator, the pipelines, canonical form.
 _IMPORT_SOURCES = (
     Path(__file__),
+    Path(decompositions.__file__),
     Path(canonicalize_module_text.__code__.co_filename),
     Path(run_pipeline.__code__.co_filename),
 )

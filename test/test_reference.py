@@ -1,13 +1,19 @@
-"""The reference lowering of an operator too large to time (issue 8, defect 11).
+"""The reference lowering as an oracle: too large to time (issue 8, defect 11), or wrong.
 
 A reference lowering is an oracle first: it runs once per verification trial, within a time
 limit scaled to the operator's work, and when one call is too slow to time it is recorded as
 verified but untimed. The agent goes on (its candidates verified against the reference, timed
 against eager), and selection keeps eager unless a timed kernel beats it.
+
+An oracle must agree with eager, NaN included: torch-mlir's argmax, argmin, max.dim and min.dim
+never pick a NaN, so their reference lowering is imported from KOPE's decomposition
+(`kope.decompositions.REFERENCE_DECOMPOSITIONS`), else the operator has nothing to verify its
+candidates against.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +21,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kope.agents import make_agent
+from kope.decompositions import REFERENCE_DECOMPOSITIONS
 from kope.memory.schema import AttemptRecord
 from kope.memory.store import ExperienceStore
 from kope.optimize import Budget, optimize_task
@@ -23,7 +30,7 @@ from kope.selection import choose, known_reference
 from kope.targets.cpu import CpuTarget
 from kope.targets.measure import MeasureConfig, Work, estimate_work, evaluation_limit_s
 from kope.task import Task
-from kope.vocabulary.evidence import SOURCE_AGENT, SOURCE_EAGER, SOURCE_REFERENCE
+from kope.vocabulary.evidence import SOURCE_AGENT, SOURCE_EAGER, SOURCE_REFERENCE, VERIFIED
 
 
 def _task(fn, *args: torch.Tensor) -> Task:
@@ -104,3 +111,63 @@ def test_untimed_reference_lets_the_agent_run_and_eager_stays_chosen(
     assert choice.kernel == "agent" and choice.source is not None
     assert store.best(task.key).id == confirmation.id
     assert [a.source for a in store.attempts(task.key)].count(SOURCE_REFERENCE) == 1
+
+
+aten = torch.ops.aten
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.fixture(scope="module")
+def cpu() -> Iterator[CpuTarget]:
+    target = CpuTarget(workers=1)
+    yield target
+    target.close()
+
+
+@pytest.mark.parametrize(
+    ("fn", "x"),
+    [
+        (lambda x: x.argmax(-1), torch.empty(33, 101)),
+        (lambda x: x.argmin(0, keepdim=True), torch.empty(29, 7, dtype=torch.float16)),
+        (lambda x: x.argmax(), torch.empty(5, 37, dtype=torch.float64)),
+        (lambda x: torch.max(x, 1), torch.empty(3, 41, 2)),
+        (lambda x: torch.min(x, -1, keepdim=True), torch.empty(6, 43, dtype=torch.float64)),
+    ],
+    ids=["argmax_last", "argmin_first_keepdim_f16", "argmax_all_f64", "max_dim", "min_dim_keepdim"],
+)
+def test_arg_extreme_references_verify_against_eager_on_nan(
+    cpu: CpuTarget, fn: Callable[[torch.Tensor], object], x: torch.Tensor
+) -> None:
+    """The reference lowering passes KOPE's own verification against eager, whose nonfinite
+    trial puts NaN, Inf and -0 in every row (torch-mlir's lowering picks no NaN: mismatch)."""
+    task = _task(fn, x)
+    result = cpu.evaluate(task.spec, task.reference, measure=False, seed=0)
+    assert result.verdict == VERIFIED, result.error
+    assert result.trials == 4  # the nonfinite trial ran
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_arg_extreme_decompositions_pick_as_eager(dtype: torch.dtype) -> None:
+    """The decompositions agree with eager on NaN (first NaN wins), ±Inf, ties (first index
+    wins, -0 ties 0), for every dim, dim=None and keepdim, in every floating dtype."""
+    rows = [
+        [1.0, NAN, 3.0, NAN],
+        [INF, 2.0, NAN, INF],
+        [-INF, -INF, -INF, -INF],
+        [2.0, 5.0, 5.0, -1.0],
+        [-0.0, 0.0, 0.0, -0.0],
+        [NAN, NAN, 1.0, 1.0],
+    ]
+    x = torch.tensor(rows, dtype=dtype)
+    for dim in (0, 1, -1, None):
+        for keepdim in (False, True):
+            for op in (aten.argmax.default, aten.argmin.default):
+                got = REFERENCE_DECOMPOSITIONS[op](x, dim, keepdim)
+                assert torch.equal(got, op(x, dim, keepdim)), (op, dim, keepdim)
+            if dim is None:
+                continue
+            for op in (aten.max.dim, aten.min.dim):
+                values, indices = REFERENCE_DECOMPOSITIONS[op](x, dim, keepdim)
+                want_values, want_indices = op(x, dim, keepdim)
+                assert torch.equal(indices, want_indices), (op, dim, keepdim)
+                assert torch.allclose(values, want_values, equal_nan=True), (op, dim, keepdim)

@@ -68,6 +68,8 @@ COMBINERS: dict[str, tuple[str, float, str]] = {
     "arith.maxnumf": ("tl.max", -math.inf, "tl.maximum({0}, {1})"),
     "arith.minimumf": ("tl.min", math.inf, BINARY["arith.minimumf"]),
     "arith.minnumf": ("tl.min", math.inf, "tl.minimum({0}, {1})"),
+    "arith.maxsi": ("tl.max", -math.inf, "tl.maximum({0}, {1})"),
+    "arith.minsi": ("tl.min", math.inf, "tl.minimum({0}, {1})"),
 }
 # Combiners whose result is NaN when a term is, which tl.max and tl.min (maxnum) are not.
 NAN_PROPAGATING = {"arith.maximumf", "arith.minimumf"}
@@ -196,7 +198,7 @@ def reduce(
     value = Body(low, op, bound).scalar(term)
     reduction, identity, fold = COMBINERS[combine.name]
     kind = element_type(op.results[result])
-    neutral = literal(float(identity) if kind in FLOATS else int(identity), kind)
+    neutral = literal(float(identity) if kind in FLOATS else _integer(identity, kind), kind)
     masked = f"tl.where({mask}, {value.code}, {neutral.code})"
     if combine.name in NAN_PROPAGATING:
         lanes = low.emit(masked, kind, value.axes).code
@@ -211,6 +213,14 @@ def reduce(
         return reduced_value
     code = fold.format(low.tensor_of(init), reduced_value.code)
     return low.emit(code, kind, init.axes)
+
+
+def _integer(identity: float, kind: str) -> int:
+    """`identity` as an integer of MLIR type `kind` (`i64`): ±inf as its extreme values."""
+    if math.isfinite(identity):
+        return int(identity)
+    bits = int(kind.removeprefix("i"))
+    return 2 ** (bits - 1) - 1 if identity > 0 else -(2 ** (bits - 1))
 
 
 def along_block(
