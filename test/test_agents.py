@@ -123,6 +123,26 @@ def test_memory_seeds_the_first_attempt_and_bans_failures() -> None:
     assert config_key(failed) in advice.banned
 
 
+def test_a_schedule_proven_on_less_work_is_not_reused_for_its_threads() -> None:
+    """Threads pay on big work only: a one-thread schedule proven on a small GELU is not
+    reused as is on a big one (it ran there at 0.6x the prior's two-thread pick), and says
+    nothing of threads; its other decisions still count."""
+    small, big = (128, 256), (257, 513)
+    proven = {"family": "rows", "threads": 1, "rows": 1, "vector": 32}
+
+    def attempt(loops: tuple[int, int]) -> Experience:
+        return Experience(
+            "a1", "other", "gelu", "aten.gelu.default", (loops,), 0.9, "x", proven,
+            "verified", 3.0, 20.0, outputs=(loops,), loop_ranges=loops,
+        )  # fmt: skip
+
+    crossing = learn([attempt(small)], "rows", big=True)
+    assert not crossing.bonus
+    assert ("threads", "1") not in crossing.value and ("vector", "32") in crossing.value
+    alike = learn([attempt(big)], "rows", big=True)
+    assert config_key(proven) in alike.bonus and ("threads", "1") in alike.value
+
+
 def test_agent_stops_when_eager_is_far_better() -> None:
     task = _task("row_sum")
     view = task_view(task, CpuTarget())

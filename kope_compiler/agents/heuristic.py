@@ -65,6 +65,7 @@ from kope.agents.schedules import (
     fits,
     kernel_source,
     packable,
+    principal_op,
     transposed_dims,
     transposing,
 )
@@ -102,6 +103,11 @@ def _threads(capabilities: dict[str, Any]) -> list[int]:
 
 def _work(info: PayloadInfo) -> int:
     return max((math.prod(op.ranges) for op in info.ops if op.ranges), default=0)
+
+
+def _is_big(loop_ranges: Sequence[int]) -> bool:
+    """Whether a principal op's loops are work enough for threads (`BIG_WORK`)."""
+    return math.prod(loop_ranges) >= BIG_WORK
 
 
 # -- the space ----------------------------------------------------------------------------------
@@ -348,7 +354,7 @@ MIN_TRANSFER = 0.85  # similarity below which a configuration is not reused as i
 VALUE_SCALE = 3.0  # weight of learned log speedups against the prior's units
 
 
-def learn(experience: Iterable[Experience], family: str) -> MemoryAdvice:
+def learn(experience: Iterable[Experience], family: str, big: bool | None = None) -> MemoryAdvice:
     """What experience says about each decision value and each configuration.
 
     A decision value's learned worth is how much better than average (in log speedup over
@@ -357,6 +363,11 @@ def learn(experience: Iterable[Experience], family: str) -> MemoryAdvice:
     operators moves nothing). A configuration proven on an operator at least MIN_TRANSFER
     similar earns a bonus in proportion to similarity and gain; one that failed on an
     operator at least 0.8 similar is banned; failures count against their decision values.
+
+    Whether threads pay depends on the work (`BIG_WORK`), so where this operator's work
+    (`big`) is on the other side of it from an attempt's operator, that attempt says nothing
+    of threads and its configuration is not reused as is: one proven on a 128x256 GELU ran
+    on one thread, and reused on a 257x513 one it ran at 0.6x the prior's two-thread pick.
     """
     verified: list[tuple[float, float, list[tuple[str, str]]]] = []
     value: dict[tuple[str, str], float] = {}
@@ -372,8 +383,10 @@ def learn(experience: Iterable[Experience], family: str) -> MemoryAdvice:
             continue  # verified, never timed (interpreted): says nothing of speed, nor failure
         if item.verdict == "verified" and item.speedup_vs_eager:
             gain = math.log(max(item.speedup_vs_eager, 1e-3))
-            verified.append((weight, gain, decisions(config)))
-            if item.similarity >= MIN_TRANSFER and gain > 0:
+            crossing = big is not None and item.loop_ranges and _is_big(item.loop_ranges) != big
+            used = [d for d in decisions(config) if not (crossing and d[0] == "threads")]
+            verified.append((weight, gain, used))
+            if item.similarity >= MIN_TRANSFER and gain > 0 and not crossing:
                 key = config_key(config)
                 score = VALUE_SCALE * item.similarity * gain
                 if score > bonus.get(key, (0.0, ""))[0]:
@@ -546,7 +559,9 @@ class HeuristicAgent(Agent):
         if not space or _should_stop(request.history):
             return None
         family = space[0][0]["family"]
-        advice = learn(request.experience, family)
+        principal = principal_op(info) if info is not None else None
+        big = _is_big(principal.ranges) if principal is not None and principal.ranges else None
+        advice = learn(request.experience, family, big)
         here = cost_model.task_workload(request.task, info)
         model = cost_model.fit(
             cost_model.training_rows(request.experience, request.history, here, family)
