@@ -16,7 +16,7 @@ import math
 from collections import OrderedDict
 
 from kope.agents.base import Experience
-from kope.agents.schedules import principal_op
+from kope.agents.schedules import principal_op, work
 from kope.memory import retrieve
 from kope.memory.schema import AttemptRecord, TaskRecord
 from kope.memory.similarity import Features, distance, features
@@ -65,6 +65,7 @@ def retrieve_experience(
                 outputs=tuple(tuple(s) for s, _ in other.outputs),
                 loop_ranges=loops[0],
                 linalg_ops=loops[1],
+                work=loops[2],
             )
         )
     return items, context.text
@@ -72,14 +73,15 @@ def retrieve_experience(
 
 # Loops of a stored payload by its digest (content-addressed: the same in every store). Every
 # attempt of the loop retrieves again, and analysing a payload parses it.
-_LOOPS: OrderedDict[str, tuple[tuple[int, ...], int]] = OrderedDict()
+_LOOPS: OrderedDict[str, tuple[tuple[int, ...], int, int]] = OrderedDict()
 _LOOPS_KEPT = 4096
-_NO_LOOPS: tuple[tuple[int, ...], int] = ((), 0)
+_NO_LOOPS: tuple[tuple[int, ...], int, int] = ((), 0, 0)
 
 
-def _loops(store: ExperienceStore, digest: str | None) -> tuple[tuple[int, ...], int]:
+def _loops(store: ExperienceStore, digest: str | None) -> tuple[tuple[int, ...], int, int]:
     """The loop trip counts of the op a schedule tiles in a task's stored reference lowering,
-    and its count of linalg ops; ((), 0) where the payload is not stored."""
+    its count of linalg ops and the iterations of its largest one; ((), 0, 0) where the
+    payload is not stored."""
     if not digest:
         return _NO_LOOPS
     if digest in _LOOPS:
@@ -94,7 +96,7 @@ def _loops(store: ExperienceStore, digest: str | None) -> tuple[tuple[int, ...],
         log.warning("stored payload %s does not parse; its loops are unknown", digest[:12])
         return _NO_LOOPS
     op = principal_op(info)
-    found = (tuple(op.ranges) if op else (), len(info.ops))
+    found = (tuple(op.ranges) if op else (), len(info.ops), work(info))
     _LOOPS[digest] = found
     if len(_LOOPS) > _LOOPS_KEPT:
         _LOOPS.popitem(last=False)

@@ -134,6 +134,7 @@ def test_a_schedule_proven_on_less_work_is_not_reused_for_its_threads() -> None:
         return Experience(
             "a1", "other", "gelu", "aten.gelu.default", (loops,), 0.9, "x", proven,
             "verified", 3.0, 20.0, outputs=(loops,), loop_ranges=loops,
+            work=loops[0] * loops[1],
         )  # fmt: skip
 
     crossing = learn([attempt(small)], "rows", big=True)

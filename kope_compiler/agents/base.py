@@ -54,6 +54,7 @@ class Experience:
     outputs: tuple[tuple[int, ...], ...] = ()
     loop_ranges: tuple[int, ...] = ()
     linalg_ops: int = 0
+    work: int = 0  # the iterations of its payload's largest linalg op (0: unknown)
 
 
 @dataclass(frozen=True)

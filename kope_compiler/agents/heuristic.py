@@ -65,9 +65,9 @@ from kope.agents.schedules import (
     fits,
     kernel_source,
     packable,
-    principal_op,
     transposed_dims,
     transposing,
+    work,
 )
 from kope.agents.triton_kernels import describe_config as describe_triton
 from kope.agents.triton_kernels import render_triton, triton_space, unsupported_reason
@@ -99,15 +99,6 @@ def _lanes(capabilities: dict[str, Any], element_type: str) -> int:
 def _threads(capabilities: dict[str, Any]) -> list[int]:
     threads = int(capabilities.get("threads", 1))
     return [threads, 1] if capabilities.get("openmp") and threads > 1 else [1]
-
-
-def _work(info: PayloadInfo) -> int:
-    return max((math.prod(op.ranges) for op in info.ops if op.ranges), default=0)
-
-
-def _is_big(loop_ranges: Sequence[int]) -> bool:
-    """Whether a principal op's loops are work enough for threads (`BIG_WORK`)."""
-    return math.prod(loop_ranges) >= BIG_WORK
 
 
 # -- the space ----------------------------------------------------------------------------------
@@ -173,7 +164,7 @@ def schedule_space(
         return [], set()  # no linalg op computes the result (a copy or reshape): nothing to do
     lanes = _lanes(capabilities, info.element_type)
     threads = _threads(capabilities)
-    big = _work(info) >= BIG_WORK
+    big = work(info) >= BIG_WORK
     found: list[tuple[Config, float, bool]] = []
     if info.kind == "contraction":
         registers = [
@@ -383,7 +374,7 @@ def learn(experience: Iterable[Experience], family: str, big: bool | None = None
             continue  # verified, never timed (interpreted): says nothing of speed, nor failure
         if item.verdict == "verified" and item.speedup_vs_eager:
             gain = math.log(max(item.speedup_vs_eager, 1e-3))
-            crossing = big is not None and item.loop_ranges and _is_big(item.loop_ranges) != big
+            crossing = big is not None and item.work and (item.work >= BIG_WORK) != big
             used = [d for d in decisions(config) if not (crossing and d[0] == "threads")]
             verified.append((weight, gain, used))
             if item.similarity >= MIN_TRANSFER and gain > 0 and not crossing:
@@ -559,8 +550,7 @@ class HeuristicAgent(Agent):
         if not space or _should_stop(request.history):
             return None
         family = space[0][0]["family"]
-        principal = principal_op(info) if info is not None else None
-        big = _is_big(principal.ranges) if principal is not None and principal.ranges else None
+        big = work(info) >= BIG_WORK if info is not None else None
         advice = learn(request.experience, family, big)
         here = cost_model.task_workload(request.task, info)
         model = cost_model.fit(

@@ -243,6 +243,11 @@ def attach(payload: str, script: str) -> str:
 # -- families -----------------------------------------------------------------------------------
 
 
+def work(info: PayloadInfo) -> int:
+    """The iterations of the payload's largest linalg op: what decides whether threads pay."""
+    return max((math.prod(op.ranges) for op in info.ops if op.ranges), default=0)
+
+
 def principal_op(info: PayloadInfo) -> OpInfo | None:
     """The op whose loops a schedule tiles: the contraction or convolution, else the root
     (None for a payload without linalg ops)."""
