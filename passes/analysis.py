@@ -9,6 +9,7 @@ name, iterator types and static loop ranges, and classifies the whole payload.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from torch_mlir import ir
@@ -292,10 +293,10 @@ def _owner(value: ir.Value) -> ir.Operation | None:
     return owner if isinstance(owner, ir.Operation) else None
 
 
-def _init_producers(op: ir.Operation, ops: list[ir.Operation]) -> list[int]:
-    inits = op.operands[len(op.operands) - len(op.results) :]
+def _produced_by(values: Iterable[ir.Value], ops: list[ir.Operation]) -> list[int]:
+    """The indices in `ops` of the ops that produce `values`, in the values' order."""
     found = []
-    for value in inits:
+    for value in values:
         owner = _owner(value)
         for index, candidate in enumerate(ops):
             if owner is not None and candidate == owner:
@@ -303,39 +304,45 @@ def _init_producers(op: ir.Operation, ops: list[ir.Operation]) -> list[int]:
     return found
 
 
+def _init_producers(op: ir.Operation, ops: list[ir.Operation]) -> list[int]:
+    return _produced_by(op.operands[len(op.operands) - len(op.results) :], ops)
+
+
 def _producers(op: ir.Operation, ops: list[ir.Operation]) -> list[int]:
-    owners = [owner for value in op.operands if (owner := _owner(value)) is not None]
-    return [index for index, candidate in enumerate(ops) if candidate in owners]
+    return _produced_by(op.operands, ops)
 
 
-def _returned(func: ir.Operation, ops: list[ir.Operation]) -> set[int]:
-    """The linalg ops whose results the function returns (through reshapes and casts)."""
-    ret = [op.operation for op in func.regions[0].blocks[0].operations][-1]
-    found = set()
-    for value in ret.operands:
-        owner = _owner(value)
-        while owner is not None and not owner.name.startswith("linalg.") and owner.operands:
-            owner = _owner(owner.operands[0])
-        found |= {index for index, op in enumerate(ops) if owner is not None and op == owner}
-    return found
-
-
-def _root_index(func: ir.Operation) -> int:
-    """The linalg op whose result the function returns (through reshapes and casts)."""
-    ops = _linalg_ops(func)
-    ret = [op.operation for op in func.regions[0].blocks[0].operations][-1]
-    value = ret.operands[0]
+def _returned_op(value: ir.Value, ops: list[ir.Operation]) -> int | None:
+    """The index in `ops` of the linalg op that computes `value` (through reshapes and casts);
+    None if the walk reaches an argument or a constant first."""
     while True:
         owner = _owner(value)
         if owner is None:
-            return len(ops) - 1
+            return None
         if owner.name.startswith("linalg."):
             for index, op in enumerate(ops):
                 if op == owner:
                     return index
         if not owner.operands:
-            return len(ops) - 1
+            return None
         value = owner.operands[0]
+
+
+def _returns(func: ir.Operation) -> ir.Operation:
+    return [op.operation for op in func.regions[0].blocks[0].operations][-1]
+
+
+def _returned(func: ir.Operation, ops: list[ir.Operation]) -> set[int]:
+    """The linalg ops whose results the function returns (through reshapes and casts)."""
+    found = (_returned_op(value, ops) for value in _returns(func).operands)
+    return {index for index in found if index is not None}
+
+
+def _root_index(func: ir.Operation) -> int:
+    """The linalg op whose (first) result the function returns; the last one if none does."""
+    ops = _linalg_ops(func)
+    index = _returned_op(_returns(func).operands[0], ops)
+    return len(ops) - 1 if index is None else index
 
 
 def _loops(op: ir.Operation) -> tuple[list[str], list[int]]:

@@ -501,8 +501,8 @@ def _row_chunk(length: int, vector: int) -> int:
     return chunk if chunk >= vector else 0
 
 
-CONVOLUTIONS = {"linalg.conv_2d_nchw_fchw", "linalg.conv_1d_ncw_fcw"}
 _CONV_1D = "linalg.conv_1d_ncw_fcw"
+CONVOLUTIONS = {"linalg.conv_2d_nchw_fchw", _CONV_1D}
 
 
 def conv_dims(conv: OpInfo) -> tuple[int, int, int]:
