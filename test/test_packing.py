@@ -11,9 +11,9 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kope.agents.heuristic import schedule_space
-from kope.agents.schedules import kernel_source
+from kope.agents.schedules import _panels, kernel_source
 from kope.partition import partition
-from kope.passes.analysis import analyze, prepare_payload
+from kope.passes.analysis import PlainMatmul, analyze, prepare_payload
 from kope.targets.cpu import BuildError, CpuTarget, build_kernel
 from kope.vocabulary.kernels import Kernel
 
@@ -54,7 +54,8 @@ def _gen() -> torch.Generator:
 
 # Odd sizes that still divide into whole tiles, with k neither a power of two nor a multiple
 # of the unroll; two threads split the rows (8 rows), the panels (4 rows, 4 panels) or,
-# dividing neither (12 rows of 4-row tiles, 3 panels), run as one.
+# dividing neither (12 rows of 4-row tiles, 3 panels), the rows padded to 16, each thread
+# padding its own.
 CASES = {
     "addmm": (
         lambda x, w, b: torch.nn.functional.linear(x, w, b),
@@ -187,3 +188,20 @@ def test_only_plain_matmuls_a_tile_large_get_packed_points(fn: Any, args: tuple)
     info = analyze(prepare_payload(tasks[0].payload))
     packed = [c for c, _ in schedule_space(info, CAPABILITIES)[0] if c.get("pack")]
     assert not packed, packed
+
+
+@pytest.mark.parametrize(
+    "m, n, rows, per_thread, columns",
+    [
+        (256, 208, 128, 13, 208),  # rows split evenly into register tiles
+        (255, 193, 128, 13, 208),  # one zero row, each thread padding its own
+        (100, 77, 52, 5, 80),  # 4 zero rows, not a sixth zero panel
+        (4, 64, 4, 2, 64),  # one register tile of rows: the panels split
+    ],
+)
+def test_threads_split_where_fewer_zeros_are_computed(
+    m: int, n: int, rows: int, per_thread: int, columns: int
+) -> None:
+    plain = PlainMatmul(m=m, k=33, n=n, arguments=(), a=0, b=1)
+    shape = _panels(plain, _packed(2, [4, 16, 1]))
+    assert (shape.rows, shape.per_thread, shape.columns) == (rows, per_thread, columns)
