@@ -18,6 +18,7 @@ from torch_mlir.passmanager import PassManager
 from kope.passes.abi import function_type
 from kope.passes.base import PipelineElement
 from kope.passes.integer_powers import ExpandPowers
+from kope.passes.narrow_f64 import NarrowF64, has_f64
 
 OP_ATTR = "kope.op"
 CLEANUP = (
@@ -106,6 +107,9 @@ class PayloadInfo:
     # insertion). MLIR's whole-function vectorization writes such a slice as if its strides
     # were 1, so a schedule must not vectorize the function around it.
     strided_insert: bool = False
+    # f64 intermediates in a function of f32 tensors (torch-mlir's widened variance): a
+    # kernel may compute them in f32 (`kope.passes.narrow_f64`).
+    wide_f64: bool = False
 
     @property
     def root(self) -> OpInfo:
@@ -130,8 +134,9 @@ def _linalg_ops(func: ir.Operation) -> list[ir.Operation]:
     ]
 
 
-def prepare_payload(text: str, *, approximate_math: bool = False) -> str:
-    """The payload cleaned up (and math approximated if asked) with every linalg op tagged."""
+def prepare_payload(text: str, *, approximate_math: bool = False, narrow_f64: bool = False) -> str:
+    """The payload cleaned up (math approximated and f64 intermediates computed in f32, if
+    asked) with every linalg op tagged."""
     context = ir.Context()
     context.enable_multithreading(False)
     module = ir.Module.parse(text, context)
@@ -144,6 +149,8 @@ def prepare_payload(text: str, *, approximate_math: bool = False) -> str:
         from kope.passes.approximate_math import ApproximateMath
 
         elements = [ApproximateMath(), *elements]
+    if narrow_f64:
+        elements = [NarrowF64(), *elements]
     pm = build_pass_manager(elements, context)
     with context:
         pm.run(module.operation)
@@ -189,9 +196,11 @@ def analyze(text: str) -> PayloadInfo:
     returned = _returned(func, originals)
     math_ops: set[str] = set()
     strided_insert = False
+    f64_inside = False
 
     def collect(op: ir.Operation) -> ir.WalkResult:
-        nonlocal strided_insert
+        nonlocal strided_insert, f64_inside
+        f64_inside |= op.name != "func.func" and any(has_f64(r.type) for r in op.results)
         if op.name.startswith("math."):
             math_ops.add(op.name)
         if op.name == "tensor.insert_slice":
@@ -205,7 +214,9 @@ def analyze(text: str) -> PayloadInfo:
         PassManager.parse("builtin.module(func.func(linalg-generalize-named-ops))").run(
             module.operation
         )
-    info = PayloadInfo(math=math_ops, strided_insert=strided_insert)
+    signature = function_type(func)
+    wide_f64 = f64_inside and not any(has_f64(t) for t in [*signature.inputs, *signature.results])
+    info = PayloadInfo(math=math_ops, strided_insert=strided_insert, wide_f64=wide_f64)
     for index, op in enumerate(_linalg_ops(_main(module))):
         iterators, ranges = _loops(op)
         info.ops.append(

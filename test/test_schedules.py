@@ -173,6 +173,22 @@ def test_reduction_schedules_verify(name: str, target: CpuTarget) -> None:
     _proposals_verify(name, fn, args, target)
 
 
+@pytest.mark.parametrize("name", ["var_last", "var_mean", "group_norm"])
+def test_a_widened_variance_is_first_computed_in_f32(name: str, target: CpuTarget) -> None:
+    """torch-mlir computes these variances in f64; the agent's first kernel computes them in
+    f32 (as eager's group norm does), and it verifies."""
+    fn, args = REDUCTIONS[name]
+    (task,) = partition(make_fx(fn, tracing_mode="fake")(*args), target).tasks
+    assert "f64" in task.payload
+    proposal = HeuristicAgent(seed=0).propose(ProposalRequest(task_view(task, target)))
+    assert proposal is not None and proposal.config.get("narrow_f64"), proposal
+    assert "f64" not in proposal.source.split("transform.named_sequence")[0]
+    result = target.evaluate(
+        task.spec, Kernel(proposal.source), oracle=Kernel(task.payload), measure=False
+    )
+    assert result.verdict == "verified", result.error
+
+
 @pytest.mark.parametrize("channels, size", [(5, (9, 11)), (32, (7, 12)), (16, (28, 28))])
 def test_layout_copy_schedules_verify(
     channels: int, size: tuple[int, int], target: CpuTarget

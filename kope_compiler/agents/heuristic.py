@@ -314,6 +314,10 @@ def schedule_space(
             if approx:
                 config["approximate_math"] = True
             found.append((config, score, wide))
+            if info.wide_f64:
+                # The same in f32 where torch-mlir widened a variance to f64 (group norm,
+                # var, std): twice the lanes, no conversions; as eager computes it.
+                found.append(({**config, "narrow_f64": True}, score + 1.0, wide))
     unique: dict[str, tuple[Config, float, bool]] = {}
     for config, score, wide in found:
         unique.setdefault(config_key(config), (config, score, wide))
@@ -464,14 +468,17 @@ class HeuristicAgent(Agent):
         self.seed = seed
         self.jitter = jitter  # seeded noise on the prior: different seeds explore differently
         self.prior_weight = prior_weight  # 0: a flat prior (what memory adds on its own)
-        self._prepared: dict[tuple[str, bool], str] = {}
+        self._prepared: dict[tuple[str, bool, bool], str] = {}
         self._transferred: str | None = None  # the attempt the last choice reuses
 
-    def _payload(self, request: ProposalRequest, approximate: bool) -> str:
-        key = (request.task.key, approximate)
+    def _payload(self, request: ProposalRequest, config: Config | None = None) -> str:
+        """The task's payload prepared as `config` asks (polynomial math, f64 narrowed)."""
+        approximate = bool(config and config.get("approximate_math"))
+        narrow = bool(config and config.get("narrow_f64"))
+        key = (request.task.key, approximate, narrow)
         if key not in self._prepared:
             self._prepared[key] = prepare_payload(
-                request.task.payload, approximate_math=approximate
+                request.task.payload, approximate_math=approximate, narrow_f64=narrow
             )
         return self._prepared[key]
 
@@ -484,13 +491,13 @@ class HeuristicAgent(Agent):
         return None  # it writes MLIR schedules and Triton kernels; this target builds neither
 
     def _propose_schedule(self, request: ProposalRequest) -> Proposal | None:
-        info = analyze(self._payload(request, False))
+        info = analyze(self._payload(request))
         space, widened = schedule_space(info, request.task.capabilities)
         found = self._search(space, request, info, widened)
         if found is None:
             return None
         choice, parent, why = found
-        payload = self._payload(request, bool(choice.get("approximate_math")))
+        payload = self._payload(request, choice)
         source = kernel_source(payload, analyze(payload), choice)
         return Proposal(
             source=source,
@@ -513,7 +520,7 @@ class HeuristicAgent(Agent):
             log.info("%s: no Triton kernel: %s", task.label, triton_unsupported(task))
             return None
         try:
-            info: PayloadInfo | None = analyze(self._payload(request, False))
+            info: PayloadInfo | None = analyze(self._payload(request))
         except Exception:  # its loops only sharpen the cost model's features
             log.warning("%s: the payload's loops are unknown to the cost model", task.label)
             info = None
