@@ -26,6 +26,10 @@ CLEANUP = (
     "canonicalize",
     "cse",
     "linalg-fuse-elementwise-ops",
+    # Elementwise fusion propagates reshapes by expanding ops, which can give them unit dims
+    # again (a hand-written group norm's last op came out 2x4x8x1x256), and an op with a
+    # unit dim the ops around it lack shares no row loop with them.
+    "linalg-fold-unit-extent-dims",
     "canonicalize",
     "cse",
 )

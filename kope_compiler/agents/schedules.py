@@ -432,7 +432,15 @@ def _rows(info: PayloadInfo, config: Config) -> str:
         lead = _row_dims(anchor)
         members = _fusable(
             anchor,
-            [op for op in pending if not op.is_fill and op.ranges[:lead] == anchor.ranges[:lead]],
+            [
+                op
+                for op in pending
+                if not op.is_fill
+                and op.ranges[:lead] == anchor.ranges[:lead]
+                # a reduction over a dim the loop walks would be recomputed in every step
+                and all(op.iterators[d] == "parallel" for d in range(lead))
+            ],
+            info.ops,
         )
         inits = {index for op in [anchor, *members] for index in op.init_producers}
         members += [op for op in pending if op.is_fill and op.index in inits]
@@ -477,11 +485,13 @@ def _rows(info: PayloadInfo, config: Config) -> str:
     return s.text()
 
 
-def _fusable(anchor: OpInfo, candidates: list[OpInfo]) -> list[OpInfo]:
+def _fusable(anchor: OpInfo, candidates: list[OpInfo], ops: list[OpInfo]) -> list[OpInfo]:
     """The candidates a loop around `anchor` can fuse: those it reads directly, and those
     they read, and so on (an op read only through a reshape, or only by ops outside the loop,
-    has no slice in it to fuse), but none the function also returns."""
-    by_index = {op.index: op for op in candidates if not op.returned}
+    has no slice in it to fuse), but none the function also returns or an op after the loop
+    reads: MLIR's fusion crashes on a value used after the loop (LLVM aborts in the build)."""
+    read_after = {index for op in ops if op.index > anchor.index for index in op.producers}
+    by_index = {op.index: op for op in candidates if not op.returned and op.index not in read_after}
     found: list[OpInfo] = []
     frontier = [anchor]
     while frontier:
