@@ -64,6 +64,8 @@ class OpInfo:
     # ops whose results it reads or writes as they are (not through a reshape): the only ones
     # a loop around it can fuse, since fusion follows the slices of its operands
     producers: list[int] = field(default_factory=list)
+    # ops whose results it reads, as they are or through reshapes and casts
+    reads: list[int] = field(default_factory=list)
     # a result of the function besides the root's (a multi-output op's statistics): fusing
     # such an op into a loop crashes MLIR's fusion, so it is computed on its own
     returned: bool = False
@@ -196,6 +198,7 @@ def analyze(text: str) -> PayloadInfo:
     ]
     init_producers = [_init_producers(op, originals) for op in originals]
     producers = [_producers(op, originals) for op in originals]
+    reads = [_reads(op, originals) for op in originals]
     root_index = _root_index(func)
     returned = _returned(func, originals)
     math_ops: set[str] = set()
@@ -204,7 +207,10 @@ def analyze(text: str) -> PayloadInfo:
 
     def collect(op: ir.Operation) -> ir.WalkResult:
         nonlocal strided_insert, f64_inside
-        f64_inside |= op.name != "func.func" and any(has_f64(r.type) for r in op.results)
+        # f64 arithmetic, not an f64 constant truncated where it is used (an epsilon)
+        f64_inside |= op.name not in ("func.func", "arith.constant") and any(
+            has_f64(r.type) for r in op.results
+        )
         if op.name.startswith("math."):
             math_ops.add(op.name)
         if op.name == "tensor.insert_slice":
@@ -233,6 +239,7 @@ def analyze(text: str) -> PayloadInfo:
                 index == root_index,
                 permutations[index],
                 producers[index],
+                reads[index],
                 index in returned and index != root_index,
             )
         )
@@ -325,6 +332,11 @@ def _init_producers(op: ir.Operation, ops: list[ir.Operation]) -> list[int]:
 
 def _producers(op: ir.Operation, ops: list[ir.Operation]) -> list[int]:
     return _produced_by(op.operands, ops)
+
+
+def _reads(op: ir.Operation, ops: list[ir.Operation]) -> list[int]:
+    found = (_returned_op(value, ops) for value in op.operands)
+    return sorted({index for index in found if index is not None})
 
 
 def _returned_op(value: ir.Value, ops: list[ir.Operation]) -> int | None:

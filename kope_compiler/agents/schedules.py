@@ -427,9 +427,10 @@ def _rows(info: PayloadInfo, config: Config) -> str:
     largest = max(info.ops, key=lambda op: math.prod(op.ranges) if op.ranges else 0)
     row_tiled: set[int] = set()  # ops whose leading (reduced) dim the row loop tiles itself
     anchor: OpInfo | None = root
+    leads: dict[int, int] = {}  # per op, how many leading dims its row loop walks
     while anchor is not None:
         rank = len(anchor.ranges)
-        lead = _row_dims(anchor)
+        lead = _shared_row_dims(anchor, pending)
         members = _fusable(
             anchor,
             [
@@ -464,6 +465,7 @@ def _rows(info: PayloadInfo, config: Config) -> str:
             row_tiled.add(largest.index)
             pending = [op for op in pending if op is not largest]
         handles[anchor.index] = handle
+        leads.update({op.index: lead for op in [anchor, *members]})
         anchor = next((op for op in pending if not op.is_fill), None)
         pending = [op for op in pending if op is not anchor]
     for op in [op for op in reversed(info.ops) if op.index not in root_inits]:
@@ -471,6 +473,12 @@ def _rows(info: PayloadInfo, config: Config) -> str:
             continue
         inner = [0] * len(op.ranges)
         last = len(op.ranges) - 1
+        # Dims between the row loop's and the row itself are walked one at a time: a
+        # reduced one keeps the accumulator a row of vectors, and a parallel one (below a
+        # row loop shared with a group's statistics) keeps every vector one row long.
+        for dim in range(leads.get(op.index, 0), last):
+            if not (dim == 0 and op.index in row_tiled):
+                inner[dim] = 1
         for dim in op.reduction_dims:
             if dim != last and not (dim == 0 and op.index in row_tiled):
                 inner[dim] = 1
@@ -490,7 +498,7 @@ def _fusable(anchor: OpInfo, candidates: list[OpInfo], ops: list[OpInfo]) -> lis
     they read, and so on (an op read only through a reshape, or only by ops outside the loop,
     has no slice in it to fuse), but none the function also returns or an op after the loop
     reads: MLIR's fusion crashes on a value used after the loop (LLVM aborts in the build)."""
-    read_after = {index for op in ops if op.index > anchor.index for index in op.producers}
+    read_after = {index for op in ops if op.index > anchor.index for index in op.reads}
     by_index = {op.index: op for op in candidates if not op.returned and op.index not in read_after}
     found: list[OpInfo] = []
     frontier = [anchor]
@@ -502,6 +510,23 @@ def _fusable(anchor: OpInfo, candidates: list[OpInfo], ops: list[OpInfo]) -> lis
                 found.append(producer)
                 frontier.append(producer)
     return found
+
+
+def _shared_row_dims(anchor: OpInfo, pending: list[OpInfo]) -> int:
+    """The leading dims a row loop around `anchor` walks: its own row dims (`_row_dims`), or
+    fewer where a reduction it may fuse walks fewer (group norm's statistics reduce channels
+    and positions that its last op keeps apart: the loop walks (N, groups) for both)."""
+    lead = _row_dims(anchor)
+    for op in pending:
+        depth = _row_dims(op)
+        if (
+            op.reduction_dims
+            and depth < lead
+            and op.ranges[:depth] == anchor.ranges[:depth]
+            and all(op.iterators[d] == anchor.iterators[d] == "parallel" for d in range(depth))
+        ):
+            lead = depth
+    return lead
 
 
 def _row_dims(op: OpInfo) -> int:
