@@ -141,6 +141,9 @@ def _packed_points(
     ):
         if not packable(info, mr, nr):
             continue
+        plain = info.plain_matmul
+        if plain is not None and plain.k % kr:
+            continue  # rendered with k not unrolled (`_packed_schedule`): the kr=1 point
         score = 1.0 + (2.0 if (t > 1) == big else 0.0)
         score += 1.0 if (mr, nr) == (4, 2 * lanes) else 0.0
         score += 0.5 if cache == (64, 256, 256) else 0.0
