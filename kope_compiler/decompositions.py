@@ -10,7 +10,8 @@ its reference lowering is imported from the decomposition (`kope.task.import_gro
 picks the index of argmax, argmin, max.dim and min.dim with an ordered compare against the
 running extreme (`arith.cmpf ogt`/`olt`), which a NaN never wins and which nothing wins once
 the extreme is NaN, so a row with a NaN gets the index of its extreme before the first NaN;
-eager takes a NaN for the extreme and returns the first NaN's index. torch-mlir computes group
+eager takes a NaN for the extreme and returns the first NaN's index. Its clamp, hardtanh (relu6),
+threshold, maximum and minimum turn a NaN into a number; eager keeps it. torch-mlir computes group
 norm's variance in f64 over a (N, groups, rest) view and applies its weight and bias in
 another, (N, C, *): eager's statistics are in f32, and a kernel can fuse the whole op into one
 row loop over groups only where a single view holds it.
@@ -184,6 +185,56 @@ def native_group_norm(
     return y.reshape(x.shape), mean.reshape(n, groups), rstd.reshape(n, groups)
 
 
+Bound = torch.Tensor | float | int | bool | None
+
+
+def _bounded(x: torch.Tensor, bound: Bound, beyond: Callable[..., torch.Tensor]) -> torch.Tensor:
+    """`x` with `bound` where `x` lies beyond it or the bound is NaN (a NaN in `x` stays)."""
+    if bound is None:
+        return x
+    if isinstance(bound, torch.Tensor):
+        take = beyond(x, bound) | (bound != bound)
+    elif math.isnan(bound):
+        take = torch.ones_like(x, dtype=torch.bool)
+    else:
+        take = beyond(x, bound)
+    return torch.where(take, bound, x)
+
+
+def clamp(x: torch.Tensor, lo: Bound = None, hi: Bound = None) -> torch.Tensor:
+    """`aten.clamp` (Scalar and Tensor bounds) as eager computes it: a NaN in `x` or in a bound
+    gives NaN; a low bound above the high one gives the high one (see
+    `REFERENCE_DECOMPOSITIONS`)."""
+    return _bounded(_bounded(x, lo, torch.lt), hi, torch.gt)
+
+
+def clamp_min(x: torch.Tensor, lo: Bound) -> torch.Tensor:
+    return clamp(x, lo, None)
+
+
+def clamp_max(x: torch.Tensor, hi: Bound) -> torch.Tensor:
+    return clamp(x, None, hi)
+
+
+def hardtanh(x: torch.Tensor, lo: float = -1.0, hi: float = 1.0) -> torch.Tensor:
+    return clamp(x, lo, hi)
+
+
+def threshold(x: torch.Tensor, threshold: float, value: float) -> torch.Tensor:
+    """`aten.threshold`: `value` where `x <= threshold`, a NaN kept."""
+    return torch.where(x <= threshold, value, x)
+
+
+def maximum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`aten.maximum`, NaN if either is."""
+    return torch.where(a != a, a, torch.where((b != b) | (b > a), b, a))
+
+
+def minimum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`aten.minimum`, NaN if either is."""
+    return torch.where(a != a, a, torch.where((b != b) | (b < a), b, a))
+
+
 # Operators whose torch-mlir lowering computes something else than eager: their reference
 # lowering is imported from these (see the module docstring).
 REFERENCE_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
@@ -194,6 +245,17 @@ REFERENCE_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten.argmin.default: argmin,
     aten.max.dim: max_dim,
     aten.min.dim: min_dim,
+    # torch-mlir clamps with maxnumf/minnumf, which turn a NaN into the bound
+    aten.clamp.default: clamp,
+    aten.clamp.Tensor: clamp,
+    aten.clamp_min.default: clamp_min,
+    aten.clamp_min.Tensor: clamp_min,
+    aten.clamp_max.default: clamp_max,
+    aten.clamp_max.Tensor: clamp_max,
+    aten.hardtanh.default: hardtanh,
+    aten.threshold.default: threshold,
+    aten.maximum.default: maximum,
+    aten.minimum.default: minimum,
 }
 
 

@@ -208,3 +208,47 @@ def test_group_norm_reference_is_f32_in_one_view_and_verifies(
     )
     for g, e in zip(got, want, strict=True):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
+_NAN_KEEPING = {
+    "clamp": (lambda x: x.clamp(-0.5, 0.5), (torch.empty(4, 33),)),
+    "clamp_min_f16": (lambda x: x.clamp_min(0.1), (torch.empty(5, 17, dtype=torch.float16),)),
+    "clamp_max_int": (lambda x: x.clamp_max(3), (torch.empty(6, 9, dtype=torch.int32),)),
+    "clamp_tensors": (lambda x, lo, hi: x.clamp(lo, hi), tuple(torch.empty(3, 40) for _ in "xyz")),
+    "relu6": (lambda x: torch.nn.functional.relu6(x), (torch.empty(2, 8, 5),)),
+    "hardtanh": (lambda x: torch.nn.functional.hardtanh(x, -2.0, 2.0), (torch.empty(4, 33),)),
+    "threshold": (lambda x: torch.nn.functional.threshold(x, 0.1, 20.0), (torch.empty(4, 33),)),
+    "maximum": (torch.maximum, (torch.empty(4, 33), torch.empty(4, 33))),
+    "minimum_broadcast": (torch.minimum, (torch.empty(4, 33), torch.empty(33))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_NAN_KEEPING))
+def test_nan_keeping_references_verify_against_eager(cpu: CpuTarget, name: str) -> None:
+    """torch-mlir's clamp, hardtanh (relu6), threshold, maximum and minimum turn a NaN into a
+    number; their references are KOPE's decompositions, which keep it as eager does, and
+    pass the nonfinite trial (NaN and ±Inf in every input)."""
+    fn, args = _NAN_KEEPING[name]
+    task = _task(fn, *args)
+    result = cpu.evaluate(task.spec, task.reference, measure=False, seed=0)
+    assert result.verdict == VERIFIED, result.error
+
+
+def test_clamp_decompositions_agree_with_eager_on_special_values() -> None:
+    x = torch.tensor([1.0, NAN, -3.0, -0.0, 0.0, INF, -INF, 0.5])
+    lo = torch.tensor([NAN, 0.0, 0.0, 0.0, -0.0, 0.0, 0.0, 2.0])
+    hi = torch.tensor([2.0, 2.0, NAN, 1.0, 1.0, 1.0, 1.0, 1.0])  # the last: lo above hi
+    decomposed = REFERENCE_DECOMPOSITIONS
+    for op, args in [
+        (aten.clamp.Tensor, (x, lo, hi)),
+        (aten.clamp.Tensor, (x, None, hi)),
+        (aten.clamp.default, (x, -0.5, 0.5)),
+        (aten.clamp.default, (x, NAN, None)),
+        (aten.clamp.default, (x, 2.0, 1.0)),
+        (aten.clamp_min.Tensor, (x, lo)),
+        (aten.hardtanh.default, (x, 0.0, 6.0)),
+        (aten.threshold.default, (x, 0.0, 5.0)),
+        (aten.maximum.default, (x, lo)),
+        (aten.minimum.default, (lo, x)),
+    ]:
+        torch.testing.assert_close(decomposed[op](*args), op(*args), equal_nan=True, msg=str(op))

@@ -89,6 +89,9 @@ ELEMENTWISE = {
     "nan_to_num": (torch.nan_to_num, (_x(),)),
     "maximum": (torch.maximum, (_x(), _x())),
     "minimum": (torch.minimum, (_x(), _x())),
+    # references from NaN-keeping decompositions (torch-mlir's clamp drops a NaN)
+    "clamp": (lambda x: x.clamp(-0.5, 0.5), (_x(),)),
+    "relu6_of_sum": (lambda x, y: torch.nn.functional.relu6(x + y), (_x(), _x())),
 }
 
 

@@ -185,3 +185,51 @@ def test_the_real_reference_sum_of_2m_floats_verifies() -> None:
     )
     result = _verify(job, kernel, None)
     assert result.verified, result.error
+
+
+@pytest.mark.parametrize("shape", [(1,), (2,), (3,), (4,), (3, 1), (2, 2, 1), (7,)])
+def test_every_nonfinite_trial_holds_nan_and_both_infinities(shape: tuple[int, ...]) -> None:
+    """Drawn 1 in 18 per element, a small data operand often held no NaN at all: the nonfinite
+    trial then tested nothing non-finite. Each special value is now there, as room allows."""
+    for seed in range(40):
+        x = verify.make_inputs([TensorSpec(shape, "float32")], verify.Trial("nonfinite", seed))[0]
+        assert x.shape == shape
+        assert torch.isnan(x).any()
+        if x.numel() >= 2:
+            assert (x == math.inf).any()
+        if x.numel() >= 3:
+            assert (x == -math.inf).any()
+
+
+_NAN_DROPPING_CLAMP = """
+func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {
+  %lo = arith.constant 0.0 : f32
+  %hi = arith.constant 1.0 : f32
+  %empty = tensor.empty() : tensor<4xf32>
+  %r = linalg.generic {indexing_maps = [affine_map<(d0) -> (d0)>, affine_map<(d0) -> (d0)>],
+                       iterator_types = ["parallel"]}
+      ins(%x : tensor<4xf32>) outs(%empty : tensor<4xf32>) {
+  ^bb0(%in: f32, %out: f32):
+    %a = arith.maxnumf %in, %lo : f32
+    %b = arith.minnumf %a, %hi : f32
+    linalg.yield %b : f32
+  } -> tensor<4xf32>
+  return %r : tensor<4xf32>
+}
+"""
+
+
+def test_a_kernel_that_turns_nan_into_a_number_fails_on_a_small_tensor() -> None:
+    """torch-mlir's clamp made NaN the lower bound, where eager keeps NaN. On 4 elements that
+    lowering passed verification for the seed the key gave it, and
+    torch.compile(backend="kope") returned 0.0 for a NaN that eager returns as NaN. (Its
+    reference is now a NaN-keeping decomposition; this kernel is that lowering's clamp.)"""
+    graph = make_fx(lambda x: torch.clamp(x, 0.0, 1.0), tracing_mode="fake")(torch.randn(4))
+    (task,) = partition(graph, CpuTarget()).tasks
+    kernel = build_kernel(task.spec, Kernel(_NAN_DROPPING_CLAMP))
+    x = torch.tensor([math.nan, 0.5, 2.0, -1.0])
+    assert kernel(x)[0][0].item() == 0.0  # the defect, in the kernel itself
+    for seed in range(8):
+        job = EvalJob(CpuTarget, task.spec, Kernel(_NAN_DROPPING_CLAMP), None, False, seed, 1)
+        result = _verify(job, kernel, None)
+        assert not result.verified and "nonfinite trial" in (result.error or ""), seed
