@@ -8,7 +8,8 @@ results cross the boundary, and empty-tensor elimination computes them in place)
 the stack inside loops and overflows it). Two legalizations make vectorized forms lower
 correctly: integer powers become multiplications (`kope-expand-powers`: a vector
 `math.fpowi` lowers to invalid `llvm.intr.powi`), and vectors of i1 are stored one byte per
-element (`kope-bool-vector-memory`: LLVM packs them in bits).
+element (`kope-bool-vector-memory`: LLVM packs them in bits). bf16 arithmetic is computed in f32
+(`kope-emulate-bf16`): LLVM would round each result with `__truncsfbf2`, which the JIT lacks.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from kope.passes.abi import DestinationAbi
 from kope.passes.base import PipelineElement, PipelinePass
 from kope.passes.bool_memory import BoolVectorMemory
+from kope.passes.emulate_bf16 import EmulateBf16
 from kope.passes.hoist_allocs import HoistAllocs
 from kope.passes.integer_powers import ExpandPowers
 from kope.passes.memref_copy import MemrefCopyToLinalg
@@ -68,6 +70,7 @@ class LowerCpu(PipelinePass):
         return [
             ApplySchedule(),  # a kernel's own schedule, on its tensor payload
             ExpandPowers(),  # before math-to-llvm: powi takes no vector exponent
+            EmulateBf16(),  # bf16 computed in f32: LLVM's bf16 rounding is a libcall
             DestinationAbi(),
             "inline",
             "symbol-dce",

@@ -182,7 +182,8 @@ def test_kope_opt_dump_pass_pipeline_expands_kope_pipelines() -> None:
     assert proc.returncode == 0, proc.stderr
     dumped = proc.stderr.splitlines()[0]
     assert dumped.startswith(
-        "builtin.module(kope-apply-schedule,kope-expand-powers,kope-destination-abi,inline,"
+        "builtin.module(kope-apply-schedule,kope-expand-powers,kope-emulate-bf16,"
+        "kope-destination-abi,inline,"
     )
     assert dumped.endswith(",kope-bool-vector-memory)")
     assert "kope-lower-cpu" not in dumped and "kope-memref-copy-to-linalg" in dumped
