@@ -87,6 +87,10 @@ def eager_reason(node: fx.Node, target: Target) -> tuple[str, bool] | None:
         return f"{name} mutates its arguments in place", True
     if torch.Tag.nondeterministic_seeded in op.tags:
         return f"{name} draws random numbers; its results cannot be verified", True
+    if not schema.returns:
+        # aten._assert_async, _assert_tensor_metadata: checks that aot_autograd leaves in the
+        # graph (a one_hot's bounds, a dtype conversion's input), not compute operators.
+        return f"{name} returns nothing (a check, not a compute operator)", False
     val = node.meta.get("val")
     if val is None:
         return f"{name} has no shape information", True

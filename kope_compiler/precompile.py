@@ -74,7 +74,11 @@ def trace(
                 eager[(node.op, node.reason)] = eager.get((node.op, node.reason), 0) + 1
         return make_boxed_func(gm.forward)
 
+    graphs = 0
+
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        nonlocal graphs
+        graphs += 1
         return aot_autograd(fw_compiler=forward_compiler)(gm, example_inputs)
 
     torch._dynamo.reset()
@@ -84,6 +88,11 @@ def trace(
         except Exception as err:
             raise ModelLoadError(f"tracing the model failed: {type(err).__name__}: {err}") from err
     torch._dynamo.reset()
+    if not graphs:  # dynamo skipped every frame (nn.LSTM, say): no backend ever sees it
+        log.warning(
+            "dynamo compiled no graph of the model: it runs eagerly under torch.compile, and "
+            "there is nothing to optimize (TORCH_LOGS=graph_breaks says why)"
+        )
     return list(found.values()), eager
 
 

@@ -178,10 +178,15 @@ class Report:
                     )
                 )
         lines = table_lines(rows)
+        if sum(g.compute_ops for g in self.graphs):
+            share = f"JIT share of compute operators that ran: {self.jit_share():.0%}"
+        elif self.graphs:
+            share = "no compute operator reached KOPE"
+        else:  # dynamo skipped the model (nn.LSTM, say): it ran eagerly, without a backend
+            share = "dynamo compiled no graph (TORCH_LOGS=graph_breaks says why)"
         lines.append(
             f"{len(self.tasks)} tasks ({len(groups)} distinct), "
-            f"{sum(1 for t in self.tasks if t.jit)} on JIT kernels; "
-            f"JIT share of compute operators that ran: {self.jit_share():.0%}"
+            f"{sum(1 for t in self.tasks if t.jit)} on JIT kernels; {share}"
         )
         for index, graph in enumerate(self.graphs):
             if graph.rewrites:
