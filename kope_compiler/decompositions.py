@@ -11,10 +11,7 @@ picks the index of argmax, argmin, max.dim and min.dim with an ordered compare a
 running extreme (`arith.cmpf ogt`/`olt`), which a NaN never wins and which nothing wins once
 the extreme is NaN, so a row with a NaN gets the index of its extreme before the first NaN;
 eager takes a NaN for the extreme and returns the first NaN's index. Its clamp, hardtanh (relu6),
-threshold, maximum and minimum turn a NaN into a number; eager keeps it. torch-mlir computes group
-norm's variance in f64 over a (N, groups, rest) view and applies its weight and bias in
-another, (N, C, *): eager's statistics are in f32, and a kernel can fuse the whole op into one
-row loop over groups only where a single view holds it.
+threshold, maximum and minimum turn a NaN into a number; eager keeps it.
 """
 
 from __future__ import annotations
@@ -155,36 +152,6 @@ def min_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> Any:
     return _first_extreme(x, dim, keepdim, torch.amin)
 
 
-def native_group_norm(
-    x: torch.Tensor,
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    n: int,
-    c: int,
-    positions: int,
-    groups: int,
-    eps: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`aten.native_group_norm` (what `aten.group_norm` calls) with its statistics in the
-    input's precision, as eager computes them, and the whole op in one view, (N, groups,
-    channels per group, *spatial): channels split, spatial dims kept, so that no reshape
-    stands between its ops (see `REFERENCE_DECOMPOSITIONS`)."""
-    per_group = c // groups
-    spatial = tuple(x.shape[2:])
-    grouped = x.reshape(n, groups, per_group, *spatial)
-    reduced = tuple(range(2, grouped.dim()))
-    mean = grouped.mean(reduced, keepdim=True)
-    deviation = grouped - mean
-    rstd = torch.rsqrt((deviation * deviation).mean(reduced, keepdim=True) + eps)
-    y = deviation * rstd
-    channel = (groups, per_group) + (1,) * len(spatial)
-    if weight is not None:
-        y = y * weight.reshape(channel)
-    if bias is not None:
-        y = y + bias.reshape(channel)
-    return y.reshape(x.shape), mean.reshape(n, groups), rstd.reshape(n, groups)
-
-
 Bound = torch.Tensor | float | int | bool | None
 
 
@@ -238,9 +205,6 @@ def minimum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 # Operators whose torch-mlir lowering computes something else than eager: their reference
 # lowering is imported from these (see the module docstring).
 REFERENCE_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
-    # group_norm is what a Task holds; tracing reaches native_group_norm, which it calls.
-    aten.group_norm.default: aten.group_norm.default.decompose,
-    aten.native_group_norm.default: native_group_norm,
     aten.argmax.default: argmax,
     aten.argmin.default: argmin,
     aten.max.dim: max_dim,

@@ -173,43 +173,6 @@ def test_arg_extreme_decompositions_pick_as_eager(dtype: torch.dtype) -> None:
                 assert torch.allclose(values, want_values, equal_nan=True), (op, dim, keepdim)
 
 
-@pytest.mark.parametrize(
-    ("shape", "groups", "affine"),
-    [
-        ((2, 12, 7, 9), 3, True),
-        ((3, 10, 33), 5, False),
-        ((4, 6), 2, True),
-        ((1, 8, 2, 3, 5), 4, True),
-    ],
-    ids=["nchw", "ncl_no_affine", "nc", "ncdhw"],
-)
-def test_group_norm_reference_is_f32_in_one_view_and_verifies(
-    cpu: CpuTarget, shape: tuple[int, ...], groups: int, affine: bool
-) -> None:
-    """Group norm's reference is KOPE's decomposition: statistics in f32, as eager computes
-    them (torch-mlir's are f64), and every op over (N, groups, channels per group, *spatial),
-    so one row loop over (N, groups) can hold the whole op; it verifies against eager on
-    random, edge and nonfinite trials, and its mean and rstd are eager's."""
-    x = torch.randn(shape)
-    c = shape[1]
-    if affine:
-        w, b = torch.randn(c), torch.randn(c)
-        task = _task(lambda x, w, b: torch.nn.functional.group_norm(x, groups, w, b), x, w, b)
-    else:
-        w = b = None
-        task = _task(lambda x: torch.nn.functional.group_norm(x, groups), x)
-    assert "xf64" not in task.payload
-    result = cpu.evaluate(task.spec, task.reference, measure=False, seed=0)
-    assert result.verdict == VERIFIED, result.error
-    n, positions = shape[0], x[0, 0].numel()
-    want = aten.native_group_norm.default(x, w, b, n, c, positions, groups, 1e-5)
-    got = REFERENCE_DECOMPOSITIONS[aten.native_group_norm.default](
-        x, w, b, n, c, positions, groups, 1e-5
-    )
-    for g, e in zip(got, want, strict=True):
-        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
-
-
 _NAN_KEEPING = {
     "clamp": (lambda x: x.clamp(-0.5, 0.5), (torch.empty(4, 33),)),
     "clamp_min_f16": (lambda x: x.clamp_min(0.1), (torch.empty(5, 17, dtype=torch.float16),)),

@@ -195,7 +195,7 @@ def test_reduction_schedules_verify(name: str, target: CpuTarget) -> None:
     _proposals_verify(name, fn, args, target)
 
 
-@pytest.mark.parametrize("name", ["var_last", "var_mean"])
+@pytest.mark.parametrize("name", ["var_last", "var_mean", "group_norm"])
 def test_a_widened_variance_is_first_computed_in_f32(name: str, target: CpuTarget) -> None:
     """torch-mlir computes these variances in f64; the agent's first kernel computes them in
     f32, and it verifies."""
