@@ -215,3 +215,11 @@ def test_clamp_decompositions_agree_with_eager_on_special_values() -> None:
         (aten.minimum.default, (lo, x)),
     ]:
         torch.testing.assert_close(decomposed[op](*args), op(*args), equal_nan=True, msg=str(op))
+
+
+def test_nan_to_num_reference_verifies_against_its_own_dtype(cpu: CpuTarget) -> None:
+    """nan_to_num puts its dtype's largest finite value for Inf: the float64 oracle's rounds to
+    Inf in float32, and the correct reference mismatched; its oracle runs in float32."""
+    task = _task(torch.nan_to_num, torch.empty(4, 33))
+    result = cpu.evaluate(task.spec, task.reference, measure=False, seed=0)
+    assert result.verdict == VERIFIED, result.error
