@@ -18,7 +18,7 @@ from torch_mlir.passmanager import PassManager
 from kope.passes.abi import function_type
 from kope.passes.base import PipelineElement
 from kope.passes.integer_powers import ExpandPowers
-from kope.passes.narrow_f64 import NarrowF64, has_f64
+from kope.passes.narrow_f64 import NarrowF64, boundary_has_f64, has_f64
 
 OP_ATTR = "kope.op"
 CLEANUP = (
@@ -224,8 +224,7 @@ def analyze(text: str) -> PayloadInfo:
         PassManager.parse("builtin.module(func.func(linalg-generalize-named-ops))").run(
             module.operation
         )
-    signature = function_type(func)
-    wide_f64 = f64_inside and not any(has_f64(t) for t in [*signature.inputs, *signature.results])
+    wide_f64 = f64_inside and not boundary_has_f64(func)
     info = PayloadInfo(math=math_ops, strided_insert=strided_insert, wide_f64=wide_f64)
     for index, op in enumerate(_linalg_ops(_main(module))):
         iterators, ranges = _loops(op)

@@ -35,9 +35,13 @@ EMULATION = (
 )
 
 
+def _element(type_: ir.Type) -> ir.Type:
+    """The element type of a shaped type (tensor, vector, memref); a scalar type itself."""
+    return type_.element_type if isinstance(type_, ir.ShapedType) else type_
+
+
 def _is_bf16(type_: ir.Type) -> bool:
-    element = type_.element_type if isinstance(type_, ir.ShapedType) else type_
-    return isinstance(element, ir.BF16Type)
+    return isinstance(_element(type_), ir.BF16Type)
 
 
 def has_bf16(module: ir.Operation) -> bool:
@@ -83,9 +87,7 @@ def _truncate_through_f32(module: ir.Operation) -> None:
 
     def visit(op: ir.Operation) -> ir.WalkResult:
         if op.name == "arith.truncf" and _is_bf16(op.results[0].type):
-            source = op.operands[0].type
-            element = source.element_type if isinstance(source, ir.ShapedType) else source
-            if isinstance(element, ir.F64Type):
+            if isinstance(_element(op.operands[0].type), ir.F64Type):
                 found.append(op)
         return ir.WalkResult.ADVANCE
 

@@ -45,6 +45,12 @@ def has_f64(type_: ir.Type) -> bool:
     return bool(type_ == f64)
 
 
+def boundary_has_f64(func: ir.Operation) -> bool:
+    """Whether a `func.func` takes or returns f64 values (then its f64 is not internal)."""
+    signature = function_type(func)
+    return any(has_f64(t) for t in [*signature.inputs, *signature.results])
+
+
 def _ops(op: ir.Operation) -> list[ir.Operation]:
     found: list[ir.Operation] = []
 
@@ -74,11 +80,10 @@ class NarrowF64(ModulePass):
                     self._narrow(func)
 
     def _narrow(self, func: ir.Operation) -> None:
-        signature = function_type(func)
         ops = _ops(func)[:-1]  # the walk ends with the function itself
         if not any(has_f64(r.type) for op in ops for r in op.results):
             return
-        if any(has_f64(t) for t in [*signature.inputs, *signature.results]):
+        if boundary_has_f64(func):
             self.warn(func.location, "f64 arguments or results: the f64 arithmetic is kept")
             return
         for op in ops:

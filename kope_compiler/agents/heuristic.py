@@ -63,6 +63,7 @@ from kope.agents.schedules import (
     conv_dims,
     describe,
     fits,
+    k_unroll,
     kernel_source,
     packable,
     transposed_dims,
@@ -142,8 +143,8 @@ def _packed_points(
         if not packable(info, mr, nr):
             continue
         plain = info.plain_matmul
-        if plain is not None and plain.k % kr:
-            continue  # rendered with k not unrolled (`_packed_schedule`): the kr=1 point
+        if plain is not None and k_unroll(plain, kr) != kr:
+            continue  # it would render as the point that does not unroll k
         score = 1.0 + (2.0 if (t > 1) == big else 0.0)
         score += 1.0 if (mr, nr) == (4, 2 * lanes) else 0.0
         score += 0.5 if cache == (64, 256, 256) else 0.0

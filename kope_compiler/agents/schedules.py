@@ -951,11 +951,16 @@ def _packed_product(plain: PlainMatmul, shape: _Panels) -> str:
     )
 
 
+def k_unroll(plain: PlainMatmul, kr: int) -> int:
+    """The k unroll a packed kernel renders for a requested `kr`: k is not padded, and an
+    unroll that does not divide it would leave a masked partial tile (255x129x193 with k
+    unrolled by 4 ran 6x slower), so there k is not unrolled."""
+    return kr if plain.k % kr == 0 else 1
+
+
 def _packed_schedule(plain: PlainMatmul, config: Config, shape: _Panels) -> str:
     mr, nr, kr = config["register"]
-    # k is not padded: an unroll that does not divide it would leave a masked partial tile
-    # (255x129x193 with k unrolled by 4 ran 6x slower), so it is not unrolled there.
-    kr = kr if plain.k % kr == 0 else 1
+    kr = k_unroll(plain, kr)
     s = Script()
     fill, product = s.match_op(0), s.match_op(1)
     if shape.threads > 1:
