@@ -150,13 +150,19 @@ def _choice(
             pinned.id,
         )
     figures = standing.baseline or reference
-    if figures.latency_us is None:
-        reason = "the reference lowering is verified but too slow to time; no faster kernel known"
-    elif standing.challenger is not None:
+    refuted = standing.refuted
+    if standing.challenger is not None:
         reason = (
             f"eager until a clean confirmation: the {standing.challenger.source} kernel's "
             f"{standing.challenger.speedup_vs_eager or 0:.2f}x did not reproduce cleanly"
         )
+    elif refuted is not None:
+        reason = (
+            f"eager: the {refuted.source} kernel that won failed its re-check "
+            f"({refuted.verdict}: {_first_line(refuted.error)}) and is never run"
+        )
+    elif figures.latency_us is None:
+        reason = "the reference lowering is verified but too slow to time; no faster kernel known"
     else:
         reason = (
             f"eager is fastest ({_fmt(figures.eager_us)} µs "

@@ -53,6 +53,7 @@ from kope.vocabulary.evidence import (
     SOURCE_GRAPH,
     SOURCE_REFERENCE,
     SOURCES,
+    TIMEOUT,
     TIMING_CLEAN,
     TIMING_UNKNOWN,
     VERDICTS,
@@ -776,8 +777,9 @@ class Standing:
     `baseline` the latest reference attempt, whose figures show eager against the reference
     lowering (or, on a target that cannot run it, the latest eager timing); `challenger` a
     candidate whose figure says it wins but that no clean confirmation has settled (it is what
-    to re-measure); `legacy` marks a task with no judged timing at all (an older store).
-    `clean` says the choice rests on clean figures.
+    to re-measure); `refuted` the latest re-check of a candidate that failed (a wrong answer,
+    a crash: that kernel never runs again); `legacy` marks a task with no judged timing at all
+    (an older store). `clean` says the choice rests on clean figures.
     """
 
     pinned: AttemptRecord | None = None
@@ -785,6 +787,7 @@ class Standing:
     eager: AttemptRecord | None = None
     challenger: AttemptRecord | None = None
     legacy: bool = False
+    refuted: AttemptRecord | None = None
 
     @property
     def best(self) -> AttemptRecord | None:
@@ -828,6 +831,10 @@ def winner(attempts: Sequence[AttemptRecord], threads: int | None = None) -> Sta
     before KOPE judged timings) keeps the older rule, its fastest verified figure with eager
     as 1, and is marked `legacy` so that the next compile re-times it.
 
+    A kernel that once failed a re-check (a confirmation or re-validation that mismatched,
+    crashed or did not build; a timeout may be the machine's load and does not count) is
+    refuted: whatever its other figures say, it is neither pinned nor a challenger.
+
     A task known only as IR (no eager call: `kope-optimize` inside a pipeline) is judged the
     same way against its reference lowering. Once a task has an eager baseline, figures timed
     against the reference alone no longer pin anything: a kernel they say wins is a challenger,
@@ -851,8 +858,14 @@ def winner(attempts: Sequence[AttemptRecord], threads: int | None = None) -> Sta
         )
         pinned = best if best is not None and best.source != SOURCE_EAGER else None
         return Standing(pinned, baseline, eager, legacy=True)
+    failed = [a for a in counted if _refutes(a)]
+    refuted = {a.artifact for a in failed}
     against_eager = any(a.source == SOURCE_EAGER for a in counted)
-    comparable = [a for a in timed if not against_eager or a.eager_us is not None]
+    comparable = [
+        a
+        for a in timed
+        if (not against_eager or a.eager_us is not None) and a.artifact not in refuted
+    ]
     settled: dict[str, AttemptRecord] = {}  # kernel (artifact) -> its latest clean confirmation
     for a in comparable:
         if a.confirms is not None and a.artifact and a.timing_quality == TIMING_CLEAN:
@@ -869,6 +882,19 @@ def winner(attempts: Sequence[AttemptRecord], threads: int | None = None) -> Sta
     ]
     if not open_ and against_eager:  # a kernel found against the reference alone, untried
         tried = {a.artifact for a in comparable}
-        open_ = [a for a in timed if a.eager_us is None and wins(a) and a.artifact not in tried]
+        open_ = [
+            a for a in timed if a.eager_us is None and wins(a) and a.artifact not in tried | refuted
+        ]
     challenger = max(open_, key=speedup_over_baseline, default=None)
-    return Standing(pinned, baseline, eager, challenger)
+    return Standing(pinned, baseline, eager, challenger, refuted=failed[-1] if failed else None)
+
+
+def _refutes(attempt: AttemptRecord) -> bool:
+    """Whether `attempt` is a failed re-check of a candidate kernel (see `winner`)."""
+    rechecks = attempt.confirms is not None or attempt.transferred_from is not None
+    return (
+        rechecks
+        and bool(attempt.artifact)
+        and attempt.source != SOURCE_EAGER
+        and attempt.verdict not in (VERIFIED, TIMEOUT)
+    )

@@ -252,6 +252,35 @@ def test_a_win_that_does_not_reproduce_is_not_taken(relu_task: Task, tmp_path: P
     assert summary.attempts == 1  # a confirmation is not another attempt of the agent
 
 
+def test_a_kernel_whose_re_check_gives_a_wrong_answer_never_runs(
+    relu_task: Task, tmp_path: Path
+) -> None:
+    """A win whose confirmation mismatches is refuted for good: eager runs, the reason says
+    why (not that the reference was too slow to time), and no later process re-checks it."""
+
+    class MismatchingTarget(ScriptedTarget):
+        def evaluate(self, task: TaskSpec, kernel: Kernel | None, **kw: Any) -> Evaluation:
+            evaluation = super().evaluate(task, kernel, **kw)
+            if kernel is not None and kernel.source == AGENT_KERNEL:
+                return Evaluation("mismatch", error="output 0: 3 of 128 elements differ")
+            return evaluation
+
+    target = MismatchingTarget()
+    store = store_with(tmp_path, relu_task, target)
+    measuring.measure_reference(relu_task, target, store)
+    store.add_attempt(agent_attempt(relu_task, 40.0, TIMING_CLEAN), AGENT_KERNEL)
+    choice = choose(relu_task, target, store, "auto")
+    assert choice.kernel == "eager"
+    assert "failed its re-check (mismatch: output 0: 3 of 128" in choice.reason
+    standing = store.standing(relu_task.key, torch.get_num_threads())
+    assert standing.refuted is not None and standing.challenger is None and standing.clean
+    calls = len(target.calls)
+    measuring.MEASURED.clear()  # a later process
+    again = choose(relu_task, target, store, "auto")
+    assert again.kernel == "eager" and again.reason == choice.reason
+    assert len(target.calls) == calls
+
+
 def test_a_choice_is_reused_only_under_the_threads_it_was_measured_with(
     relu_task: Task, tmp_path: Path
 ) -> None:
