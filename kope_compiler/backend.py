@@ -18,6 +18,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import aot_export_joint_simple
 
 from kope.compiler import compile_graph, settle_graph
+from kope.decompositions import traced_whole
 from kope.errors import KopeError, UnsupportedGraphError
 from kope.options import Options
 from kope.targets import target_class
@@ -85,8 +86,10 @@ def _compile(
 
 def aten_inference_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
     """The aten inference graph of a dynamo graph, taking and returning exactly what it does;
-    raises for graphs that mutate an input or return an alias of one."""
-    aten_gm = aot_export_joint_simple(gm, tuple(example_inputs), trace_joint=False)
+    raises for graphs that mutate an input or return an alias of one. Interpolations stay one
+    node each (`kope.decompositions.traced_whole`)."""
+    with traced_whole():
+        aten_gm = aot_export_joint_simple(gm, tuple(example_inputs), trace_joint=False)
     assert isinstance(aten_gm, fx.GraphModule)  # typed as a callable; a graph in fact
     return aten_gm
 
@@ -109,9 +112,10 @@ def _aot(gm: fx.GraphModule, example_inputs: Sequence[Any], opts: Options) -> Ca
     def backward_compiler(_gm: fx.GraphModule, _inputs: Sequence[Any]) -> Callable[..., Any]:
         raise UnsupportedGraphError(_TRAINING_MESSAGE)
 
-    compiled = aot_autograd(fw_compiler=forward_compiler, bw_compiler=backward_compiler)(
-        gm, example_inputs
-    )
+    with traced_whole():  # as `aten_inference_graph` traces
+        compiled = aot_autograd(fw_compiler=forward_compiler, bw_compiler=backward_compiler)(
+            gm, example_inputs
+        )
     if not uses_kernels:
         log.debug("no operator of this graph runs a JIT kernel: running the graph eagerly")
         return gm.forward

@@ -12,16 +12,26 @@ running extreme (`arith.cmpf ogt`/`olt`), which a NaN never wins and which nothi
 the extreme is NaN, so a row with a NaN gets the index of its extreme before the first NaN;
 eager takes a NaN for the extreme and returns the first NaN's index. Its clamp, hardtanh (relu6),
 threshold, maximum and minimum turn a NaN into a number; eager keeps it.
+
+Interpolations (`F.interpolate`) are native kernels in eager, but PyTorch's tracer takes them
+apart: Python kernels registered at the Autograd and CompositeImplicitAutograd keys, which run
+under aot_autograd's Python dispatcher, trace a 1x3x16x16 bicubic upsample as ~160 index,
+clamp and arithmetic nodes before any partitioner sees it. `traced_whole` keeps them one node
+each while KOPE traces, so that the partition imports them at the coarsest level torch-mlir
+lowers; the decompositions the tracer would have applied join `decomposition_table` for those
+torch-mlir does not lower whole.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch._decomp
 import torch.nn.functional as F
 from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
@@ -225,11 +235,56 @@ REFERENCE_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
 
 FAST_PATHS = frozenset(_KOPE_DECOMPOSITIONS)  # fused eager kernels, faster whole than in parts
 
+# Interpolations the tracer would take apart (see the module docstring), by their `default`
+# (sizes) and `vec` (sizes or scales) overloads; the anti-aliased ones are left out, as their
+# Python kernels call the native op.
+_INTERPOLATIONS = (
+    aten.upsample_nearest1d,
+    aten.upsample_nearest2d,
+    aten.upsample_nearest3d,
+    aten._upsample_nearest_exact1d,
+    aten._upsample_nearest_exact2d,
+    aten._upsample_nearest_exact3d,
+    aten.upsample_linear1d,
+    aten.upsample_bilinear2d,
+    aten.upsample_bicubic2d,
+    aten.upsample_trilinear3d,
+)
+_DECOMPOSING_KEYS = (
+    torch._C.DispatchKey.Autograd,
+    torch._C.DispatchKey.CompositeImplicitAutograd,
+)
+
+
+@contextlib.contextmanager
+def traced_whole() -> Iterator[None]:
+    """While tracing, interpolations stay one node each: their Python kernels at the keys
+    that decompose them are set aside (the C++ kernels below run, as in eager), and put back
+    after. torch.export preserves operators the same way."""
+    overloads = [op for packet in _INTERPOLATIONS for op in (packet.default, packet.vec)]
+    set_aside = {
+        op: {k: op.py_kernels.pop(k) for k in _DECOMPOSING_KEYS if k in op.py_kernels}
+        for op in overloads
+    }
+    for op in overloads:
+        op._dispatch_cache.clear()  # it remembers the Python kernel it resolved to
+    try:
+        yield
+    finally:
+        for op, kernels in set_aside.items():
+            op.py_kernels.update(kernels)
+            op._dispatch_cache.clear()
+
 
 @functools.cache
 def decomposition_table(fast_paths: bool = True) -> dict[Any, Callable[..., Any]]:
-    """torch-mlir's decomposition table, plus KOPE's for fused fast paths if `fast_paths`."""
+    """torch-mlir's decomposition table, plus PyTorch's for the interpolations `traced_whole`
+    keeps (where torch-mlir's has none), plus KOPE's for fused fast paths if `fast_paths`."""
     table = dict(get_decomposition_table())
+    for packet in _INTERPOLATIONS:
+        decomposition = torch._decomp.decomposition_table.get(packet.default)
+        if decomposition is not None:
+            table.setdefault(packet.default, decomposition)
     if fast_paths:
         table.update(_KOPE_DECOMPOSITIONS)
     return table

@@ -9,9 +9,14 @@ softmax written by hand, GELU-tanh expanded; elementwise ops take the contractio
 as their head (its epilogue), after the views a 3-D linear makes between them are sunk below
 them (`sink_views`). Every other compute node becomes a Task at the
 coarsest level torch-mlir lowers: a node is first imported as it is (softmax, layer_norm, ...
-stay one Task); only when that fails and a decomposition is known (torch-mlir's table, plus
-KOPE's own for fused fast paths) is the node replaced by its decomposition in the graph, whose
-nodes are partitioned in turn.
+stay one Task). When that fails and a decomposition is known (`kope.decompositions`:
+torch-mlir's table, PyTorch's for interpolations, KOPE's own for fused fast paths), the node is
+imported through it as one Task, its eager call and baseline still the node's native one (a
+bicubic upsample is one kernel, not ~80 Tasks of index arithmetic); where that does not lower,
+the node runs whole eagerly, as one native call beats its pieces run as small kernels around
+an eager one. Only a decomposition holding a Task of its own (a contraction) or a fused fast
+path (whose parts `kope.compiler` weighs against it whole) replaces the node in the graph,
+its nodes partitioned in turn.
 """
 
 from __future__ import annotations
@@ -557,9 +562,25 @@ def partition(
             except LoweringError as err:
                 failure = f"torch-mlir cannot lower {name}: {err}"
         level = depth.get(node, 0)
-        replacement = None
-        if node.target in table and level < MAX_REFINE_DEPTH:
-            replacement = decompose_in_place(gm, node, table[node.target])
+        decomposition = table.get(node.target) if level < MAX_REFINE_DEPTH else None
+        sub = trace_decomposition(node, decomposition) if decomposition is not None else None
+        if sub is not None and refusal is None and _one_kernel(node, sub):
+            try:
+                result.tasks.append(make_task(node, target_key, decomposed=True))
+                log.debug(
+                    "%s does not lower as a whole (%s); its decomposition does", name, failure
+                )
+            except LoweringError as err:
+                pieces = sum(
+                    _is_aten_op(n.target) and not n.target.is_view for n in sub.graph.nodes
+                )
+                reason = (
+                    f"{failure}; nor does its decomposition as one kernel ({err}), and one "
+                    f"native call is faster than its {pieces} pieces"
+                )
+                result.eager.append(EagerNode(node, name, reason, True))
+            continue
+        replacement = _splice(gm, node, sub) if sub is not None else None
         if replacement is None:
             if node.target in FAST_PATHS and not fast_paths:
                 failure = (
@@ -604,6 +625,20 @@ def partition(
     return result
 
 
+# Operators that are Tasks of their own, with their epilogues (`fused_groups`): a
+# decomposition holding one is partitioned, not imported as one kernel.
+_OWN_TASKS = _CONTRACTIONS | {"convolution.default"}
+
+
+def _one_kernel(node: fx.Node, decomposition: fx.GraphModule) -> bool:
+    """Whether `node`, which torch-mlir does not lower whole, is imported through its
+    `decomposition` as one Task: one that holds no operator that is a Task of its own, for a
+    node that is no fused fast path (whose parts `kope.compiler` weighs against it whole)."""
+    return node.target not in FAST_PATHS and not any(
+        _name(n) in _OWN_TASKS for n in decomposition.graph.nodes
+    )
+
+
 def _take_rewritten(node: fx.Node, made_by: str, target: Target, result: Partition) -> None:
     """A node a rewrite made: its ATen operator (a fused kernel, a layout copy) is a Task where
     torch-mlir lowers it, else it runs eagerly; never decomposed again (that would undo the
@@ -628,6 +663,13 @@ def decompose_in_place(
     gm: fx.GraphModule, node: fx.Node, decomposition: Callable[..., Any]
 ) -> list[fx.Node] | None:
     """Replace `node` by the graph of `decomposition`; the new nodes, or None if it fails."""
+    sub = trace_decomposition(node, decomposition)
+    return None if sub is None else _splice(gm, node, sub)
+
+
+def trace_decomposition(node: fx.Node, decomposition: Callable[..., Any]) -> fx.GraphModule | None:
+    """The graph of `decomposition` on `node`'s arguments (its placeholders are `node`'s input
+    nodes, in order), or None if tracing fails or makes no progress."""
     inputs = node.all_input_nodes
     vals = [n.meta["val"] for n in inputs]
     position = {n: i for i, n in enumerate(inputs)}
@@ -650,9 +692,15 @@ def decompose_in_place(
         return None
     if any(n.op == "call_function" and n.target is node.target for n in sub.graph.nodes):
         return None  # it did not make progress
+    return sub
+
+
+def _splice(gm: fx.GraphModule, node: fx.Node, sub: fx.GraphModule) -> list[fx.Node]:
+    """Replace `node` by the nodes of its decomposition `sub` (`trace_decomposition`'s); the
+    nodes made."""
     env: dict[fx.Node, Any] = {}
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
-    for ph, original in zip(placeholders, inputs, strict=True):
+    for ph, original in zip(placeholders, node.all_input_nodes, strict=True):
         env[ph] = original
     added: list[fx.Node] = []
     result: Any = None

@@ -30,6 +30,7 @@ from torch._dynamo.backends.common import aot_autograd
 from tqdm import tqdm
 
 from kope.agents import make_agent
+from kope.decompositions import traced_whole
 from kope.errors import ModelLoadError
 from kope.measuring import remeasure as remeasure_choice
 from kope.memory.recorder import Recorder, attempt_of
@@ -79,7 +80,8 @@ def trace(
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         nonlocal graphs
         graphs += 1
-        return aot_autograd(fw_compiler=forward_compiler)(gm, example_inputs)
+        with traced_whole():  # as the backend traces
+            return aot_autograd(fw_compiler=forward_compiler)(gm, example_inputs)
 
     torch._dynamo.reset()
     with torch.no_grad():

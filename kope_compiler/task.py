@@ -4,7 +4,9 @@ The reference lowering is torch-mlir's FX import of the single node, lowered to
 linalg-on-tensors (`func.func @main`), in canonical form; its key is the sha256 of that text
 and the target key (`kope.passes.keys`), so every path to the same function finds the same
 kernel. A node torch-mlir lowers to something other than what eager computes (argmax on NaN)
-is imported from KOPE's decomposition of it (`kope.decompositions.REFERENCE_DECOMPOSITIONS`).
+is imported from KOPE's decomposition of it (`kope.decompositions.REFERENCE_DECOMPOSITIONS`),
+and a node torch-mlir does not lower whole may be imported through its decomposition
+(`make_task(..., decomposed=True)`): one function, one kernel, its eager call still the node's.
 """
 
 from __future__ import annotations
@@ -228,24 +230,30 @@ def group_graph(nodes: list[fx.Node]) -> fx.GraphModule:
     return fx.GraphModule(torch.nn.Module(), graph)
 
 
-def exact_graph(gm: fx.GraphModule) -> fx.GraphModule:
+def exact_graph(gm: fx.GraphModule, decomposed: bool = False) -> fx.GraphModule:
     """`gm` with the nodes torch-mlir lowers wrongly traced through their decompositions
-    (`REFERENCE_DECOMPOSITIONS`); `gm` itself when it has none."""
-    if not any(n.target in REFERENCE_DECOMPOSITIONS for n in gm.graph.nodes):
+    (`REFERENCE_DECOMPOSITIONS`), and if `decomposed` every node with a decomposition
+    (`kope.decompositions.decomposition_table`, as torch-mlir's own import does); `gm` itself
+    when it has none."""
+    table = REFERENCE_DECOMPOSITIONS
+    if decomposed:
+        table = {**decompositions.decomposition_table(fast_paths=False), **table}
+    if not any(n.target in table for n in gm.graph.nodes):
         return gm
     vals = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
     fake_mode = detect_fake_mode(vals)
     if fake_mode is None:
-        return make_fx(gm, REFERENCE_DECOMPOSITIONS, tracing_mode="fake")(*vals)
+        return make_fx(gm, table, tracing_mode="fake")(*vals)
     with fake_mode:
-        return make_fx(gm, REFERENCE_DECOMPOSITIONS)(*vals)
+        return make_fx(gm, table)(*vals)
 
 
-def import_group(nodes: list[fx.Node]) -> str:
-    """The reference lowering of a node (or fused group): linalg-on-tensors text (`@main`)."""
+def import_group(nodes: list[fx.Node], decomposed: bool = False) -> str:
+    """The reference lowering of a node (or fused group): linalg-on-tensors text (`@main`);
+    if `decomposed`, imported through its decomposition (`exact_graph`)."""
     node = nodes[-1]
     try:
-        gm = exact_graph(group_graph(nodes))
+        gm = exact_graph(group_graph(nodes), decomposed)
     except Exception as err:  # a decomposition can refuse arguments it does not handle
         raise LoweringError(
             f"tracing the exact decomposition of {op_name(node.target)} failed: {_first_line(err)}"
@@ -267,12 +275,13 @@ def import_group(nodes: list[fx.Node]) -> str:
     return module.operation.get_asm(enable_debug_info=False)
 
 
-def make_task(nodes: fx.Node | list[fx.Node], target_key: str) -> Task:
+def make_task(nodes: fx.Node | list[fx.Node], target_key: str, decomposed: bool = False) -> Task:
     """Import a node (or a group of nodes fused into one kernel) and key it; raises
-    LoweringError when torch-mlir cannot lower it."""
+    LoweringError when torch-mlir cannot lower it. With `decomposed`, the node is imported
+    through its decomposition, as one function; its eager call stays the node's own."""
     group = nodes if isinstance(nodes, list) else [nodes]
     inputs, call, in_specs, out_specs = group_signature(group)
-    payload = reference_lowering(group, call, in_specs, out_specs)
+    payload = reference_lowering(group, call, in_specs, out_specs, decomposed)
     spec = TaskSpec(label_for(call, in_specs), in_specs, out_specs, call)
     return Task(
         group, inputs, spec, payload, task_key(payload, target_key), workload_digest(payload)
@@ -284,8 +293,10 @@ def reference_lowering(
     call: OpCall | Program,
     in_specs: tuple[TensorSpec, ...],
     out_specs: tuple[TensorSpec, ...],
+    decomposed: bool = False,
 ) -> str:
-    """The canonical reference lowering of `group`, whose ATen call and specs are given.
+    """The canonical reference lowering of `group`, whose ATen call and specs are given (if
+    `decomposed`, imported through its decomposition).
 
     The import is a function of the ATen call, its specs and the toolchain alone, and costs
     tens of milliseconds per Task at every compile, so it is cached on disk
@@ -296,6 +307,7 @@ def reference_lowering(
         name = digest(
             json.dumps(encoded, sort_keys=True),
             repr((in_specs, out_specs)),
+            "decomposed" if decomposed else "whole",
             torch.__version__,
             package_version("torch-mlir"),
             source_digest(_IMPORT_SOURCES),
@@ -310,7 +322,7 @@ def reference_lowering(
         if isinstance(entry, dict) and isinstance(entry.get("payload"), str):
             return entry["payload"]
     try:
-        payload = _imported(group)
+        payload = _imported(group, decomposed)
     except LoweringError as err:
         if path is not None:
             write_atomically(path, json.dumps({"error": str(err)}).encode())
@@ -330,9 +342,9 @@ _IMPORT_SOURCES = (
 )
 
 
-def _imported(group: list[fx.Node]) -> str:
+def _imported(group: list[fx.Node], decomposed: bool) -> str:
     try:
-        return canonicalize_module_text(import_group(group))
+        return canonicalize_module_text(import_group(group, decomposed))
     except ir.MLIRError as err:
         # The lowering left ops outside linalg-on-tensors that no target builds (sort and topk
         # become torch-mlir's own `tm_tensor` dialect): the node runs eagerly.

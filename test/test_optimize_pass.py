@@ -138,6 +138,7 @@ def test_an_imported_model_is_optimized_applied_lowered_and_runs_as_the_backend_
     # The backend over the same store: the same keys, and where the pipeline's choice rests on
     # clean figures, the same kernel (a choice on disturbed figures is re-measured at compile).
     kope.reset_report()
+    before = {key: len(recorded.attempts(key)) for key in backend_keys}
     with torch.no_grad():
         compiled = torch.compile(model, backend="kope", options={"store": str(store)})
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
@@ -149,7 +150,9 @@ def test_an_imported_model_is_optimized_applied_lowered_and_runs_as_the_backend_
         if standing.clean:
             pinned = standing.pinned.id if standing.pinned is not None else None
             assert chosen[key] == pinned, key
-            if key in applied:
+            # A choice the compile re-measured (the pipeline's figures were disturbed, as
+            # on a busy machine) rests on the new figures, not on what the pipeline applied.
+            if key in applied and len(recorded.attempts(key)) == before[key]:
                 assert applied[key] == pinned, key
 
 

@@ -1,0 +1,81 @@
+"""Partitioning at the coarsest level torch-mlir lowers, for operators it does not lower whole.
+
+Such an operator is one Task imported through its decomposition (one kernel; its eager call,
+the baseline, stays the operator's native one), or, where that does not lower, runs whole
+eagerly: never dozens of tiny Tasks of its pieces. The class of defect: `F.interpolate(...,
+mode="bicubic")` on 1x3x16x16 was traced as ~160 index, clamp and arithmetic nodes and cut
+into ~80 Tasks, each measured at the first compile (tens of seconds), then all run eagerly
+anyway.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import kope.decompositions
+import kope.partition
+from kope.partition import partition
+from kope.precompile import trace_tasks
+from kope.targets.cpu import CpuTarget
+
+aten = torch.ops.aten
+
+
+class MixThenUpsample(torch.nn.Module):
+    def __init__(self, mode: str, align_corners: bool | None) -> None:
+        super().__init__()
+        self.mix = torch.nn.Parameter(torch.randn(3, 3))
+        self.mode = mode
+        self.align_corners = align_corners
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.einsum("bchw,cd->bdhw", x, self.mix)
+        return F.interpolate(x, scale_factor=2, mode=self.mode, align_corners=self.align_corners)
+
+
+@pytest.mark.parametrize(
+    ("mode", "align_corners", "op"),
+    [
+        ("bicubic", False, "aten.upsample_bicubic2d.default"),
+        ("bilinear", True, "aten.upsample_bilinear2d.default"),
+        ("nearest-exact", None, "aten._upsample_nearest_exact2d.default"),
+    ],
+)
+def test_an_interpolation_is_one_task_and_matches_eager(
+    mode: str, align_corners: bool | None, op: str
+) -> None:
+    model = MixThenUpsample(mode, align_corners).eval()
+    x = torch.randn(1, 3, 7, 6)
+    tasks = trace_tasks(model, (x,), CpuTarget())
+    assert [t.op for t in tasks] == ["aten.bmm.default", op], [t.label for t in tasks]
+    with torch.no_grad():
+        compiled = torch.compile(model, backend="kope", options={"kernels": "reference"})
+        got, want = compiled(x), model(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _median_by_sort(x: torch.Tensor, dim: int, keepdim: bool = False) -> Any:
+    """`aten.median.dim` through a sort, which torch-mlir lowers outside linalg-on-tensors."""
+    values, indices = torch.sort(x, dim)
+    middle = (x.shape[dim] - 1) // 2
+    picked = values.narrow(dim, middle, 1), indices.narrow(dim, middle, 1)
+    return picked if keepdim else (picked[0].squeeze(dim), picked[1].squeeze(dim))
+
+
+def test_an_operator_whose_decomposition_is_not_one_kernel_runs_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its pieces would be a sort run eagerly among small Tasks: the native call runs instead."""
+    table = {**kope.decompositions.decomposition_table(), aten.median.dim: _median_by_sort}
+    monkeypatch.setattr(kope.partition, "decomposition_table", lambda *_: table)
+    monkeypatch.setattr(kope.decompositions, "decomposition_table", lambda *_, **__: table)
+    gm = make_fx(lambda t: torch.median(t, 1).values * 2, tracing_mode="fake")(torch.randn(5, 9))
+    part = partition(gm, CpuTarget())
+    assert [t.op for t in part.tasks] == ["aten.mul.Tensor"]
+    [whole] = [e for e in part.eager if e.compute]
+    assert whole.op == "aten.median.dim" and "one native call" in whole.reason, whole.reason
