@@ -14,6 +14,10 @@ could not go inside them.
 
 A module that holds no bf16 value is left as it is: `arith-expand` also rewrites other
 operations (maximumf, ceildivsi, ...) that the CPU lowering otherwise keeps as intrinsics.
+
+The bf16 values left only move; `kope-bf16-bits` gives them the type i16 once they are in the
+LLVM dialect, where LLVM's vectorizers would otherwise keep bfloats in registers and round
+them with the same libcall.
 """
 
 from __future__ import annotations

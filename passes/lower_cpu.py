@@ -9,7 +9,9 @@ the stack inside loops and overflows it). Two legalizations make vectorized form
 correctly: integer powers become multiplications (`kope-expand-powers`: a vector
 `math.fpowi` lowers to invalid `llvm.intr.powi`), and vectors of i1 are stored one byte per
 element (`kope-bool-vector-memory`: LLVM packs them in bits). bf16 arithmetic is computed in f32
-(`kope-emulate-bf16`): LLVM would round each result with `__truncsfbf2`, which the JIT lacks.
+(`kope-emulate-bf16`): LLVM would round each result with `__truncsfbf2`, which the JIT lacks;
+and it rounds a bfloat it merely holds in a register too, so bf16 values move as i16
+(`kope-bf16-bits`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 
 from kope.passes.abi import DestinationAbi
 from kope.passes.base import PipelineElement, PipelinePass
+from kope.passes.bf16_bits import Bf16Bits
 from kope.passes.bool_memory import BoolVectorMemory
 from kope.passes.emulate_bf16 import EmulateBf16
 from kope.passes.hoist_allocs import HoistAllocs
@@ -40,6 +43,11 @@ TO_LLVM = [
     "lower-affine",
     "expand-strided-metadata",
     "lower-affine",
+    # Math before vectors: what has no LLVM intrinsic (erf, exact or of bf16, has no
+    # polynomial form) becomes libm calls per lane, unrolled through vector.extract/insert,
+    # which must still be lowered; intrinsics first, so libm takes only the rest.
+    "convert-math-to-llvm",
+    "convert-math-to-libm",
     # Vectorized reductions may reassociate (the verifier bounds the rounding difference);
     # strict order would make every vector reduction a chain of scalar adds.
     "convert-vector-to-llvm{reassociate-fp-reductions=true}",
@@ -48,8 +56,6 @@ TO_LLVM = [
     "finalize-memref-to-llvm",
     "convert-scf-to-cf",
     "convert-openmp-to-llvm",
-    "convert-math-to-llvm",
-    "convert-math-to-libm",
     "convert-arith-to-llvm",
     "convert-ub-to-llvm",
     "convert-func-to-llvm",
@@ -81,5 +87,6 @@ class LowerCpu(PipelinePass):
             HoistAllocs(),  # one allocation per call, not per iteration, for fused temporaries
             MemrefCopyToLinalg(),
             *TO_LLVM,
+            Bf16Bits(),  # bf16 values as i16: LLVM rounds a bfloat it holds in a register
             BoolVectorMemory(),  # on the LLVM dialect, where i1 vectors meet memory
         ]
