@@ -4,10 +4,11 @@
                                 [--report out.json]
 
 For each thread count and shape: `kope precompile` of `torch.mm` at the budget on a fresh store
-(the agent's contraction schedules: packed and register-tiled), then the fastest verified
-agent kernel and eager torch.mm timed together in this process, interleaved, with the
-clean-round rules. Prints the ratio eager/kernel (>= 1: the kernel is faster; the goal is
->= 0.9) with the CPU's vector ISA, since these machines differ (AVX-512 or AVX2 only).
+(the agent's contraction schedules: packed and register-tiled); the three verified agent
+kernels with the best precompile figures are timed together in this process, interleaved, and
+the fastest of them is timed against eager torch.mm once more, with the clean-round rules.
+Prints the ratio eager/kernel (>= 1: the kernel is faster; the goal is >= 0.9) with the CPU's
+vector ISA, since these machines differ (AVX-512 or AVX2 only).
 """
 
 from __future__ import annotations
@@ -45,6 +46,23 @@ def isa() -> str:
     return "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
 
 
+# The precompile times each candidate in a run of its own, and on this machine such figures
+# move by 10-20% between runs, as much as near candidates differ: the best few are timed again
+# together, interleaved, and the fastest there is timed once more against eager for the figure
+# (not the same run's, which the pick would flatter).
+FINALISTS = 3
+
+
+def _best_of(
+    task: Any, target: CpuTarget, store: ExperienceStore, verified: list[Any]
+) -> tuple[Any, Any]:
+    ranked = sorted(verified, key=lambda a: -(a.speedup_vs_eager or 0.0))
+    kernels = {a.id: stored_kernel(store, a) for a in ranked[:FINALISTS]}
+    together = time_against_eager(task, target, {k: v for k, v in kernels.items() if v})
+    fastest = min((k for k in together if k != "eager"), key=lambda k: together[k].median_us)
+    return next(a for a in ranked if a.id == fastest), kernels[fastest]
+
+
 def one(m: int, k: int, n: int, threads: int, budget: int, target: CpuTarget) -> dict[str, Any]:
     torch.set_num_threads(threads)
     gen = torch.Generator().manual_seed(0)
@@ -63,9 +81,7 @@ def one(m: int, k: int, n: int, threads: int, budget: int, target: CpuTarget) ->
     row: dict[str, Any] = {"shape": f"{m}x{k}x{n}", "threads": threads, "verified": len(verified)}
     if not verified:
         return row
-    best = max(verified, key=lambda a: a.speedup_vs_eager or 0.0)
-    kernel = stored_kernel(store, best)
-    assert kernel is not None
+    best, kernel = _best_of(task, target, store, verified)
     timings = time_against_eager(task, target, {"kope": kernel})
     eager, kope = timings["eager"], timings["kope"]
     row.update(
