@@ -36,6 +36,19 @@ _HANDLERS: contextvars.ContextVar[tuple[DiagnosticHandler, ...]] = contextvars.C
 )
 
 
+def nested_ops(op: ir.Operation) -> list[ir.Operation]:
+    """Every op nested in `op`, in post-order (`op` itself last): collected first, so that a
+    pass may then rewrite or erase them without disturbing the walk."""
+    found: list[ir.Operation] = []
+
+    def collect(inner: ir.Operation) -> ir.WalkResult:
+        found.append(inner)
+        return ir.WalkResult.ADVANCE
+
+    op.walk(collect)
+    return found
+
+
 def emit_diagnostic(severity: str, location: ir.Location, message: str) -> None:
     """Report a warning or remark at `location` to the innermost handler, else to the log."""
     handlers = _HANDLERS.get()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from torch_mlir import ir
 from torch_mlir.dialects import llvm
 
-from kope.passes.base import ModulePass
+from kope.passes.base import ModulePass, nested_ops
 
 _BITCAST = "llvm.bitcast"
 # Ops that copy bf16 values without reading them as numbers, and the branches that pass them to
@@ -120,29 +120,25 @@ def _carry_as_bits(module: ir.Operation) -> None:
     others: list[ir.Operation] = []  # ops that make or take bf16 values and do not move them
     made: list[ir.Value] = []  # bf16 values those ops (and entry blocks) make
 
-    def visit(op: ir.Operation) -> ir.WalkResult:
+    def sort(value: ir.Value, moves: bool) -> None:
+        bits = bits_type(value.type)
+        if bits is not None and moves:
+            moving[value] = bits
+        elif bits is not None:
+            made.append(value)
+
+    for op in nested_ops(module):
         moves = op.name in _MOVES
         for result in op.results:
-            bits = bits_type(result.type)
-            if bits is not None and moves:
-                moving[result] = bits
-            elif bits is not None:
-                made.append(result)
+            sort(result, moves)
         for region in op.regions:
             for position, block in enumerate(region.blocks):
                 for argument in block.arguments:
-                    bits = bits_type(argument.type)
                     # An entry block's arguments are its function's (or op's) own; the others
                     # are what branches pass.
-                    if bits is not None and position:
-                        moving[argument] = bits
-                    elif bits is not None:
-                        made.append(argument)
+                    sort(argument, position > 0)
         if not moves and any(bits_type(v.type) for v in [*op.operands, *op.results]):
             others.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.walk(visit)
     # Where a moving value meets an op that takes it as bf16, and where a bf16 value made
     # elsewhere meets a moving op: bitcasts (recorded before any type changes).
     taken = [
@@ -175,14 +171,8 @@ def _operation(owner: ir.Operation | ir.OpView) -> ir.Operation:
 
 
 def _fold_identity_bitcasts(module: ir.Operation) -> None:
-    found: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == _BITCAST and op.operands[0].type == op.results[0].type:
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.walk(visit)
-    for op in found:
+    for op in nested_ops(module):
+        if op.name != _BITCAST or op.operands[0].type != op.results[0].type:
+            continue
         op.results[0].replace_all_uses_with(op.operands[0])
         op.erase()

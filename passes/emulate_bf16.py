@@ -28,7 +28,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith
 from torch_mlir.passmanager import PassManager
 
-from kope.passes.base import ModulePass
+from kope.passes.base import ModulePass, nested_ops
 
 EMULATION = (
     "builtin.module("
@@ -87,16 +87,11 @@ class EmulateBf16(ModulePass):
 def _truncate_through_f32(module: ir.Operation) -> None:
     """`arith.truncf` from f64 to bf16 (torch-mlir's layer norm epsilon) as f64 to f32 to
     bf16: `arith-expand` rounds to bf16 from f32 only, and LLVM's f64 to bf16 is a libcall."""
-    found: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "arith.truncf" and _is_bf16(op.results[0].type):
-            if isinstance(_element(op.operands[0].type), ir.F64Type):
-                found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.walk(visit)
-    for op in found:
+    for op in nested_ops(module):
+        if op.name != "arith.truncf" or not _is_bf16(op.results[0].type):
+            continue
+        if not isinstance(_element(op.operands[0].type), ir.F64Type):
+            continue
         source = op.operands[0]
         f32 = ir.F32Type.get(source.type.context)
         narrow = (

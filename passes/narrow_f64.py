@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from torch_mlir import ir
 
 from kope.passes.abi import function_type
-from kope.passes.base import ModulePass
+from kope.passes.base import ModulePass, nested_ops
 
 
 def _narrowed(type_: ir.Type) -> ir.Type | None:
@@ -51,17 +51,6 @@ def boundary_has_f64(func: ir.Operation) -> bool:
     return any(has_f64(t) for t in [*signature.inputs, *signature.results])
 
 
-def _ops(op: ir.Operation) -> list[ir.Operation]:
-    found: list[ir.Operation] = []
-
-    def collect(inner: ir.Operation) -> ir.WalkResult:
-        found.append(inner)
-        return ir.WalkResult.ADVANCE
-
-    op.walk(collect)
-    return found
-
-
 @dataclass
 class NarrowF64(ModulePass):
     """Compute a function's internal f64 arithmetic in f32."""
@@ -80,7 +69,7 @@ class NarrowF64(ModulePass):
                     self._narrow(func)
 
     def _narrow(self, func: ir.Operation) -> None:
-        ops = _ops(func)[:-1]  # the walk ends with the function itself
+        ops = nested_ops(func)[:-1]  # the walk ends with the function itself
         if not any(has_f64(r.type) for op in ops for r in op.results):
             return
         if boundary_has_f64(func):

@@ -137,7 +137,7 @@ def _packed_points(
     caches = [(64, 256, 256)]
     more_registers = [(8, lanes, 1), (4, 2 * lanes, 4), (2, 4 * lanes, 1)]
     # (256, 256, 256): a thread's whole rows of a small product as one cache tile (255x129x193
-    # on 2 threads: 0.78x -> 0.86x torch.mm; 1024^3 loses with it, so it is not the default).
+    # on 2 threads: 0.76-0.78x -> 0.81-0.87x torch.mm; 1024^3 loses with it: not the default).
     more_caches = [(32, 128, 512), (64, 128, 128), (256, 256, 256)]
     for (t, (mr, nr, kr), cache), wide in _grid(
         [threads, registers, caches], [[], more_registers, more_caches]
