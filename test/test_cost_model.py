@@ -232,7 +232,8 @@ BEFORE: dict[str, tuple[Any, list[Config]]] = {
     ),
     "row_sum": (
         lambda: _view(lambda x: x.sum(-1), torch.randn(24, 80)),
-        [_rows(1, 1, 32), _rows(1, 4, 32), _rows(1, 8, 32), _rows(1, 1, 8)],
+        # 4 and 8 rows a step tie; their order moved when partial row steps left the space
+        [_rows(1, 1, 32), _rows(1, 8, 32), _rows(1, 4, 32), _rows(1, 1, 16)],
     ),
     # Two configurations fit this convolution's core grid; the widened points follow them.
     "conv": (

@@ -138,6 +138,12 @@ REDUCTIONS = {
     # a unit dim, so it shared no loop with the deviation it reads, and the variance's loop
     # fused that deviation although the last op reads it after the loop (LLVM aborted).
     "group_norm_by_hand": (lambda x, w, b: _group_norm_by_hand(x, 4, w, b), _group_norm_inputs()),
+    # nll_loss_forward, one Task: a scalar root fed by other scalars (the agent raised an
+    # IndexError on them), a gather and a count of the targets that are not ignored.
+    "nll_loss": (
+        lambda x, t: torch.ops.aten.nll_loss_forward(x, t, None, 1, -100)[0],
+        (_rows_of(37, 101).log_softmax(-1), torch.randint(0, 101, (37,))),
+    ),
 }
 
 #: Operators the agent does not schedule (no family covers them): it must say so, not fail.
@@ -226,3 +232,59 @@ def test_layout_copy_schedules_verify(
         first = HeuristicAgent(seed=0).propose(ProposalRequest(task_view(task, target)))
         assert first is not None and first.config["family"] == "transpose", first
         _task_proposals_verify(task.label, task, target)
+
+
+#: Rows that neither the row step (4, 8) nor the vector tile (8 to 32) divides: a tile of
+#: dynamic size is not vectorized at all, so such schedules ran as scalar loops (a 129x257
+#: GELU at 4 rows a step took 7x the time of 1 row a step) until the loops were peeled.
+RAGGED = {
+    "gelu_129x257": (lambda x: torch.nn.functional.gelu(x), (_rows_of(129, 257),)),
+    "softmax_37x1001": (lambda x: torch.softmax(x, -1), (_rows_of(37, 1001),)),
+    "log_softmax_27x100": (lambda x: torch.log_softmax(x, -1), (_rows_of(27, 100),)),
+    "layer_norm_64x100": (
+        lambda x: torch.nn.functional.layer_norm(x, (100,)),
+        (_rows_of(64, 100),),
+    ),
+    "mse_loss_ragged": (
+        lambda x, y: torch.nn.functional.mse_loss(x, y),
+        (_rows_of(37, 100), _rows_of(37, 100)),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RAGGED))
+def test_ragged_rows_are_vectorized(name: str, target: CpuTarget) -> None:
+    """Every rows schedule the agent offers for an operator whose rows no tile divides
+    leaves no linalg op unvectorized (row steps that would be partial are not offered; a
+    partial vector tile is peeled), and schedules of each kind verify."""
+    from torch_mlir import ir
+    from torch_mlir.passmanager import PassManager
+
+    from kope.agents.heuristic import candidate_space
+    from kope.agents.schedules import kernel_source
+    from kope.passes.analysis import analyze, prepare_payload
+
+    fn, args = RAGGED[name]
+    (task,) = partition(make_fx(fn, tracing_mode="fake")(*args), target).tasks
+    view = task_view(task, target)
+    configs = [
+        c for c, _ in candidate_space(analyze(prepare_payload(view.payload)), view.capabilities)
+    ]
+    configs = [c for c in configs if c["family"] == "rows" and not c.get("approximate_math")]
+    for config in configs:
+        payload = prepare_payload(view.payload)
+        source = kernel_source(payload, analyze(payload), config)
+        context = ir.Context()
+        module = ir.Module.parse(source, context)
+        PassManager.parse("builtin.module(transform-interpreter,canonicalize)", context).run(
+            module.operation
+        )
+        scheduled = str(module).split("transform.named_sequence")[0]
+        assert "linalg.generic" not in scheduled, f"{config}: an op stayed scalar loops"
+    for config in configs[:2] + configs[-1:]:
+        payload = prepare_payload(view.payload)
+        source = kernel_source(payload, analyze(payload), config)
+        result = target.evaluate(
+            task.spec, Kernel(source), oracle=Kernel(task.payload), measure=False
+        )
+        assert result.verdict == "verified", f"{config}: {result.error}"

@@ -66,6 +66,7 @@ from kope.agents.schedules import (
     k_unroll,
     kernel_source,
     packable,
+    ragged_rows,
     transposed_dims,
     transposing,
     work,
@@ -311,6 +312,8 @@ def schedule_space(
             [row_threads, row_options, [4 * lanes, 2 * lanes, lanes], approximate],
             [[], more_rows, more_vectors, []],
         ):
+            if ragged_rows(info, t, rows):
+                continue
             score = 0.0
             score += 2.0 if (t > 1) == big else 0.0
             score += 1.5 if approx else 0.0
