@@ -11,7 +11,7 @@ registered through the `torch_dynamo_backends` entry point). Import it to inspec
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from kope.errors import KopeError, OptionError
 from kope.logs import configure_from_env as _configure_logging
