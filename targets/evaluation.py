@@ -334,7 +334,7 @@ def _check_after_timing(
         if got is None:
             continue  # not called on this set (no candidate is timed with fewer calls than sets)
         expected = _oracle_outputs(job.task, oracle_kernel, inputs)
-        failed, max_abs, max_rel = _compare_outputs(job, got, expected)
+        failed, max_abs, max_rel = _compare_outputs(job, inputs, got, expected)
         if failed is not None:
             return Evaluation(
                 MISMATCH,
@@ -451,7 +451,7 @@ def _verify(
                 oracle=oracle_name,
                 trials=trials,
             )
-        failed, trial_abs, trial_rel = _compare_outputs(job, outputs.views, expected)
+        failed, trial_abs, trial_rel = _compare_outputs(job, inputs, outputs.views, expected)
         if failed is not None:
             return Evaluation(
                 MISMATCH,
@@ -473,17 +473,26 @@ def _verify(
 
 
 def _compare_outputs(
-    job: EvalJob, got: Sequence[torch.Tensor], expected: Sequence[torch.Tensor]
+    job: EvalJob,
+    inputs: Sequence[torch.Tensor],
+    got: Sequence[torch.Tensor],
+    expected: Sequence[torch.Tensor],
 ) -> tuple[verify.Comparison | None, float, float]:
     """The first output of `got` that fails against `expected` (None if all pass), and the
     largest absolute and relative errors seen up to there."""
     largest_input = max((math.prod(s.shape) for s in job.task.inputs), default=0)
+    terms = verify.magnitude(inputs)
     max_abs = max_rel = 0.0
     for index, (out, want) in enumerate(zip(got, expected, strict=True)):
         # An output smaller than the largest input summarizes it: a statistics output.
         statistic = out.numel() < largest_input
         cmp = verify.compare(
-            out.cpu(), want.cpu(), index, reduction=job.reduction, statistic=statistic
+            out.cpu(),
+            want.cpu(),
+            index,
+            reduction=job.reduction,
+            statistic=statistic,
+            terms=terms if statistic else 0.0,
         )
         max_abs, max_rel = max(max_abs, cmp.max_abs_err), max(max_rel, cmp.max_rel_err)
         if not cmp.ok:

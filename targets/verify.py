@@ -43,7 +43,11 @@ running magnitude). The worst-case bound n·eps is reached only by adversarial d
 make the check empty for the long reductions it must still judge (n·eps = 32 at n = 2^28).
 So both rtol and atol grow by `REDUCTION_SAFETY · eps · sqrt(n)` for a kernel whose longest
 reduction has n terms; the safety factor covers the tail of that random walk and results that
-cancel to a fraction of the running value.
+cancel to a fraction of the running value. Those errors are relative to the running value,
+which the terms' magnitude bounds from below, not to the result: a mean of 128 log-
+probabilities among which ±1e4 cancel to -0.0107 is off by 8e-5 in any summation order, so
+the scale of a statistics output's tolerance is at least the largest finite |input| (for the
+sum-of-terms bound, Higham §4.2 again).
 """
 
 from __future__ import annotations
@@ -226,13 +230,16 @@ def compare(
     *,
     reduction: int = 1,
     statistic: bool = False,
+    terms: float = 0.0,
 ) -> Comparison:
     """Compare one output with its expected value, in the output's dtype.
 
     `reduction` is the length of the longest reduction behind the output (the tolerance grows
     with it); `statistic` says the output summarizes its inputs (fewer elements than the
     largest input), which relaxes what non-finite value it must hold where the oracle has one.
-    The rules are in the module docstring."""
+    `terms` is the magnitude of the terms a statistic sums (`magnitude` of the inputs): its
+    rounding error is relative to them, not to a result that cancelled (see the module
+    docstring). The rules are in the module docstring."""
     if tuple(got.shape) != tuple(want.shape):
         return Comparison(
             False,
@@ -261,6 +268,7 @@ def compare(
     overflowed = torch.isfinite(exact) & torch.isinf(w)
     finite_w = w[torch.isfinite(w)]
     scale = max(1.0, float(finite_w.abs().max())) if finite_w.numel() else 1.0
+    scale = max(scale, terms)
     zero = torch.zeros_like(w)
     bound = atol * scale + rtol * torch.where(torch.isfinite(w), w.abs(), zero)
     abs_err = torch.where(torch.isfinite(g) & torch.isfinite(w), (g - w).abs(), math.inf)
@@ -289,6 +297,17 @@ def compare(
             + (f" ({w[where].item():.7g} in {dtype_name(got.dtype)})" if overflowed[where] else ""),
         )
     return Comparison(True, max_abs, max_rel)
+
+
+def magnitude(inputs: Sequence[torch.Tensor]) -> float:
+    """The largest finite absolute value among the floating-point `inputs` (0 if none)."""
+    found = 0.0
+    for t in inputs:
+        if t.dtype.is_floating_point and t.numel():
+            finite = t[torch.isfinite(t)]
+            if finite.numel():
+                found = max(found, float(finite.abs().max()))
+    return found
 
 
 def _as_int(t: torch.Tensor) -> torch.Tensor:

@@ -167,6 +167,21 @@ def test_a_long_reduction_still_catches_a_wrong_value() -> None:
     assert not verify.compare(nan, want, reduction=4096, statistic=True).ok
 
 
+def test_a_statistic_that_cancels_is_judged_against_its_terms() -> None:
+    """A float32 mean of terms among which ±1e4 cancel to -0.0107 is off by ~8e-5 in any
+    summation order (the reference lowering of nll_loss_forward on an edge trial): relative
+    to the terms that is rounding, relative to the result it was a 'mismatch'. A result off
+    by a share of the terms' own magnitude still fails."""
+    want = torch.tensor(-0.0106212, dtype=torch.float64)
+    got = torch.tensor(-0.01069935, dtype=torch.float32)
+    inputs = [torch.tensor([1e4, -1e4, 0.5, math.inf], dtype=torch.float32)]
+    assert verify.magnitude(inputs) == 1e4
+    assert not verify.compare(got, want, reduction=128, statistic=True).ok
+    assert verify.compare(got, want, reduction=128, statistic=True, terms=1e4).ok
+    wrong = torch.tensor(-0.0106212 + 1.0, dtype=torch.float32)
+    assert not verify.compare(wrong, want, reduction=128, statistic=True, terms=1e4).ok
+
+
 def test_the_real_reference_sum_of_2m_floats_verifies() -> None:
     """The reference lowering's float32 sum of 1024x2048 against the float64 oracle: on this
     seed it is 2.4e-4 off relative to the result, past the elementwise float32 tolerance."""
