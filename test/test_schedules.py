@@ -252,6 +252,32 @@ RAGGED = {
 }
 
 
+def _scheduled(fn: Callable[..., Any], args: tuple, target: CpuTarget, config: dict) -> str:
+    """The payload after `config`'s schedule (the transform script applied, canonicalized)."""
+    from torch_mlir import ir
+    from torch_mlir.passmanager import PassManager
+
+    from kope.agents.schedules import kernel_source
+    from kope.passes.analysis import analyze, prepare_payload
+
+    (task,) = partition(make_fx(fn, tracing_mode="fake")(*args), target).tasks
+    payload = prepare_payload(task_view(task, target).payload)
+    context = ir.Context()
+    module = ir.Module.parse(kernel_source(payload, analyze(payload), config), context)
+    PassManager.parse("builtin.module(transform-interpreter,canonicalize)", context).run(
+        module.operation
+    )
+    return str(module).split("transform.named_sequence")[0]
+
+
+def test_a_softmax_computes_its_row_maximum_once(target: CpuTarget) -> None:
+    """Fusion clones a producer into the row loop once per use: the max and x - max, read by
+    both the sum and the output, were computed twice a row until the clones were merged."""
+    config = {"family": "rows", "threads": 1, "rows": 1, "vector": 32}
+    ir_text = _scheduled(lambda x: torch.softmax(x, -1), (_rows_of(37, 1001),), target, config)
+    assert ir_text.count("vector.reduction <maximumf>") == 1, ir_text
+
+
 @pytest.mark.parametrize("name", sorted(RAGGED))
 def test_ragged_rows_are_vectorized(name: str, target: CpuTarget) -> None:
     """Every rows schedule the agent offers for an operator whose rows no tile divides

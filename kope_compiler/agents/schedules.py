@@ -228,6 +228,10 @@ class Script:
             + "\n    ".join(patterns)
             + "\n  } : !transform.any_op"
         )
+        # Fusion clones a producer into the loop once per use: a softmax's max and x - max,
+        # read by both the sum and the output, were computed twice a row (a 37x1001 softmax:
+        # 0.74x eager before, 1.15x with the clones merged).
+        self.emit(f"transform.apply_cse to {vec} : !transform.any_op")
         loops = self.fresh("loops")
         self.emit(
             f'{loops} = transform.structured.match ops{{["scf.for"]}} in %root '
