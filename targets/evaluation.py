@@ -481,11 +481,11 @@ def _compare_outputs(
     """The first output of `got` that fails against `expected` (None if all pass), and the
     largest absolute and relative errors seen up to there."""
     largest_input = max((math.prod(s.shape) for s in job.task.inputs), default=0)
-    terms = verify.magnitude(inputs)
+    # An output smaller than the largest input summarizes it: a statistics output.
+    statistics = [out.numel() < largest_input for out in got]
+    terms = verify.magnitude(inputs) if any(statistics) else 0.0  # read only where used
     max_abs = max_rel = 0.0
-    for index, (out, want) in enumerate(zip(got, expected, strict=True)):
-        # An output smaller than the largest input summarizes it: a statistics output.
-        statistic = out.numel() < largest_input
+    for index, (out, want, statistic) in enumerate(zip(got, expected, statistics, strict=True)):
         cmp = verify.compare(
             out.cpu(),
             want.cpu(),

@@ -448,7 +448,7 @@ def _rows(info: PayloadInfo, config: Config) -> str:
     pending = [
         op for op in reversed(info.ops) if op.index != root.index and op.index not in root_inits
     ]
-    largest = max(info.ops, key=lambda op: math.prod(op.ranges) if op.ranges else 0)
+    largest = _largest_op(info)
     row_tiled: set[int] = set()  # ops whose leading (reduced) dim the row loop tiles itself
     anchor: OpInfo | None = root
     leads: dict[int, int] = {}  # per op, how many leading dims its row loop walks
@@ -472,9 +472,9 @@ def _rows(info: PayloadInfo, config: Config) -> str:
         members.sort(key=lambda op: -op.index)  # consumers first: each fuses into the loop
         pending = [op for op in pending if op not in members]
         handle = handles[anchor.index]
-        if threads > 1 and anchor.ranges and anchor.ranges[0] > 1 and 0 in anchor.parallel_dims:
-            sizes = [_chunk(anchor.ranges[0], threads)] + [0] * (rank - 1)
-            handle, loop = s.tile_forall(handle, sizes)
+        chunk = _thread_chunk(anchor, threads)
+        if chunk:
+            handle, loop = s.tile_forall(handle, [chunk] + [0] * (rank - 1))
             for op in members:
                 handles[op.index], loop = s.fuse_into(handles[op.index], loop)
         if rank > 1 or (rank == 1 and len(largest.ranges) > 1):
@@ -519,6 +519,19 @@ def _rows(info: PayloadInfo, config: Config) -> str:
     return s.text()
 
 
+def _largest_op(info: PayloadInfo) -> OpInfo:
+    """The op of the most iterations: whose rows a full reduction's (a loss's) loop walks."""
+    return max(info.ops, key=lambda op: math.prod(op.ranges) if op.ranges else 0)
+
+
+def _thread_chunk(op: OpInfo, threads: int) -> int:
+    """The rows of `op`'s dim 0 each thread takes in a rows schedule; 0 where the threads do
+    not split that dim."""
+    if threads > 1 and op.ranges and op.ranges[0] > 1 and 0 in op.parallel_dims:
+        return _chunk(op.ranges[0], threads)
+    return 0
+
+
 def ragged_rows(info: PayloadInfo, threads: int, rows: int) -> bool:
     """Whether `_rows` at `rows` rows a step would take a partial step: the root's row loop
     (or a loss's largest op's) over rows that `rows` does not divide, or over each thread's
@@ -529,13 +542,13 @@ def ragged_rows(info: PayloadInfo, threads: int, rows: int) -> bool:
     if rows <= 1:
         return False
     root = info.root
-    largest = max(info.ops, key=lambda op: math.prod(op.ranges) if op.ranges else 0)
+    largest = _largest_op(info)
     if len(root.ranges) > 1 or (len(root.ranges) == 1 and len(largest.ranges) > 1):
         pending = [op for op in info.ops if op.index != root.index]
         dim = _shared_row_dims(root, pending) - 1
         extent = root.ranges[dim]
-        if threads > 1 and dim == 0 and root.ranges[0] > 1 and 0 in root.parallel_dims:
-            chunk = _chunk(extent, threads)
+        chunk = _thread_chunk(root, threads)
+        if chunk and dim == 0:
             return extent % chunk != 0 or chunk % rows != 0
         return extent % rows != 0
     if not root.ranges and len(largest.ranges) > 1:
