@@ -193,6 +193,7 @@ def run(
                 # The whole-graph check's own figure: the compiled graph against the eager
                 # graph, both called directly (no dynamo frame around either).
                 "graph_speedup": g.whole.speedup if g.whole else None,
+                "threads": g.whole.threads if g.whole else None,  # None: the caller's count
             }
             for g in graphs
         ]

@@ -74,12 +74,11 @@ def _compile(
         log.debug("simple export refused (%s: %s); using aot_autograd", type(err).__name__, err)
         return _aot(gm, example_inputs, opts)
     compiled, report = compile_graph(aten_gm, opts)
+    # Under `auto`, the compiled graph must beat eager's as a whole, and either runs at the
+    # thread count that runs it fastest; `reference` and `eager` force their choice.
+    if opts.kernels == "auto":
+        return settle_graph(gm.forward, compiled, report, example_inputs, opts)
     if not any(task.jit for task in report.tasks) and not report.rewrites:
-        return gm.forward
-    # Under `auto`, the compiled graph must beat eager's as a whole; `reference` forces kernels.
-    if opts.kernels == "auto" and not settle_graph(
-        gm.forward, compiled, report, example_inputs, opts
-    ):
         return gm.forward
     return compiled.forward
 

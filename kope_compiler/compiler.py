@@ -169,14 +169,15 @@ def settle_graph(
     report: GraphReport,
     inputs: Sequence[Any],
     options: Options,
-) -> bool:
-    """Whether the compiled graph should run instead of `eager_graph`, by timing them against
-    each other (`kope.whole_graph`); the kernels that do not pay inside it are switched off."""
-    from kope.whole_graph import settle
+) -> Callable[..., Any]:
+    """What runs: the compiled graph or `eager_graph`, whichever is faster, at the thread count
+    that runs it fastest, by timing them against each other (`kope.whole_graph`); the kernels
+    that do not pay inside the compiled graph are switched off."""
+    from kope.whole_graph import AtThreads, settle
 
     if any(isinstance(x, torch._subclasses.FakeTensor) for x in inputs):
         log.info("the graph was compiled on fake inputs; its kernels run untimed as a whole")
-        return True
+        return compiled.forward
     calls = [n.target for n in compiled.graph.nodes if isinstance(n.target, KernelCall)]
     counted = [c.report.calls for c in calls]
     store = store_at(options.store_path)
@@ -197,7 +198,8 @@ def settle_graph(
     finally:
         for call, count in zip(calls, counted, strict=True):
             call.report.calls = count  # the timing's calls are not the model's
-    return decision.compiled
+    graph = compiled.forward if decision.compiled else eager_graph
+    return graph if decision.threads is None else AtThreads(graph, decision.threads)
 
 
 def _optimize_unseen(

@@ -70,6 +70,9 @@ class GraphDecision:
     eager: Timing | None = None
     recorded_us: tuple[float | None, float | None] | None = None  # a decision reused
     disturbed: bool = False  # a step of the search was not clean: the decision is not kept
+    # The intra-op thread count the chosen graph (compiled or eager) runs at; None: the
+    # caller's. `kope` is then that graph's timing at this count.
+    threads: int | None = None
 
     @property
     def clean(self) -> bool:
@@ -197,10 +200,13 @@ class Report:
             if whole is None:
                 continue
             ran = "compiled" if whole.compiled else "eager"
+            if whole.threads is not None:
+                ran += f" on {whole.threads} thread{'s' if whole.threads > 1 else ''}"
             quality = "clean" if whole.clean else "reused" if whole.recorded_us else "not clean"
             speed = speedup_text(whole.speedup, "clean" if whole.clean else "unknown")
+            timed = "compiled" if whole.threads is None else "that"  # what `kope` timed
             lines.append(
-                f"graph {index}: {ran} runs; compiled {speed} eager ({quality}): {whole.reason}"
+                f"graph {index}: {ran} runs; {timed} {speed} eager ({quality}): {whole.reason}"
             )
         return "\n".join(lines)
 

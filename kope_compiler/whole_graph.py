@@ -10,6 +10,13 @@ after the other's pays for caches that one left); its outputs are first checked 
 eager's. A rewritten graph (`kope.rewrites`) with kernels is also timed without them: its
 kernels must pay over its rewrites.
 
+Then the graph that won (compiled or eager) is timed on one intra-op thread against itself
+and eager on the caller's count: a small graph's ATen calls may lose more to waking and joining
+threads than the second thread gives them (on a 2-core machine here, a depthwise-separable conv
+block ran 1.29x faster on one thread than on two, attention 1.09x; GPT-2's MLP 0.76x, which
+keeps both). A count that beats both beyond noise is the one the graph runs at
+(`AtThreads`; the caller's count is restored after each call).
+
 Each kernel is first timed in this process against its own eager call, on the inputs the graph
 hands it (a kernel's gain is a large share of its own time and a small one of the graph's, so
 this head to head sees what the graph's timing drowns in noise); the kernels that lose there
@@ -20,10 +27,10 @@ the eager graph runs. Dropped choices run their operator's eager call and say so
 `kope.report()`.
 
 A decision that rests on clean timings is recorded in the store (a task of op `kope.graph`,
-one `graph` attempt per decision: the compiled and eager graphs' timings, and in `config` the
-kernels considered and kept), so a process that compiles the same graph with the same choices
-reuses it. A decision whose timings are not clean runs eager and is not recorded: the next
-compile measures again.
+one `graph` attempt per decision: the chosen and eager graphs' timings, and in `config` the
+kernels considered and kept and the thread count), so a process that compiles the same graph
+with the same choices reuses it. A decision whose timings are not clean runs eager and is not
+recorded: the next compile measures again.
 """
 
 from __future__ import annotations
@@ -111,8 +118,10 @@ def settle(
             call.enabled = _entry(call) in kept
         decision = GraphDecision(bool(kept), f"as measured before: {recorded.decision}")
         decision.recorded_us = (recorded.latency_us, recorded.eager_us)
+        decision.threads = (recorded.config or {}).get("threads")
         return _finish(decision, calls, report)
-    failure = _outputs_differ(eager_graph, compiled_graph, inputs)
+    rewritten = bool(calls or report.rewrites)  # else the compiled graph is eager's
+    failure = _outputs_differ(eager_graph, compiled_graph, inputs) if rewritten else None
     if failure is not None:
         log.error("the compiled graph's outputs differ from eager's (%s); running eager", failure)
         for call in calls:
@@ -126,13 +135,18 @@ def settle(
         return compiled_graph(*inputs)
 
     threads = {"eager": threads_now(), "kope": threads_now()}
-    # Each kernel is timed against its own eager call first, whatever the graph's timing says:
-    # a graph timed at 1.11x eager kept a GPT-2 addmm kernel that took 446 µs where eager's took
-    # 350, the other two kernels' gains hiding its loss.
-    decision = _greedy(calls, eager, compiled, config, threads, bool(report.rewrites))
-    if not decision.compiled:
-        for call in calls:
-            call.enabled = False
+    if rewritten:
+        # Each kernel is timed against its own eager call first, whatever the graph's timing
+        # says: a graph timed at 1.11x eager kept a GPT-2 addmm kernel that took 446 µs where
+        # eager's took 350, the other two kernels' gains hiding its loss.
+        decision = _greedy(calls, eager, compiled, config, threads, bool(report.rewrites))
+        if not decision.compiled:
+            for call in calls:
+                call.enabled = False
+    else:
+        decision = GraphDecision(False, "no kernel or rewrite to run")
+    if not decision.disturbed and (decision.clean or not rewritten):
+        _choose_threads(decision, compiled if decision.compiled else eager, eager, config)
     if decision.clean and not decision.disturbed:
         _record(store, events, target, key, workload, considered, calls, decision, report)
     return _finish(decision, calls, report)
@@ -218,6 +232,56 @@ def _greedy(
     else:
         decision.reason = "the rewritten graph does not beat eager"
     return decision
+
+
+class AtThreads:
+    """A graph run with torch's intra-op thread count at `threads`; the caller's count is
+    restored after each call (setting it costs well under a microsecond)."""
+
+    def __init__(self, graph: Callable[..., Any], threads: int):
+        self.graph = graph
+        self.threads = threads
+
+    def __call__(self, *args: Any) -> Any:
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            return self.graph(*args)
+        finally:
+            torch.set_num_threads(before)
+
+
+def _choose_threads(
+    decision: GraphDecision,
+    chosen: Callable[[], Any],
+    eager: Callable[[], Any],
+    config: MeasureConfig,
+) -> None:
+    """Run the chosen graph on one thread if that beats it, and eager, on the caller's count
+    (timed interleaved, clean); a disturbed timing leaves the count as it is and the decision
+    unrecorded."""
+    threads = threads_now()
+    if threads <= 1:
+        return
+    fns = {"eager": eager, "one": AtThreads(chosen, 1)}
+    if decision.compiled:
+        fns["kope"] = chosen
+    counts = {name: 1 if name == "one" else threads for name in fns}
+    timed = measure_interleaved(fns, config, counts)
+    if not all(t.clean for t in timed.values()):
+        decision.disturbed = True
+        return
+    if decision.kope is None:  # nothing to compile: the eager graph against itself
+        decision.kope, decision.eager = timed["eager"], timed["eager"]
+    if not all(_beats(timed["one"], timed[name]) for name in fns if name != "one"):
+        return
+    before = timed["kope" if decision.compiled else "eager"]
+    decision.threads = 1
+    decision.kope, decision.eager = timed["one"], timed["eager"]
+    decision.reason += (
+        f"; on 1 thread it runs {before.median_us / timed['one'].median_us:.2f}x faster than on "
+        f"{threads}"
+    )
 
 
 def _without(calls: Sequence[Switchable], compiled: Callable[[], Any]) -> Callable[[], Any]:
@@ -369,7 +433,7 @@ def _record(
         evaluation,
         None,
         decision=decision.reason,
-        config={"considered": considered, "kept": kept},
+        config={"considered": considered, "kept": kept, "threads": decision.threads},
     )
     announce(events, event, store)
 

@@ -3,6 +3,7 @@ and a later compile of the same graph reuses the clean decision instead of timin
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -74,7 +75,7 @@ def test_kernels_that_do_not_pay_in_the_graph_are_dropped_and_reported(tmp_path:
     assert graph.whole is not None and not graph.whole.compiled, graph.whole
     assert entry.kernel == SOURCE_EAGER and entry.reason.startswith("dropped: the reference")
     assert entry.calls == 0  # the timing's calls are not the model's
-    assert "eager runs" in kope.report().format_table()
+    assert re.search(r"graph 0: eager( on 1 thread)? runs", kope.report().format_table())
 
     store.refresh()
     graphs = [a for t in store.tasks() for a in store.attempts(t.key) if a.source == SOURCE_GRAPH]
@@ -82,7 +83,9 @@ def test_kernels_that_do_not_pay_in_the_graph_are_dropped_and_reported(tmp_path:
         assert not graphs  # a decision on disturbed timings is not kept
         return
     (decision,) = graphs
-    assert decision.config == {"considered": [f"{task.key}:reference"], "kept": []}
+    assert decision.config is not None
+    assert decision.config["considered"] == [f"{task.key}:reference"]
+    assert decision.config["kept"] == [] and decision.config["threads"] == graph.whole.threads
     assert decision.latency_us and decision.eager_us and decision.latency_us > decision.eager_us
 
     # Another compile of the same graph with the same choices reuses the decision.
@@ -193,3 +196,74 @@ def test_kernels_of_a_rewritten_graph_must_pay_over_its_rewrites(tmp_path: Path)
     assert not call.enabled
     assert call.report.kernel == SOURCE_EAGER and "did not pay" in call.report.reason
     assert "with its rewrites" in decision.reason
+
+
+def test_a_graph_faster_on_one_thread_runs_on_one_and_the_decision_is_reused(
+    tmp_path: Path,
+) -> None:
+    """A graph with nothing to compile still has its thread count chosen: one that runs 60
+    adds on more threads and one on a single thread runs on one; the caller's count is
+    restored after each call, and the next compile of the graph reuses the decision."""
+    from kope.measuring import recording
+    from kope.report import GraphReport
+    from kope.whole_graph import AtThreads, settle
+
+    if torch.get_num_threads() < 2:
+        return  # nothing to choose between
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+
+    def graph(t: torch.Tensor) -> torch.Tensor:
+        return _slow(t) if torch.get_num_threads() > 1 else t + 0.0
+
+    store = ExperienceStore(tmp_path / "store")
+
+    def decide(report: GraphReport):
+        return settle(
+            graph,
+            graph,
+            [],
+            [x],
+            code="threads",
+            store=store,
+            target=CpuTarget(),
+            events=recording(store),
+            report=report,
+        )
+
+    decision = decide(GraphReport())
+    if decision.disturbed or not decision.clean:
+        return  # a loaded machine: the decision is not kept, nothing to check
+    assert not decision.compiled and decision.threads == 1, decision
+    assert "on 1 thread it runs" in decision.reason
+    threads = torch.get_num_threads()
+    assert AtThreads(lambda: torch.get_num_threads(), 1)() == 1
+    assert torch.get_num_threads() == threads
+    again = decide(GraphReport())
+    assert again.reason.startswith("as measured before") and again.threads == 1
+
+
+def test_a_graph_that_threads_do_not_slow_keeps_the_callers_count(tmp_path: Path) -> None:
+    from kope.measuring import recording
+    from kope.report import GraphReport
+    from kope.whole_graph import settle
+
+    if torch.get_num_threads() < 2:
+        return
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+
+    def graph(t: torch.Tensor) -> torch.Tensor:
+        return _slow(t) if torch.get_num_threads() == 1 else t + 0.0
+
+    store = ExperienceStore(tmp_path / "store")
+    decision = settle(
+        graph,
+        graph,
+        [],
+        [x],
+        code="threads",
+        store=store,
+        target=CpuTarget(),
+        events=recording(store),
+        report=GraphReport(),
+    )
+    assert decision.threads is None, decision
