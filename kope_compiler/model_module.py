@@ -110,7 +110,8 @@ def model_module(model: torch.nn.Module, inputs: Sequence[Any], target: Target) 
         for node, value in zip(placeholders, values, strict=True)
         if not any(value is x for x in inputs)
     }
-    part = partition(aten, target, fuse=True, fast_paths=True)
+    # No oneDNN fusions: a library call has no linalg form, and the module lowers whole.
+    part = partition(aten, target, fuse=True, fast_paths=True, onednn=False)
     return _Composer(aten, placeholders, constants).compose(part.tasks)
 
 

@@ -502,19 +502,24 @@ def _layout_view(node: fx.Node) -> set[fx.Node]:
 
 
 def partition(
-    gm: fx.GraphModule, target: Target, fuse: bool = True, fast_paths: bool = True
+    gm: fx.GraphModule,
+    target: Target,
+    fuse: bool = True,
+    fast_paths: bool = True,
+    onednn: bool = True,
 ) -> Partition:
     """Make Tasks of `gm`'s compute nodes for `target`: connected groups of elementwise and
     row-reduction nodes (elementwise ones with the contraction they read as their head) fused
     into one Task (`fused_groups`), other nodes one Task each,
     decomposing nodes torch-mlir cannot lower. With `fast_paths` False, a fused eager fast
     path (e.g. nn.TransformerEncoderLayer's) is not decomposed: one native kernel beats its
-    parts run one by one, so it runs eagerly whole."""
+    parts run one by one, so it runs eagerly whole. With `onednn` False, no op is fused into
+    a oneDNN library call (`kope.rewrites.rewrite`)."""
     result = Partition()
     table = decomposition_table(fast_paths)
     drop_unused_outputs(gm)
     if fuse:
-        result.rewrites = rewrite(gm)
+        result.rewrites = rewrite(gm, onednn)
         expand_inexact_lowerings(gm)  # alone, such a node runs eagerly; fused, exactly
         sink_views(gm.graph)  # a 3-D linear's activation becomes its matmul's epilogue
     target_key = target.key()

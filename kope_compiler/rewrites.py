@@ -25,6 +25,13 @@ rewritten graph and gives its Tasks the same keys.
   a lone convolution. Depthwise convolutions stay NCHW (KOPE's own kernels for them beat
   oneDNN's). Its elementwise Tasks see contiguous NHWC tensors, as
   KOPE's kernels take them.
+- **Elementwise ops fused into the convolution before them** (inside a channels-last region,
+  float32, where torch has oneDNN): a convolution whose only reader is a ReLU, GELU, SiLU,
+  sigmoid or tanh, or an add of a tensor of its shape (a residual) optionally followed by a
+  ReLU, becomes one `mkldnn._convolution_pointwise` call that applies them as it writes its
+  output, with its weight reordered once into oneDNN's blocked layout (kept like a folded
+  weight) instead of on every call: one pass over the activations less per fused op.
+  `kope import` leaves them out (a library call has no linalg form).
 - **Attention as one kernel**: scores `q @ kᵀ`, an optional scale, a softmax over the last dim
   and the weighted sum `@ v` — as hand-written attention and KOPE's own decomposition of
   `nn.TransformerEncoderLayer` trace — become one `scaled_dot_product_attention` (a flash
@@ -55,17 +62,23 @@ from kope.vocabulary.specs import TensorSpec
 log = logging.getLogger("kope.compiler")
 
 aten = torch.ops.aten
+aten_mkldnn = torch.ops.mkldnn
 
 # Set on the nodes a rewrite made; its value names the rewrite.
 REWRITE = "kope_rewrite"
 FOLDED_BATCH_NORM = "batch norm folded into the convolution before it"
 FUSED_ATTENTION = "attention as one scaled_dot_product_attention"
 CHANNELS_LAST = "convolutions computed channels-last"
+FUSED_CONVOLUTION = "elementwise ops fused into the convolution before them (oneDNN)"
 
 
-def rewrite(gm: fx.GraphModule) -> list[str]:
-    """Apply every rewrite to `gm`'s graph in place; the names of those made, one per site."""
-    made = fold_batch_norms(gm.graph) + channels_last(gm.graph) + fuse_attention(gm.graph)
+def rewrite(gm: fx.GraphModule, onednn: bool = True) -> list[str]:
+    """Apply every rewrite to `gm`'s graph in place; the names of those made, one per site.
+    `onednn` False leaves out the fusions into oneDNN's library calls, which only run (a
+    module that must lower to MLIR whole cannot hold them)."""
+    fuse = onednn and packed_convolutions_available()
+    made = fold_batch_norms(gm.graph) + channels_last(gm.graph, fuse=fuse)
+    made += fuse_attention(gm.graph)
     return [node.meta[REWRITE] for node in made]
 
 
@@ -139,6 +152,26 @@ class ChannelsLastWeight(_Kept):
         (weight,) = inputs
         with torch.no_grad():
             return _channels_last(weight)
+
+
+class PackedConvolutionWeight(_Kept):
+    """A convolution's weight reordered once into oneDNN's own blocked layout for its
+    geometry (`mkldnn._reorder_convolution_weight`), which its convolution then reads without
+    reordering it per call."""
+
+    name = "kope_packed_convolution_weight"
+
+    def __init__(self, geometry: tuple[Any, ...]):
+        super().__init__()
+        self.geometry = geometry  # padding, stride, dilation, groups, input size
+
+    def compute(self, *inputs: Any) -> torch.Tensor:
+        (weight,) = inputs
+        with torch.no_grad():
+            packed: torch.Tensor = torch.ops.mkldnn._reorder_convolution_weight(
+                weight, *self.geometry
+            )
+            return packed
 
 
 def fold_batch_norm(sources: Sequence[Any], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -388,6 +421,72 @@ def _joins(other: fx.Node, node: fx.Node) -> bool:
     return True
 
 
+# Elementwise ops of a channels-last region that oneDNN applies to a convolution's output as
+# it writes it (their `attr` in `mkldnn._convolution_pointwise`; gelu's form is its algorithm).
+_UNARY_EPILOGUES: dict[Any, str] = {
+    aten.relu.default: "relu",
+    aten.sigmoid.default: "sigmoid",
+    aten.tanh.default: "tanh",
+    aten.silu.default: "swish",
+    aten.gelu.default: "gelu",
+}
+
+
+class _Epilogue:
+    """Elementwise ops after a convolution that run inside it: a unary op, or an add of a
+    tensor of the output's shape (`other`) optionally followed by a ReLU. `nodes` from the
+    first op to the last, each the only user of the one before; `algorithm` is gelu's form
+    for a unary op, the op after an add ("relu" or "") for an add."""
+
+    def __init__(self, nodes: list[fx.Node], attr: str, algorithm: str, other: Any = None):
+        self.nodes, self.attr, self.algorithm, self.other = nodes, attr, algorithm, other
+
+
+def packed_convolutions_available() -> bool:
+    """Whether this torch has oneDNN's fused convolutions (x86 and aarch64 CPU builds do)."""
+    return torch.backends.mkldnn.is_available() and hasattr(
+        torch.ops.mkldnn, "_reorder_convolution_weight"
+    )
+
+
+def _epilogue(conv: fx.Node, inside: set[fx.Node]) -> _Epilogue | None:
+    """The ops after a float32 convolution of the region that oneDNN can fuse into it."""
+    val = tensor_value(conv)
+    if val is None or val.dtype != torch.float32 or len(conv.users) != 1:
+        return None
+    (user,) = conv.users
+    if user not in inside:
+        return None
+    if user.target in _UNARY_EPILOGUES and len(user.args) == 1:
+        approximate = user.kwargs.get("approximate", "none")
+        if set(user.kwargs) - {"approximate"} or approximate not in ("none", "tanh"):
+            return None
+        algorithm = approximate if user.target is aten.gelu.default else ""
+        return _Epilogue([user], _UNARY_EPILOGUES[user.target], algorithm)
+    if user.target is not aten.add.Tensor or user.kwargs.get("alpha", 1) != 1:
+        return None
+    others = [a for a in user.args if a is not conv]
+    if len(user.args) != 2 or len(others) != 1 or not isinstance(others[0], fx.Node):
+        return None
+    other = tensor_value(others[0])
+    if other is None or other.shape != val.shape or other.dtype != val.dtype:
+        return None
+    nodes = [user]
+    after = list(user.users)
+    if len(after) == 1 and after[0] in inside and after[0].target is aten.relu.default:
+        nodes.append(after[0])
+    return _Epilogue(nodes, "add", "relu" if len(nodes) == 2 else "", others[0])
+
+
+def _fake_binary(x: Any, other: Any, weight: Any, bias: Any, *args: Any) -> Any:
+    """The output of `mkldnn._convolution_pointwise.binary` (which has no fake kernel): its
+    unary form's, which has."""
+    padding, stride, dilation, groups = args[:4]
+    return torch.ops.mkldnn._convolution_pointwise.default(
+        x, weight, bias, padding, stride, dilation, groups, "none", [], ""
+    )
+
+
 def _copies(region: list[fx.Node]) -> tuple[list[fx.Node], list[fx.Node]]:
     """The 4-D tensors a region reads whole from outside (each copied to NHWC once) and its
     members read outside it (each copied back once)."""
@@ -413,9 +512,15 @@ def _whole(arg: fx.Node, node: fx.Node) -> bool:
     )
 
 
-def channels_last(graph: fx.Graph, convs_per_copy: float = CONVS_PER_COPY) -> list[fx.Node]:
+def channels_last(
+    graph: fx.Graph, convs_per_copy: float = CONVS_PER_COPY, fuse: bool | None = None
+) -> list[fx.Node]:
     """Compute on NHWC tensors each region with at least `convs_per_copy` convolutions per
-    layout copy; one node per region rewritten."""
+    layout copy, with the elementwise ops after each convolution fused into it where oneDNN
+    can (`fuse`, by default where this torch has oneDNN); one node per region rewritten and
+    one per fused convolution."""
+    if fuse is None:
+        fuse = packed_convolutions_available()
     made = []
     for region in _channels_last_regions(graph):
         entering, leaving = _copies(region)
@@ -432,9 +537,10 @@ def channels_last(graph: fx.Graph, convs_per_copy: float = CONVS_PER_COPY) -> li
         if convolutions < convs_per_copy * copies:
             log.debug("convolutions kept NCHW: %d of them, %d layout copies", convolutions, copies)
             continue
-        first = _rewrite_channels_last(graph, region, entering, leaving)
-        if first is not None:
-            made.append(first)
+        rewritten = _rewrite_channels_last(graph, region, entering, leaving, fuse)
+        if not rewritten and fuse:  # a fused convolution disagreed: the region without them
+            rewritten = _rewrite_channels_last(graph, region, entering, leaving, False)
+        made += rewritten
     return made
 
 
@@ -453,10 +559,15 @@ def _fake_call(target: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
 
 
 def _rewrite_channels_last(
-    graph: fx.Graph, region: list[fx.Node], entering: list[fx.Node], leaving: list[fx.Node]
-) -> fx.Node | None:
+    graph: fx.Graph,
+    region: list[fx.Node],
+    entering: list[fx.Node],
+    leaving: list[fx.Node],
+    fuse: bool,
+) -> list[fx.Node]:
     """Rewrite one region to NHWC, checked against the original on seeded random inputs; its
-    first channels-last weight, or None (graph unchanged) if the two disagree."""
+    first channels-last weight and its fused convolutions, or [] (graph unchanged) if the two
+    disagree."""
     inside = set(region)
     made: list[fx.Node] = []
     marker: fx.Node | None = None  # what the report counts: the region's first weight
@@ -496,11 +607,62 @@ def _rewrite_channels_last(
             full = call(aten.view.default, arg, [1] * (4 - val.dim()) + list(val.shape))
         return call(aten.permute.default, full, _TO_NHWC)
 
+    # A convolution with an epilogue is made where its last op was, once every input of the
+    # epilogue exists: its activation, made where it was, waits here, keyed by that op.
+    fusing: dict[fx.Node, tuple[fx.Node, fx.Node, _Epilogue]] = {}
+    absorbed: set[fx.Node] = set()
     for node in region:
+        if node in absorbed:
+            continue
         with graph.inserting_before(node):
-            if node.target is aten.convolution.default:
+            if node in fusing:
+                conv, activation, epilogue = fusing[node]
+                args = _positional(conv)
+                padding, stride, dilation, groups = args[4], args[3], args[5], args[8]
+                geometry = (padding, stride, dilation, groups, list(_shape(activation)))
+                weight = call(
+                    PackedConvolutionWeight(geometry), args[1], fake=_channels_last, rewrite=True
+                )
+                marker = marker or weight
+                tail = (padding, stride, dilation, groups)
+                if epilogue.other is None:
+                    fused = call(
+                        aten_mkldnn._convolution_pointwise.default,
+                        activation,
+                        weight,
+                        args[2],
+                        *tail,
+                        epilogue.attr,
+                        [],
+                        epilogue.algorithm,
+                    )
+                else:
+                    first = epilogue.nodes[0]
+                    other = call(aten.permute.default, operand(epilogue.other, first), _TO_NCHW)
+                    fused = call(
+                        aten_mkldnn._convolution_pointwise.binary,
+                        activation,
+                        other,
+                        weight,
+                        args[2],
+                        *tail,
+                        epilogue.attr,
+                        1.0,
+                        epilogue.algorithm or None,
+                        [],
+                        "",
+                        fake=_fake_binary,
+                    )
+                fused.meta[REWRITE] = FUSED_CONVOLUTION
+                nhwc[node] = call(aten.permute.default, fused, _TO_NHWC)
+            elif node.target is aten.convolution.default:
                 args = _positional(node)
                 activation = call(aten.permute.default, operand(args[0], node), _TO_NCHW)
+                found = _epilogue(node, inside) if fuse else None
+                if found is not None:
+                    fusing[found.nodes[-1]] = (node, activation, found)
+                    absorbed.update(found.nodes[:-1])
+                    continue
                 weight = call(ChannelsLastWeight(), args[1], fake=_channels_last, rewrite=True)
                 marker = marker or weight
                 conv = call(aten.convolution.default, activation, weight, *args[2:])
@@ -517,12 +679,13 @@ def _rewrite_channels_last(
     if not agrees:
         for node in reversed(made):
             graph.erase_node(node)
-        return None
+        return []
     for node in leaving:
         node.replace_all_uses_with(back[node], delete_user_cb=lambda user: user not in inside)
     for node in reversed(region):
         graph.erase_node(node)
-    return marker
+    assert marker is not None, "a region has a convolution"
+    return [marker] + [n for n in made if n.meta.get(REWRITE) == FUSED_CONVOLUTION]
 
 
 def _region_agrees(

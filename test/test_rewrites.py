@@ -19,7 +19,13 @@ import kope
 from kope import rewrites
 from kope.model_module import model_module
 from kope.precompile import trace_tasks
-from kope.rewrites import CHANNELS_LAST, FOLDED_BATCH_NORM, FUSED_ATTENTION, FoldedBatchNorm
+from kope.rewrites import (
+    CHANNELS_LAST,
+    FOLDED_BATCH_NORM,
+    FUSED_ATTENTION,
+    FUSED_CONVOLUTION,
+    FoldedBatchNorm,
+)
 from kope.targets.cpu import CpuTarget
 
 
@@ -266,8 +272,12 @@ def test_a_lone_convolution_stays_nchw_its_copy_costs_what_it_saves(tmp_path: Pa
     assert CHANNELS_LAST not in _rewrites()
 
 
-def test_one_block_writes_its_output_transposed(tmp_path: Path) -> None:
-    """A residual block: its last add and ReLU and the copy back to NCHW are one kernel."""
+def test_one_block_writes_its_output_transposed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A residual block without oneDNN's fused convolutions: its last add and ReLU and the
+    copy back to NCHW are one kernel."""
+    monkeypatch.setattr(rewrites, "packed_convolutions_available", lambda: False)
     model = _stack(1)
     x = torch.randn(2, 5, 9, 11)
     tasks = trace_tasks(model, (x,), CpuTarget())
@@ -278,6 +288,56 @@ def test_one_block_writes_its_output_transposed(tmp_path: Path) -> None:
         compiled = _compiled(model, tmp_path, "reference")
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
     assert _rewrites().count(CHANNELS_LAST) == 1
+
+
+class ConvAct(nn.Module):
+    """A convolution and `act`; one, a residual add and a ReLU; one whose output is read
+    twice."""
+
+    def __init__(self, act: nn.Module, channels: int = 6):
+        super().__init__()
+        self.a = nn.Conv2d(channels, channels, 3, padding=1)
+        self.b = nn.Conv2d(channels, channels, 3, padding=2, dilation=2, bias=False)
+        self.c = nn.Conv2d(channels, channels, 1)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.act(self.a(x))
+        z = torch.relu(self.b(y) + x)
+        w = self.c(z)
+        return z + w.sigmoid() + w
+
+
+ACTIVATIONS = {
+    "relu": nn.ReLU(),
+    "gelu": nn.GELU(),
+    "silu": nn.SiLU(),
+    "tanh": nn.Tanh(),
+    "sigmoid": nn.Sigmoid(),
+}
+
+
+@pytest.mark.skipif(not rewrites.packed_convolutions_available(), reason="no oneDNN here")
+@pytest.mark.parametrize("act", list(ACTIVATIONS))
+def test_activations_and_residual_adds_run_inside_the_convolution(act: str, tmp_path: Path) -> None:
+    """Channels-last convolutions take the op after them into oneDNN's call, with their
+    weights packed once: the unary activation, and the residual add with its ReLU. A
+    convolution read twice keeps its ops outside. The results match eager at odd shapes."""
+    torch.manual_seed(0)
+    model = ConvAct(ACTIVATIONS[act]).eval()
+    x = torch.randn(2, 6, 9, 11)
+    tasks = trace_tasks(model, (x,), CpuTarget())
+    convolutions = [t for t in tasks if "convolution" in t.op]
+    assert len(convolutions) == 1, [t.label for t in tasks]  # the one read twice
+    with torch.no_grad():
+        compiled = _compiled(model, tmp_path)
+        got, want = compiled(x), model(x)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        assert got.is_contiguous()
+    made = _rewrites()
+    assert made.count(CHANNELS_LAST) == 1
+    assert made.count(FUSED_CONVOLUTION) == 2, made
+    assert "elementwise ops fused into the convolution" in kope.report().format_table()
 
 
 def test_channels_last_weights_follow_writes_after_compiling(tmp_path: Path) -> None:
