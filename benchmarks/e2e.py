@@ -11,11 +11,13 @@ timed too; then eager, kope, inductor and `torch.compile(backend="eager")` ("dyn
 dynamo's frame and guards cost any backend per call) are timed against each other, interleaved, by
 `kope.targets.measure.measure_interleaved` (clean-round rules: a figure whose rounds were
 disturbed is marked `~`), each sample ~20 calls of one model (`--sample-ms`: the steady state
-of a loop, not the first call after another model's, whose caches are cold). Ratios are eager
+of a loop, not the first call after another model's, whose caches are cold), `--repeat`
+times in a row: the figure is the median of the runs' medians, and the range of the runs'
+ratios (printed `[low-high]`) says how far one process's figure moves. Ratios are eager
 time / backend time.
 
     python benchmarks/e2e.py [--precompile 8] [--no-inductor] [--models a,b] [--sample-ms 20]
-                             [--json out.json]
+                             [--repeat 3] [--json out.json]
 
 Run it on a quiet machine (`../shared/tools/quiet-check.sh`), with nothing else running.
 """
@@ -26,6 +28,7 @@ import argparse
 import json
 import math
 import platform
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -150,7 +153,12 @@ def _model(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
 
 
 def run(
-    name: str, store: Path, budget: int, inductor: bool, sample_s: float = SAMPLE_MS / 1e3
+    name: str,
+    store: Path,
+    budget: int,
+    inductor: bool,
+    sample_s: float = SAMPLE_MS / 1e3,
+    repeat: int = 1,
 ) -> dict[str, Any]:
     import kope
     from kope.compiler import store_at, target_for
@@ -214,10 +222,15 @@ def run(
             row["inductor_compile_s"] = time.perf_counter() - start
             fns["inductor"] = lambda: ind(*inputs)
         threads = {n: torch.get_num_threads() for n in fns}
-        timings = measure_interleaved(fns, MeasureConfig(sample_s=sample_s), threads)
-    for n, timing in timings.items():
-        row[f"{n}_us"] = timing.median_us
-        row[f"{n}_clean"] = timing.clean
+        runs = [
+            measure_interleaved(fns, MeasureConfig(sample_s=sample_s), threads)
+            for _ in range(repeat)
+        ]
+    for n in fns:
+        row[f"{n}_us"] = statistics.median(r[n].median_us for r in runs)
+        row[f"{n}_clean"] = all(r[n].clean for r in runs)
+        # The ratio in each run: how far the figure moves between runs of one process.
+        row[f"{n}_ratios"] = [r["eager"].median_us / r[n].median_us for r in runs]
     return row
 
 
@@ -231,6 +244,14 @@ def main() -> None:
         "--models",
         default=",".join(MODELS),
         help=f"comma-separated (default: all six; also: {', '.join(EXTRA_MODELS)})",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="time each model's backends against each other this many times in a row; the "
+        "figure is the median of the runs' medians, and the range of the runs' ratios is "
+        "printed beside it (default 3)",
     )
     parser.add_argument("--store", help="experience store (default: a fresh temporary one)")
     parser.add_argument("--json", help="write the rows here")
@@ -252,19 +273,34 @@ def main() -> None:
     )
     rows = []
     for name in args.models.split(","):
-        rows.append(run(name, store, args.precompile, not args.no_inductor, args.sample_ms / 1e3))
+        rows.append(
+            run(
+                name,
+                store,
+                args.precompile,
+                not args.no_inductor,
+                args.sample_ms / 1e3,
+                args.repeat,
+            )
+        )
         r = rows[-1]
         mark = {n: "" if r.get(f"{n}_clean") else "~" for n in ("kope", "inductor")}
+
+        def spread(n: str, r: dict[str, Any] = r) -> str:
+            low, high = min(r[f"{n}_ratios"]), max(r[f"{n}_ratios"])
+            return f" [{low:.2f}-{high:.2f}]" if len(r[f"{n}_ratios"]) > 1 else ""
+
         ind = (
             f"inductor {r['inductor_us']:8.1f} µs {mark['inductor']}"
-            f"{r['eager_us'] / r['inductor_us']:.2f}x"
+            f"{r['eager_us'] / r['inductor_us']:.2f}x{spread('inductor')}"
             if "inductor_us" in r
             else ""
         )
         print(
             f"{name:<20} eager {r['eager_us']:8.1f} µs  dynamo {r['dynamo_us']:8.1f} µs  "
-            f"kope {r['kope_us']:8.1f} µs {mark['kope']}{r['eager_us'] / r['kope_us']:.2f}x "
-            f"({r['dynamo_us'] / r['kope_us']:.2f}x dynamo's)  {ind}  graphs {r['graphs']}"
+            f"kope {r['kope_us']:8.1f} µs {mark['kope']}{r['eager_us'] / r['kope_us']:.2f}x"
+            f"{spread('kope')} ({r['dynamo_us'] / r['kope_us']:.2f}x dynamo's)  {ind}  "
+            f"graphs {r['graphs']}"
         )
     kope_ratios = [r["eager_us"] / r["kope_us"] for r in rows]
     over_dynamo = [r["dynamo_us"] / r["kope_us"] for r in rows]
