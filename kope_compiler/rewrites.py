@@ -412,10 +412,12 @@ def _channels_last_regions(graph: fx.Graph) -> list[list[fx.Node]]:
 
 def _joins(other: fx.Node, node: fx.Node) -> bool:
     """Whether `other`, a neighbour of region member `node`, joins it: a convolution joins
-    and is joined through its activation only (a weight computed by an elementwise op stays
-    NCHW)."""
+    and is joined through its activation and its output only (a weight computed by an
+    elementwise op stays NCHW). The relation is symmetric, so a region grown from any of its
+    convolutions is the same region: a downsampling block's shortcut convolution, which reads
+    the block's input and feeds its add, is in its block's region."""
     if other.target is aten.convolution.default:
-        return other.args[0] is node
+        return other.args[0] is node or other in node.all_input_nodes
     if node.target is aten.convolution.default:
         return other in node.users or other is node.args[0]
     return True
@@ -659,7 +661,8 @@ def _rewrite_channels_last(
                 args = _positional(node)
                 activation = call(aten.permute.default, operand(args[0], node), _TO_NCHW)
                 found = _epilogue(node, inside) if fuse else None
-                if found is not None:
+                # An add of two convolutions (a downsampling block's residual) is the first's.
+                if found is not None and not any(n in absorbed or n in fusing for n in found.nodes):
                     fusing[found.nodes[-1]] = (node, activation, found)
                     absorbed.update(found.nodes[:-1])
                     continue

@@ -340,6 +340,41 @@ def test_activations_and_residual_adds_run_inside_the_convolution(act: str, tmp_
     assert "elementwise ops fused into the convolution" in kope.report().format_table()
 
 
+class Downsampling(nn.Module):
+    """A ResNet downsampling block: a strided convolution, and a strided 1x1 convolution on
+    the shortcut, added."""
+
+    def __init__(self, cin: int, cout: int):
+        super().__init__()
+        self.a = ConvBn(nn.Conv2d(cin, cout, 3, stride=2, padding=1, bias=False))
+        self.b = ConvBn(nn.Conv2d(cout, cout, 3, padding=1, bias=False), relu=False)
+        self.shortcut = ConvBn(nn.Conv2d(cin, cout, 1, stride=2, bias=False), relu=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.b(self.a(x)) + self.shortcut(x))
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_downsampling_stage_is_one_channels_last_region(
+    fused: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shortcut convolution reads the block's input and feeds its add: grown from it or
+    from the block's first convolution, the region is the same one (two overlapping regions
+    crashed the compile). Its add of two convolutions fuses into one of them."""
+    if not fused:
+        monkeypatch.setattr(rewrites, "packed_convolutions_available", lambda: False)
+    torch.manual_seed(0)
+    model = nn.Sequential(Downsampling(5, 8), Downsampling(8, 12)).eval()
+    x = torch.randn(2, 5, 15, 17)
+    with torch.no_grad():
+        compiled = _compiled(model, tmp_path)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    made = _rewrites()
+    assert made.count(CHANNELS_LAST) == 1
+    if fused and rewrites.packed_convolutions_available():
+        assert made.count(FUSED_CONVOLUTION) == 4, made  # two ReLUs, two residual adds
+
+
 def test_channels_last_weights_follow_writes_after_compiling(tmp_path: Path) -> None:
     model = _stack(2)
     x = torch.randn(1, 5, 8, 8)
