@@ -339,8 +339,9 @@ CONVS_PER_COPY = 2
 
 def _nchw_convolution(node: fx.Node) -> bool:
     """A 2-D convolution of a float NCHW activation on the CPU with a weight from the graph,
-    not depthwise: KOPE's own depthwise kernels take NCHW and beat oneDNN's (a depthwise-
-    separable block's graph ran 1.55x eager's with them, 0.80x channels-last without)."""
+    that eager runs with oneDNN, not depthwise: KOPE's own depthwise kernels take NCHW and
+    beat oneDNN's (a depthwise-separable block's graph ran 1.55x eager's with them, 0.80x
+    channels-last without)."""
     if node.op != "call_function" or node.target is not aten.convolution.default:
         return False
     args = _arguments(node)
@@ -357,7 +358,21 @@ def _nchw_convolution(node: fx.Node) -> bool:
         and x.device.type == "cpu"
         and x.is_contiguous()
         and val.is_contiguous()
+        and _eager_uses_onednn(x, weight, int(args["groups"]))
     )
+
+
+# Eager runs a small convolution (batch 1, at most this many input elements, a kernel of at
+# most 3x3, one group) with ATen's own im2col loops, not oneDNN, as ATen's convolution
+# dispatch decides: there oneDNN is slower (1x8x10x12, 3x3: 24 µs ATen, 66 oneDNN here),
+# channels-last or not, so such a convolution stays as eager runs it.
+_SMALL_CONVOLUTION = 20480
+
+
+def _eager_uses_onednn(x: torch.Tensor, weight: torch.Tensor, groups: int) -> bool:
+    small_kernel = weight.shape[-1] <= 3 or weight.shape[-2] <= 3
+    small = x.shape[0] == 1 and x.numel() <= _SMALL_CONVOLUTION
+    return groups > 1 or not small_kernel or not small
 
 
 def _nhwc_elementwise(node: fx.Node) -> bool:

@@ -260,6 +260,17 @@ def test_a_stack_of_convolutions_is_computed_channels_last(tmp_path: Path) -> No
             assert len(ran) == 2, ran
 
 
+def test_small_convolutions_eager_runs_without_onednn_stay_nchw(tmp_path: Path) -> None:
+    """Batch 1 at 5x9x11: ATen runs these 3x3 convolutions with its own loops, faster than
+    oneDNN there, so they are not moved to oneDNN's channels-last path."""
+    model = _stack(2)
+    x = torch.randn(1, 5, 9, 11)
+    with torch.no_grad():
+        compiled = _compiled(model, tmp_path)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    assert CHANNELS_LAST not in _rewrites()
+
+
 def test_a_lone_convolution_stays_nchw_its_copy_costs_what_it_saves(tmp_path: Path) -> None:
     """One convolution and its ReLU: one copy in (the copy out is the ReLU's kernel writing
     its result transposed), against one convolution's saving."""
@@ -377,7 +388,7 @@ def test_a_downsampling_stage_is_one_channels_last_region(
 
 def test_channels_last_weights_follow_writes_after_compiling(tmp_path: Path) -> None:
     model = _stack(2)
-    x = torch.randn(1, 5, 8, 8)
+    x = torch.randn(2, 5, 8, 8)  # batch 2: eager runs these convolutions with oneDNN
     with torch.no_grad():
         compiled = _compiled(model, tmp_path, "reference")
         compiled(x)
