@@ -66,11 +66,24 @@ class RawOp(functools.partial[Any]):
         return self
 
 
+# A view whose input arrives in another layout than it was traced on is a reshape: the same
+# values, copied only then. A kernel writes contiguously what ATen wrote transposed (an
+# elementwise op of a transposed q in rotary embeddings), the ops after it then lay their
+# results out differently too (CPU flash attention follows its query), and a `view` that was
+# valid on the traced strides fails on these; on the traced ones a reshape is that view.
+_LAYOUT_TOLERANT: dict[Any, Callable[..., Any]] = {
+    _aten.view.default: torch._C.TensorBase.reshape,
+    _aten._unsafe_view.default: torch._C.TensorBase.reshape,
+}
+
+
 def fast_operators(graph: fx.Graph) -> None:
-    """Each ATen node calls its torch binding where it is checked, else its raw entry."""
+    """Each ATen node calls its torch binding where it is checked, else its raw entry; a view
+    calls `reshape`."""
     for node in graph.nodes:
         if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
-            node.target = torch_binding(node) or RawOp(node.target)
+            tolerant = _LAYOUT_TOLERANT.get(node.target)
+            node.target = tolerant or torch_binding(node) or RawOp(node.target)
 
 
 def torch_binding(node: fx.Node) -> Callable[..., Any] | None:

@@ -72,6 +72,45 @@ def test_non_contiguous_and_size_one_inputs() -> None:
                 torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
 
 
+class Rotary(torch.nn.Module):
+    """Attention with rotary embeddings, LLaMA-style: elementwise ops of transposed q and k."""
+
+    def __init__(self, dim: int = 32, heads: int = 2, length: int = 6):
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(dim, 3 * dim, bias=False)
+        angle = torch.outer(torch.arange(length).float(), torch.rand(dim // heads // 2))
+        self.register_buffer("cos", torch.cat([angle, angle], -1).cos())
+        self.register_buffer("sin", torch.cat([angle, angle], -1).sin())
+
+    def rotate(self, t: torch.Tensor) -> torch.Tensor:
+        a, b = t.chunk(2, -1)
+        return t * self.cos + torch.cat([-b, a], -1) * self.sin
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        q, k, v = (
+            t.view(b, n, self.heads, d // self.heads).transpose(1, 2)
+            for t in self.qkv(x).chunk(3, -1)
+        )
+        y = torch.nn.functional.scaled_dot_product_attention(
+            self.rotate(q), self.rotate(k), v, is_causal=True
+        )
+        return y.transpose(1, 2).reshape(b, n, d)
+
+
+def test_kernels_that_lay_out_results_otherwise_than_aten_keep_views_valid() -> None:
+    """The rotary Tasks' kernels write q and k contiguously where ATen wrote them transposed;
+    attention's output follows its query's layout, and the graph's `view` of it (traced on
+    ATen's layout) must still compute the model, not fail."""
+    torch.manual_seed(0)
+    model = Rotary().eval()
+    x = torch.randn(2, 6, 32)
+    with torch.no_grad():
+        compiled = torch.compile(model, backend="kope", options={"kernels": "reference"})
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+
+
 def test_weights_written_after_compiling_are_used() -> None:
     """The gate and up projections share one kernel, each site with its packed transposed
     weight; fine-tuning in place or loading a checkpoint after compiling changes the answer."""

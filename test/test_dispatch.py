@@ -77,3 +77,31 @@ def test_a_binding_that_dispatches_another_overload_is_not_taken() -> None:
     tensor = graph.call_function(torch.ops.aten.add.Tensor, (x, 2.0))
     assert torch_binding(scalar) is None
     assert torch_binding(tensor) is torch._C._VariableFunctions.add
+
+
+def test_a_view_of_a_root_in_another_layout_is_a_reshape() -> None:
+    """`view` was valid on the traced strides and is not on the root's: a kernel wrote
+    contiguously what ATen wrote transposed (the ops after it follow its layout). The chain
+    replays as reshapes, and so does a lone view: the same values, not an error."""
+    graph = fx.Graph()
+    base = graph.placeholder("base")
+    t = graph.call_function(torch.ops.aten.transpose.int, (base, 1, 2))
+    v = graph.call_function(torch.ops.aten.view.default, (t, [2, 3, 20]))
+    s = graph.call_function(torch.ops.aten.sin.default, (v,))
+    lone = graph.call_function(torch.ops.aten.view.default, (base, [2, 60]))
+    c = graph.call_function(torch.ops.aten.cos.default, (lone,))
+    graph.output((s, c))
+    traced_root = torch.randn(2, 3, 4, 5).transpose(1, 2)  # (2, 4, 3, 5), strided
+    base.meta["val"] = traced_root
+    t.meta["val"] = traced_root.transpose(1, 2)
+    v.meta["val"] = t.meta["val"].view(2, 3, 20)
+    lone.meta["val"] = traced_root.reshape(2, 60)
+    lean_graph = fx.GraphModule(torch.nn.Module(), graph)
+    lean(lean_graph)
+    lean_graph.recompile()
+    contiguous = torch.randn(2, 4, 3, 5)  # the other layout
+    got_s, got_c = lean_graph(contiguous)
+    torch.testing.assert_close(got_s, contiguous.transpose(1, 2).reshape(2, 3, 20).sin())
+    torch.testing.assert_close(got_c, contiguous.reshape(2, 60).cos())
+    strided = torch.randn(2, 3, 4, 5).transpose(1, 2)  # a lone view of it copies
+    torch.testing.assert_close(lean_graph(strided)[1], strided.reshape(2, 60).cos())
