@@ -461,9 +461,7 @@ class _Epilogue:
 
 def packed_convolutions_available() -> bool:
     """Whether this torch has oneDNN's fused convolutions (x86 and aarch64 CPU builds do)."""
-    return torch.backends.mkldnn.is_available() and hasattr(
-        torch.ops.mkldnn, "_reorder_convolution_weight"
-    )
+    return torch._C._has_mkldnn and hasattr(torch.ops.mkldnn, "_reorder_convolution_weight")
 
 
 def _epilogue(conv: fx.Node, inside: set[fx.Node]) -> _Epilogue | None:
@@ -478,7 +476,7 @@ def _epilogue(conv: fx.Node, inside: set[fx.Node]) -> _Epilogue | None:
         approximate = user.kwargs.get("approximate", "none")
         if set(user.kwargs) - {"approximate"} or approximate not in ("none", "tanh"):
             return None
-        algorithm = approximate if user.target is aten.gelu.default else ""
+        algorithm = str(approximate) if user.target is aten.gelu.default else ""
         return _Epilogue([user], _UNARY_EPILOGUES[user.target], algorithm)
     if user.target is not aten.add.Tensor or user.kwargs.get("alpha", 1) != 1:
         return None

@@ -263,7 +263,7 @@ def _choose_threads(
     threads = threads_now()
     if threads <= 1:
         return
-    fns = {"eager": eager, "one": AtThreads(chosen, 1)}
+    fns: dict[str, Callable[[], Any]] = {"eager": eager, "one": AtThreads(chosen, 1)}
     if decision.compiled:
         fns["kope"] = chosen
     counts = {name: 1 if name == "one" else threads for name in fns}
