@@ -183,7 +183,9 @@ def settle_graph(
     store = store_at(options.store_path)
     target = target_for(options.target, options.workers, options.timeout_s)
     try:
-        with torch.no_grad():
+        # The timing calls the graphs many times: a model that draws random numbers must see
+        # the generator where eager would have left it.
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
             decision = settle(
                 eager_graph,
                 compiled.forward,

@@ -267,3 +267,29 @@ def test_a_graph_that_threads_do_not_slow_keeps_the_callers_count(tmp_path: Path
         report=GraphReport(),
     )
     assert decision.threads is None, decision
+
+
+class Noisy(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + torch.rand_like(x))
+
+
+def test_the_check_leaves_the_random_generator_where_eager_would(tmp_path: Path) -> None:
+    """The check compares a graph that draws random numbers with eager on the same draws (no
+    false 'outputs differ'), and though it calls the graph many times, the model then draws
+    the numbers eager draws, call after call."""
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        want = [Noisy()(x) for _ in range(2)]
+    torch._dynamo.reset()
+    kope.reset_report()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        options = {"store": str(tmp_path / "store")}
+        compiled = torch.compile(Noisy(), backend="kope", options=options)
+        got = [compiled(x) for _ in range(2)]
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w)
+    (graph,) = kope.report().graphs
+    assert graph.whole is not None and "outputs differ" not in graph.whole.reason
