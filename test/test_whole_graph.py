@@ -293,3 +293,38 @@ def test_the_check_leaves_the_random_generator_where_eager_would(tmp_path: Path)
         torch.testing.assert_close(g, w)
     (graph,) = kope.report().graphs
     assert graph.whole is not None and "outputs differ" not in graph.whole.reason
+
+
+def test_a_rewritten_graph_that_loses_on_all_threads_may_win_on_one(tmp_path: Path) -> None:
+    """The rewritten graph is slower than eager's on the caller's count and faster on one
+    thread, where eager's is as slow as ever: the compiled graph runs, on one thread."""
+    from kope.measuring import recording
+    from kope.report import GraphReport
+    from kope.whole_graph import settle
+
+    if torch.get_num_threads() < 2:
+        return  # nothing to choose between
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+
+    def eager_graph(t: torch.Tensor) -> torch.Tensor:
+        return _slow(t)
+
+    def compiled_graph(t: torch.Tensor) -> torch.Tensor:
+        return _slow(_slow(t)) if torch.get_num_threads() > 1 else t + 0.0
+
+    store = ExperienceStore(tmp_path / "store")
+    decision = settle(
+        eager_graph,
+        compiled_graph,
+        [],
+        [x],
+        code="rewritten threads",
+        store=store,
+        target=CpuTarget(),
+        events=recording(store),
+        report=GraphReport(rewrites=["a rewrite"]),
+    )
+    if decision.disturbed or not decision.clean:
+        return  # a loaded machine: the decision is not kept, nothing to check
+    assert decision.compiled and decision.threads == 1, decision
+    assert decision.reason.startswith("on 1 thread the compiled graph runs"), decision.reason
