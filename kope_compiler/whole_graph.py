@@ -150,6 +150,9 @@ def settle(
         # With its kernels switched off, a graph that was not rewritten is eager's.
         differs = decision.compiled or bool(report.rewrites)
         _choose_threads(decision, compiled, eager, config, differs)
+        if not decision.compiled:  # eager's graph on one thread beat the compiled one
+            for call in calls:
+                call.enabled = False
     if decision.clean and not decision.disturbed:
         _record(store, events, target, key, workload, considered, calls, decision, report)
     return _finish(decision, calls, report)
@@ -287,10 +290,14 @@ def _choose_threads(
         return
     before = timed["kope" if decision.compiled else "eager"]
     faster = before.median_us / timed[best].median_us
-    if best == "kope_one" and not decision.compiled:
+    switched = (best == "kope_one") != decision.compiled
+    if switched:
+        ran, lost = ("the compiled graph", "eager's")
+        if best == "eager_one":
+            ran, lost = ("eager's graph", "the compiled one")
         decision.reason = (
-            f"on 1 thread the compiled graph runs {faster:.2f}x faster than eager's on "
-            f"{threads} ({decision.reason} on {threads})"
+            f"on 1 thread {ran} runs {faster:.2f}x faster than {lost} on {threads} "
+            f"({decision.reason} on {threads})"
         )
     else:
         decision.reason += f"; on 1 thread it runs {faster:.2f}x faster than on {threads}"

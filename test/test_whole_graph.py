@@ -328,3 +328,44 @@ def test_a_rewritten_graph_that_loses_on_all_threads_may_win_on_one(tmp_path: Pa
         return  # a loaded machine: the decision is not kept, nothing to check
     assert decision.compiled and decision.threads == 1, decision
     assert decision.reason.startswith("on 1 thread the compiled graph runs"), decision.reason
+
+
+def test_eager_on_one_thread_may_beat_a_compiled_graph_that_won(tmp_path: Path) -> None:
+    """The compiled graph beats eager's on the caller's count, and eager's beats both on one
+    thread: eager's runs there, its kernel switched off, and the report says why."""
+    from kope.measuring import recording
+    from kope.report import GraphReport, TaskReport
+    from kope.whole_graph import settle
+
+    if torch.get_num_threads() < 2:
+        return
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+
+    def third(t: torch.Tensor) -> torch.Tensor:
+        for _ in range(20):
+            t = t + 0.0
+        return t
+
+    call = _Call(lambda t: (third(t),), lambda ins: (_slow(ins[0]),))
+    call.report = TaskReport("a kernel", "key", "op", "agent", "chosen")
+
+    def eager_graph(t: torch.Tensor) -> torch.Tensor:
+        return _slow(t) if torch.get_num_threads() > 1 else t + 0.0
+
+    store = ExperienceStore(tmp_path / "store")
+    decision = settle(
+        eager_graph,
+        lambda t: call(t)[0],
+        [call],
+        [x],
+        code="eager on one thread",
+        store=store,
+        target=CpuTarget(),
+        events=recording(store),
+        report=GraphReport(),
+    )
+    if decision.disturbed or not decision.clean:
+        return  # a loaded machine: the decision is not kept, nothing to check
+    assert not decision.compiled and decision.threads == 1, decision
+    assert decision.reason.startswith("on 1 thread eager's graph runs"), decision.reason
+    assert not call.enabled and call.report.kernel == SOURCE_EAGER
