@@ -76,8 +76,7 @@ def rewrite(gm: fx.GraphModule, onednn: bool = True) -> list[str]:
     """Apply every rewrite to `gm`'s graph in place; the names of those made, one per site.
     `onednn` False leaves out the fusions into oneDNN's library calls, which only run (a
     module that must lower to MLIR whole cannot hold them)."""
-    fuse = onednn and packed_convolutions_available()
-    made = fold_batch_norms(gm.graph) + channels_last(gm.graph, fuse=fuse)
+    made = fold_batch_norms(gm.graph) + channels_last(gm.graph, fuse=onednn)
     made += fuse_attention(gm.graph)
     return [node.meta[REWRITE] for node in made]
 
@@ -168,9 +167,7 @@ class PackedConvolutionWeight(_Kept):
     def compute(self, *inputs: Any) -> torch.Tensor:
         (weight,) = inputs
         with torch.no_grad():
-            packed: torch.Tensor = torch.ops.mkldnn._reorder_convolution_weight(
-                weight, *self.geometry
-            )
+            packed: torch.Tensor = aten_mkldnn._reorder_convolution_weight(weight, *self.geometry)
             return packed
 
 
@@ -461,7 +458,7 @@ class _Epilogue:
 
 def packed_convolutions_available() -> bool:
     """Whether this torch has oneDNN's fused convolutions (x86 and aarch64 CPU builds do)."""
-    return torch._C._has_mkldnn and hasattr(torch.ops.mkldnn, "_reorder_convolution_weight")
+    return torch._C._has_mkldnn and hasattr(aten_mkldnn, "_reorder_convolution_weight")
 
 
 def _epilogue(conv: fx.Node, inside: set[fx.Node]) -> _Epilogue | None:
@@ -497,7 +494,7 @@ def _fake_binary(x: Any, other: Any, weight: Any, bias: Any, *args: Any) -> Any:
     """The output of `mkldnn._convolution_pointwise.binary` (which has no fake kernel): its
     unary form's, which has."""
     padding, stride, dilation, groups = args[:4]
-    return torch.ops.mkldnn._convolution_pointwise.default(
+    return aten_mkldnn._convolution_pointwise.default(
         x, weight, bias, padding, stride, dilation, groups, "none", [], ""
     )
 
@@ -528,14 +525,13 @@ def _whole(arg: fx.Node, node: fx.Node) -> bool:
 
 
 def channels_last(
-    graph: fx.Graph, convs_per_copy: float = CONVS_PER_COPY, fuse: bool | None = None
+    graph: fx.Graph, convs_per_copy: float = CONVS_PER_COPY, fuse: bool = True
 ) -> list[fx.Node]:
     """Compute on NHWC tensors each region with at least `convs_per_copy` convolutions per
     layout copy, with the elementwise ops after each convolution fused into it where oneDNN
-    can (`fuse`, by default where this torch has oneDNN); one node per region rewritten and
-    one per fused convolution."""
-    if fuse is None:
-        fuse = packed_convolutions_available()
+    can (`fuse`, where this torch has oneDNN); one node per region rewritten and one per
+    fused convolution."""
+    fuse = fuse and packed_convolutions_available()
     made = []
     for region in _channels_last_regions(graph):
         entering, leaving = _copies(region)

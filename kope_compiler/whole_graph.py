@@ -140,19 +140,17 @@ def settle(
         # Each kernel is timed against its own eager call first, whatever the graph's timing
         # says: a graph timed at 1.11x eager kept a GPT-2 addmm kernel that took 446 µs where
         # eager's took 350, the other two kernels' gains hiding its loss.
+        # `_greedy` leaves a graph it does not compile with its kernels switched off.
         decision = _greedy(calls, eager, compiled, config, threads, bool(report.rewrites))
-        if not decision.compiled:
-            for call in calls:
-                call.enabled = False
     else:
         decision = GraphDecision(False, "no kernel or rewrite to run")
     if not decision.disturbed and (decision.clean or not rewritten):
         # With its kernels switched off, a graph that was not rewritten is eager's.
         differs = decision.compiled or bool(report.rewrites)
         _choose_threads(decision, compiled, eager, config, differs)
-        if not decision.compiled:  # eager's graph on one thread beat the compiled one
-            for call in calls:
-                call.enabled = False
+    if not decision.compiled:  # eager's graph runs, on the caller's count or on one thread
+        for call in calls:
+            call.enabled = False
     if decision.clean and not decision.disturbed:
         _record(store, events, target, key, workload, considered, calls, decision, report)
     return _finish(decision, calls, report)

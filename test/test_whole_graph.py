@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch._dynamo
 
 import kope
+from kope.measuring import recording
 from kope.memory.schema import AttemptRecord
 from kope.memory.store import ExperienceStore
 from kope.precompile import trace_tasks
+from kope.report import GraphDecision, GraphReport, TaskReport
 from kope.targets.cpu import CpuTarget
 from kope.targets.measure import MeasureConfig
 from kope.vocabulary.evidence import SOURCE_EAGER, SOURCE_GRAPH, SOURCE_REFERENCE, TIMING_CLEAN
+from kope.whole_graph import AtThreads, _greedy, settle
 
 
 class Softmax(torch.nn.Module):
@@ -131,17 +135,38 @@ class _Call:
         return self.kernel(*inputs) if self.enabled else self.eager(inputs)
 
 
-def _slow(x: torch.Tensor) -> torch.Tensor:
-    for _ in range(60):
+def _slow(x: torch.Tensor, adds: int = 60) -> torch.Tensor:
+    for _ in range(adds):
         x = x + 0.0
     return x
+
+
+def _settle(
+    eager_graph: Any,
+    compiled_graph: Any,
+    calls: list[Any],
+    x: torch.Tensor,
+    store: ExperienceStore,
+    report: GraphReport,
+    code: str = "graph",
+) -> GraphDecision:
+    """`kope.whole_graph.settle` of two graphs of one input on the CPU target."""
+    return settle(
+        eager_graph,
+        compiled_graph,
+        calls,
+        [x],
+        code=code,
+        store=store,
+        target=CpuTarget(),
+        events=recording(store),
+        report=report,
+    )
 
 
 def test_a_kernel_that_loses_to_its_own_eager_call_is_dropped_and_the_rest_kept() -> None:
     """The graph with both kernels loses to eager (one kernel is much slower than its eager
     call); timed head to head on its own inputs, each kernel shows which side it is on."""
-    from kope.whole_graph import _greedy
-
     x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
     wins = _Call(lambda t: (t + 0.0,), lambda ins: (_slow(ins[0]),))
     loses = _Call(lambda t: (_slow(_slow(t)),), lambda ins: (ins[0] + 0.0,))
@@ -163,10 +188,6 @@ def test_a_kernel_that_loses_to_its_own_eager_call_is_dropped_and_the_rest_kept(
 def test_kernels_of_a_rewritten_graph_must_pay_over_its_rewrites(tmp_path: Path) -> None:
     """The rewritten graph beats eager with or without its kernel, but the kernel loses to its
     own eager call: it is dropped, and the rewritten graph runs without it."""
-    from kope.measuring import recording
-    from kope.report import GraphReport, TaskReport
-    from kope.whole_graph import settle
-
     x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
     call = _Call(lambda t: (_slow(t),), lambda ins: (ins[0] + 0.0,))
     call.report = TaskReport("slow kernel", "key", "op", "agent", "chosen")
@@ -179,16 +200,13 @@ def test_kernels_of_a_rewritten_graph_must_pay_over_its_rewrites(tmp_path: Path)
     def compiled_graph(t: torch.Tensor) -> torch.Tensor:
         return call(t)[0]
 
-    decision = settle(
+    decision = _settle(
         eager_graph,
         compiled_graph,
         [call],
-        [x],
-        code="graph",
-        store=store,
-        target=CpuTarget(),
-        events=recording(store),
-        report=report,
+        x,
+        store,
+        report,
     )
     if decision.disturbed or not decision.clean:
         return  # a loaded machine: the decision is not kept, nothing to check
@@ -204,10 +222,6 @@ def test_a_graph_faster_on_one_thread_runs_on_one_and_the_decision_is_reused(
     """A graph with nothing to compile still has its thread count chosen: one that runs 60
     adds on more threads and one on a single thread runs on one; the caller's count is
     restored after each call, and the next compile of the graph reuses the decision."""
-    from kope.measuring import recording
-    from kope.report import GraphReport
-    from kope.whole_graph import AtThreads, settle
-
     if torch.get_num_threads() < 2:
         return  # nothing to choose between
     x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
@@ -218,16 +232,14 @@ def test_a_graph_faster_on_one_thread_runs_on_one_and_the_decision_is_reused(
     store = ExperienceStore(tmp_path / "store")
 
     def decide(report: GraphReport):
-        return settle(
+        return _settle(
             graph,
             graph,
             [],
-            [x],
-            code="threads",
-            store=store,
-            target=CpuTarget(),
-            events=recording(store),
-            report=report,
+            x,
+            store,
+            report,
+            "threads",
         )
 
     decision = decide(GraphReport())
@@ -243,10 +255,6 @@ def test_a_graph_faster_on_one_thread_runs_on_one_and_the_decision_is_reused(
 
 
 def test_a_graph_that_threads_do_not_slow_keeps_the_callers_count(tmp_path: Path) -> None:
-    from kope.measuring import recording
-    from kope.report import GraphReport
-    from kope.whole_graph import settle
-
     if torch.get_num_threads() < 2:
         return
     x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
@@ -255,16 +263,14 @@ def test_a_graph_that_threads_do_not_slow_keeps_the_callers_count(tmp_path: Path
         return _slow(t) if torch.get_num_threads() == 1 else t + 0.0
 
     store = ExperienceStore(tmp_path / "store")
-    decision = settle(
+    decision = _settle(
         graph,
         graph,
         [],
-        [x],
-        code="threads",
-        store=store,
-        target=CpuTarget(),
-        events=recording(store),
-        report=GraphReport(),
+        x,
+        store,
+        GraphReport(),
+        "threads",
     )
     assert decision.threads is None, decision
 
@@ -298,10 +304,6 @@ def test_the_check_leaves_the_random_generator_where_eager_would(tmp_path: Path)
 def test_a_rewritten_graph_that_loses_on_all_threads_may_win_on_one(tmp_path: Path) -> None:
     """The rewritten graph is slower than eager's on the caller's count and faster on one
     thread, where eager's is as slow as ever: the compiled graph runs, on one thread."""
-    from kope.measuring import recording
-    from kope.report import GraphReport
-    from kope.whole_graph import settle
-
     if torch.get_num_threads() < 2:
         return  # nothing to choose between
     x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
@@ -313,16 +315,14 @@ def test_a_rewritten_graph_that_loses_on_all_threads_may_win_on_one(tmp_path: Pa
         return _slow(_slow(t)) if torch.get_num_threads() > 1 else t + 0.0
 
     store = ExperienceStore(tmp_path / "store")
-    decision = settle(
+    decision = _settle(
         eager_graph,
         compiled_graph,
         [],
-        [x],
-        code="rewritten threads",
-        store=store,
-        target=CpuTarget(),
-        events=recording(store),
-        report=GraphReport(rewrites=["a rewrite"]),
+        x,
+        store,
+        GraphReport(rewrites=["a rewrite"]),
+        "rewritten threads",
     )
     if decision.disturbed or not decision.clean:
         return  # a loaded machine: the decision is not kept, nothing to check
@@ -333,36 +333,25 @@ def test_a_rewritten_graph_that_loses_on_all_threads_may_win_on_one(tmp_path: Pa
 def test_eager_on_one_thread_may_beat_a_compiled_graph_that_won(tmp_path: Path) -> None:
     """The compiled graph beats eager's on the caller's count, and eager's beats both on one
     thread: eager's runs there, its kernel switched off, and the report says why."""
-    from kope.measuring import recording
-    from kope.report import GraphReport, TaskReport
-    from kope.whole_graph import settle
-
     if torch.get_num_threads() < 2:
         return
     x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
 
-    def third(t: torch.Tensor) -> torch.Tensor:
-        for _ in range(20):
-            t = t + 0.0
-        return t
-
-    call = _Call(lambda t: (third(t),), lambda ins: (_slow(ins[0]),))
+    call = _Call(lambda t: (_slow(t, adds=20),), lambda ins: (_slow(ins[0]),))
     call.report = TaskReport("a kernel", "key", "op", "agent", "chosen")
 
     def eager_graph(t: torch.Tensor) -> torch.Tensor:
         return _slow(t) if torch.get_num_threads() > 1 else t + 0.0
 
     store = ExperienceStore(tmp_path / "store")
-    decision = settle(
+    decision = _settle(
         eager_graph,
         lambda t: call(t)[0],
         [call],
-        [x],
-        code="eager on one thread",
-        store=store,
-        target=CpuTarget(),
-        events=recording(store),
-        report=GraphReport(),
+        x,
+        store,
+        GraphReport(),
+        "eager on one thread",
     )
     if decision.disturbed or not decision.clean:
         return  # a loaded machine: the decision is not kept, nothing to check
