@@ -275,6 +275,38 @@ def test_a_graph_that_threads_do_not_slow_keeps_the_callers_count(tmp_path: Path
     assert decision.threads is None, decision
 
 
+def test_a_one_thread_win_that_does_not_hold_keeps_the_callers_count(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """A graph that ran faster on one thread in the first timing only (as a neighbour slowing
+    a stretch of rounds makes it look) keeps the caller's count: a switch must win twice."""
+    if torch.get_num_threads() < 2:
+        return
+    import kope.whole_graph as whole_graph
+
+    timings = []
+    measure = whole_graph.measure_interleaved
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        timings.append(len(timings))
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(whole_graph, "measure_interleaved", counted)
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+
+    def graph(t: torch.Tensor) -> torch.Tensor:
+        first = len(timings) <= 1
+        return _slow(t) if first and torch.get_num_threads() > 1 else t + 0.0
+
+    decision = _settle(
+        graph, graph, [], x, ExperienceStore(tmp_path / "store"), GraphReport(), "threads"
+    )
+    if decision.disturbed or not decision.clean:
+        return  # a loaded machine: nothing was decided
+    assert len(timings) == 2, "a one-thread win is timed a second time"
+    assert decision.threads is None, decision
+
+
 class Noisy(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.relu(x + torch.rand_like(x))
