@@ -55,10 +55,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from kope.vocabulary.specs import TensorSpec, dtype_name
+from kope.vocabulary.specs import InputRef, OpCall, Program, TaskSpec, TensorSpec, dtype_name
 
 # (rtol, atol): |got - want| <= atol * max(1, max|want|) + rtol * |want|, elementwise.
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
@@ -104,10 +105,109 @@ def trials_for(seed: int) -> list[Trial]:
     ]
 
 
-def make_inputs(specs: Sequence[TensorSpec], trial: Trial) -> list[torch.Tensor]:
-    """Inputs for one trial. Non-finite values go into the first floating input only (the data
-    operand by ATen's convention); the others get edge values: NaN weights or statistics say
-    little about an operator, and the oracle's answer for them is an accident of its formula."""
+@dataclass(frozen=True)
+class Domain:
+    """The integers an input may hold for its operator to be defined: indices into a dim of
+    `high` elements, or (`offsets`) EmbeddingBag's bag starts into `high` indices: sorted,
+    from 0, and (`last`, include_last_offset) ending at `high`."""
+
+    high: int
+    offsets: bool = False
+    last: bool = False
+
+
+# Ops that index a dim of one argument with another: op -> (index argument, indexed argument,
+# the indexed dim: an int, or the position of the argument that holds it).
+_INDEXING: dict[str, tuple[int, int, tuple[str, int]]] = {
+    "aten.embedding.default": (1, 0, ("dim", 0)),
+    "aten.gather.default": (2, 0, ("arg", 1)),
+    "aten.index_select.default": (2, 0, ("arg", 1)),
+    "aten.index_add.default": (2, 0, ("arg", 1)),
+    "aten.index_copy.default": (2, 0, ("arg", 1)),
+    "aten.index_fill.int_Scalar": (2, 0, ("arg", 1)),
+    "aten.scatter.src": (2, 0, ("arg", 1)),
+    "aten.scatter.value": (2, 0, ("arg", 1)),
+    "aten.scatter_add.default": (2, 0, ("arg", 1)),
+    "aten.scatter_reduce.two": (2, 0, ("arg", 1)),
+    "aten.multi_margin_loss.default": (1, 0, ("dim", -1)),
+}
+_BAGS = {
+    "aten._embedding_bag.default",
+    "aten._embedding_bag_forward_only.default",
+    "aten.embedding_bag.default",
+    "aten.embedding_bag.padding_idx",
+}
+
+
+def integer_domains(task: TaskSpec) -> tuple[Domain | None, ...]:
+    """Per input of `task`, the integers its operator is defined on, where an op of its eager
+    call says (an index into a dim, a class id, a bag offset); None: small non-negative
+    integers, valid counts and indices for most ops. Drawn blind, [0, 4) indexed a 3-row
+    tensor, a 2-row embedding (BERT's token types) and 2 classes out of range: the oracle
+    itself failed and the operator could never be compiled."""
+    found: dict[int, Domain] = {}
+    steps = task.eager.steps if isinstance(task.eager, Program) else (task.eager,)
+    for step in steps:
+        if isinstance(step, OpCall):
+            for index, domain in _step_domains(step, task.inputs):
+                if index not in found or domain.high < found[index].high:
+                    found[index] = domain
+    return tuple(found.get(i) for i in range(len(task.inputs)))
+
+
+def _step_domains(step: OpCall, specs: Sequence[TensorSpec]) -> list[tuple[int, Domain]]:
+    args = list(step.args) + [v for _, v in step.kwargs]
+
+    def shape(position: int) -> tuple[int, ...] | None:
+        value = args[position] if position < len(args) else None
+        return specs[value.index].shape if isinstance(value, InputRef) else None
+
+    def dim_of(sizes: tuple[int, ...], dim: Any) -> int | None:
+        if not isinstance(dim, int):
+            return None
+        if not sizes:
+            return 1  # a 0-d tensor has one place
+        return sizes[dim] if -len(sizes) <= dim < len(sizes) else None
+
+    def ref(position: int) -> int | None:
+        value = args[position] if position < len(args) else None
+        return value.index if isinstance(value, InputRef) else None
+
+    out: list[tuple[int, Domain]] = []
+    if step.op in _INDEXING:
+        index_at, self_at, (how, where) = _INDEXING[step.op]
+        sizes, index = shape(self_at), ref(index_at)
+        dim = where if how == "dim" else (args[where] if where < len(args) else None)
+        high = dim_of(sizes, dim) if sizes is not None else None
+        if index is not None and high:
+            out.append((index, Domain(high)))
+    elif step.op in ("aten.index.Tensor", "aten.index_put.default"):
+        sizes = shape(0)
+        indices = args[1] if len(args) > 1 else ()
+        for dim, value in enumerate(indices if isinstance(indices, (list, tuple)) else ()):
+            if isinstance(value, InputRef) and sizes is not None and dim < len(sizes):
+                out.append((value.index, Domain(sizes[dim])))
+    elif step.op in ("aten.nll_loss_forward.default", "aten.nll_loss2d_forward.default"):
+        sizes, target = shape(0), ref(1)
+        if sizes and target is not None:
+            out.append((target, Domain(sizes[1] if len(sizes) > 1 else sizes[0])))
+    elif step.op in _BAGS:
+        weight, bag_indices, indices, offsets = shape(0), ref(1), shape(1), ref(2)
+        if weight and bag_indices is not None:
+            out.append((bag_indices, Domain(weight[0])))
+        if indices is not None and offsets is not None:
+            last = len(args) > 7 and args[7] is True
+            out.append((offsets, Domain(math.prod(indices), offsets=True, last=last)))
+    return out
+
+
+def make_inputs(
+    specs: Sequence[TensorSpec], trial: Trial, domains: Sequence[Domain | None] = ()
+) -> list[torch.Tensor]:
+    """Inputs for one trial (integers within their `domains`, `integer_domains`). Non-finite
+    values go into the first floating input only (the data operand by ATen's convention); the
+    others get edge values: NaN weights or statistics say little about an operator, and the
+    oracle's answer for them is an accident of its formula."""
     gen = torch.Generator().manual_seed(trial.seed)
     first_float = next((i for i, s in enumerate(specs) if s.torch_dtype.is_floating_point), -1)
     inputs = []
@@ -115,20 +215,26 @@ def make_inputs(specs: Sequence[TensorSpec], trial: Trial) -> list[torch.Tensor]
         kind = trial.kind
         if kind == "nonfinite" and index != first_float:
             kind = "edge"
-        inputs.append(_make_one(spec, kind, gen))
+        domain = domains[index] if index < len(domains) else None
+        inputs.append(_make_one(spec, kind, gen, domain))
     return inputs
 
 
-def _make_one(spec: TensorSpec, kind: str, gen: torch.Generator) -> torch.Tensor:
+def _make_one(
+    spec: TensorSpec, kind: str, gen: torch.Generator, domain: Domain | None = None
+) -> torch.Tensor:
     dtype = spec.torch_dtype
     shape = spec.shape
     if dtype == torch.bool:
         return torch.rand(shape, generator=gen) < 0.5
     if not dtype.is_floating_point:
-        # Small non-negative integers are valid indices, counts and class ids for most ops.
+        if domain is not None and domain.offsets:
+            return _offsets(shape, dtype, kind, gen, domain)
         if kind == "edge":
             return torch.zeros(shape, dtype=dtype)
-        return torch.randint(0, 4, shape, generator=gen, dtype=dtype)
+        # Small non-negative integers are valid indices, counts and class ids for most ops.
+        high = domain.high if domain is not None else 4
+        return torch.randint(0, high, shape, generator=gen, dtype=dtype)
     values = torch.randn(shape, generator=gen, dtype=torch.float64)
     if kind in ("edge", "nonfinite"):
         info = torch.finfo(dtype)
@@ -142,6 +248,23 @@ def _make_one(spec: TensorSpec, kind: str, gen: torch.Generator) -> torch.Tensor
         if kind == "nonfinite":
             values = _with_each(values, [math.nan, math.inf, -math.inf], gen)
     return values.to(dtype)
+
+
+def _offsets(
+    shape: tuple[int, ...], dtype: torch.dtype, kind: str, gen: torch.Generator, domain: Domain
+) -> torch.Tensor:
+    """Bag starts: sorted, the first 0, the last `high` where it ends the last bag; an edge
+    trial's bags are all empty but the last."""
+    count = math.prod(shape)
+    if kind == "edge":
+        values = torch.zeros(count, dtype=torch.int64)
+    else:
+        values = torch.randint(0, domain.high + 1, (count,), generator=gen).sort().values
+    if count:
+        values[0] = 0
+        if domain.last:
+            values[-1] = domain.high
+    return values.to(dtype).reshape(shape)
 
 
 def _with_each(values: torch.Tensor, specials: list[float], gen: torch.Generator) -> torch.Tensor:
@@ -341,7 +464,9 @@ def run_oracle(
 TIMING_SEED_OFFSET = 100
 
 
-def timing_inputs(specs: Sequence[TensorSpec], seed: int, count: int) -> list[list[torch.Tensor]]:
+def timing_inputs(
+    specs: Sequence[TensorSpec], seed: int, count: int, domains: Sequence[Domain | None] = ()
+) -> list[list[torch.Tensor]]:
     """`count` input sets for timing, drawn with seeds apart from the verification trials'.
 
     The data operand (input 0, by ATen's convention) is fresh in each set; the other inputs
@@ -349,7 +474,7 @@ def timing_inputs(specs: Sequence[TensorSpec], seed: int, count: int) -> list[li
     of a model. A kernel timed on rotating sets cannot return a result it kept from the call
     before, and its outputs on each set are checked after timing."""
     draws = [
-        make_inputs(specs, Trial("random", seed + TIMING_SEED_OFFSET + k))
+        make_inputs(specs, Trial("random", seed + TIMING_SEED_OFFSET + k), domains)
         for k in range(max(1, count))
     ]
     shared = draws[0][1:]

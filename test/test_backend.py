@@ -148,6 +148,31 @@ def test_multi_output_op_with_indices() -> None:
     assert torch.equal(got[1], want[1])
 
 
+def test_indices_into_small_dims_are_compiled() -> None:
+    """CLIP's end-of-text pooling over a batch of 3 and a 2-row token-type embedding: the
+    verifier draws their indices inside the indexed dims, so the reference lowering verifies
+    and runs (drawn in [0, 4), the oracle itself failed and they ran eagerly)."""
+
+    class Pool(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.types = torch.nn.Embedding(2, 8)
+
+        def forward(self, x: torch.Tensor, eot: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            return x[torch.arange(x.shape[0]), eot] + self.types(t).sum(1)
+
+    torch.manual_seed(0)
+    model = Pool().eval()
+    args = (torch.randn(3, 16, 8), torch.tensor([9, 15, 4]), torch.tensor([[0, 1, 1]] * 3))
+    kope.reset_report()
+    with torch.no_grad():
+        got = torch.compile(model, backend="kope", options={"kernels": "reference"})(*args)
+        torch.testing.assert_close(got, model(*args))
+    ran = {t.op: t.kernel for g in kope.report().graphs for t in g.tasks}
+    assert ran["aten.index.Tensor"] == "reference", ran
+    assert ran["aten.embedding.default"] == "reference", ran
+
+
 def test_training_graph_is_a_clear_error() -> None:
     model = torch.nn.Linear(4, 2)
     compiled = torch.compile(model, backend="kope")

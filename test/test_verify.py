@@ -15,7 +15,7 @@ from kope.targets.cpu import CpuTarget, build_kernel
 from kope.targets.evaluation import EvalJob, _verify
 from kope.targets.measure import estimate_work
 from kope.vocabulary.kernels import Kernel
-from kope.vocabulary.specs import TensorSpec
+from kope.vocabulary.specs import InputRef, OpCall, TaskSpec, TensorSpec
 
 
 def test_close_values_pass_and_far_ones_fail() -> None:
@@ -104,6 +104,39 @@ def test_trials_are_seeded_and_cover_edge_values() -> None:
 def test_integer_inputs_are_small_and_non_negative() -> None:
     ints = verify.make_inputs([TensorSpec((1000,), "int64")], verify.Trial("random", 3))[0]
     assert ints.min() >= 0 and ints.max() < 4
+
+
+def test_integer_inputs_stay_in_the_domain_their_operator_defines() -> None:
+    """Indices into a 3-row tensor, a 2-row embedding (BERT's token types) and 2 classes, drawn
+    in [0, 4), made the eager oracle itself fail; EmbeddingBag's offsets must be sorted from 0."""
+    ref = [InputRef(i) for i in range(3)]
+    cases = [
+        (OpCall("aten.index.Tensor", (ref[0], [ref[1], ref[2]])), [(3, 16), (3,), (3,)], [3, 16]),
+        (OpCall("aten.embedding.default", (ref[0], ref[1])), [(2, 8), (3, 4)], [2]),
+        (OpCall("aten.gather.default", (ref[0], -1, ref[1])), [(5, 3), (5, 7)], [3]),
+        (
+            OpCall("aten.nll_loss_forward.default", (ref[0], ref[1], None, 1, -100)),
+            [(9, 2), (9,)],
+            [2],
+        ),
+    ]
+    for call, shapes, highs in cases:
+        dtypes = ["float32"] + ["int64"] * (len(shapes) - 1)
+        specs = tuple(TensorSpec(s, d) for s, d in zip(shapes, dtypes, strict=True))
+        task = TaskSpec(call.op, specs, (), call)
+        domains = verify.integer_domains(task)
+        assert [d.high for d in domains[1:] if d is not None] == highs, call.op
+        for seed in range(4):
+            drawn = verify.make_inputs(specs, verify.Trial("random", seed), domains)
+            for tensor, high in zip(drawn[1:], highs, strict=True):
+                assert 0 <= int(tensor.min()) and int(tensor.max()) < high
+        call.bind(verify.make_inputs(specs, verify.Trial("random", 0), domains))()  # defined
+    bag = OpCall("aten._embedding_bag.default", (ref[0], ref[1], ref[2], False, 0))
+    specs = (TensorSpec((40, 8), "float32"), TensorSpec((6,), "int64"), TensorSpec((3,), "int64"))
+    domains = verify.integer_domains(TaskSpec(bag.op, specs, (), bag))
+    for trial in verify.trials_for(0):
+        offsets = verify.make_inputs(specs, trial, domains)[2]
+        assert offsets[0] == 0 and bool((offsets.diff() >= 0).all()) and offsets.max() <= 6
 
 
 # -- comparing in the output's dtype (issue 8, defect 10) -------------------------------------
