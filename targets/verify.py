@@ -267,6 +267,12 @@ def _offsets(
     return values.to(dtype).reshape(shape)
 
 
+def least_precise(tensors: Sequence[torch.Tensor]) -> torch.dtype | None:
+    """The floating dtype of `tensors` with the loosest tolerance; None if none is floating."""
+    floats = {t.dtype for t in tensors if t.dtype.is_floating_point}
+    return max(floats, key=lambda d: TOLERANCES.get(d, EXACT), default=None)
+
+
 def _with_each(values: torch.Tensor, specials: list[float], gen: torch.Generator) -> torch.Tensor:
     """`values` with each of `specials` at least once (as many as it has elements), at
     consecutive places from a random start. Drawn 1 in 18 per element, a small tensor would
@@ -354,6 +360,7 @@ def compare(
     reduction: int = 1,
     statistic: bool = False,
     terms: float = 0.0,
+    precision: torch.dtype | None = None,
 ) -> Comparison:
     """Compare one output with its expected value, in the output's dtype.
 
@@ -362,7 +369,9 @@ def compare(
     largest input), which relaxes what non-finite value it must hold where the oracle has one.
     `terms` is the magnitude of the terms a statistic sums (`magnitude` of the inputs): its
     rounding error is relative to them, not to a result that cancelled (see the module
-    docstring). The rules are in the module docstring."""
+    docstring). `precision`, a less precise dtype than the output's, sets the tolerance where
+    the output was computed through it (a float32 softmax of bfloat16 values). The rules are in
+    the module docstring."""
     if tuple(got.shape) != tuple(want.shape):
         return Comparison(
             False,
@@ -385,6 +394,10 @@ def compare(
             )
         return Comparison(True, 0.0, 0.0)
     rtol, atol = tolerance(got.dtype, reduction)
+    if precision is not None and precision.is_floating_point:
+        # The values' own rounding, not their reductions': those ran in the output's dtype.
+        base_rtol, base_atol = TOLERANCES.get(precision, EXACT)
+        rtol, atol = max(rtol, base_rtol), max(atol, base_atol)
     g = got.double()
     exact = want.double()  # the oracle as computed (float64 for the eager oracle)
     w = want.to(got.dtype).double()  # what an exact kernel of the output dtype returns

@@ -390,3 +390,33 @@ def test_eager_on_one_thread_may_beat_a_compiled_graph_that_won(tmp_path: Path) 
     assert not decision.compiled and decision.threads == 1, decision
     assert decision.reason.startswith("on 1 thread eager's graph runs"), decision.reason
     assert not call.enabled and call.report.kernel == SOURCE_EAGER
+
+
+def test_outputs_computed_through_bfloat16_are_compared_at_its_precision() -> None:
+    """A float32 softmax of a bfloat16 product: a graph whose kernels keep the product in
+    float32 differs from eager by bfloat16's rounding, which is no error; a wrong one still
+    differs."""
+    from kope.whole_graph import _outputs_differ
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 48, generator=gen).bfloat16()
+    w = (0.1 * torch.randn(48, 20, generator=gen)).bfloat16()
+
+    def eager(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return (a @ b).float().softmax(-1)
+
+    def unrounded(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return (a.float() @ b.float()).softmax(-1)
+
+    def wrong(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return (1.1 * (a.float() @ b.float())).softmax(-1)
+
+    assert verify_fails_at_float32(eager(x, w), unrounded(x, w))
+    assert _outputs_differ(eager, unrounded, [x, w]) is None
+    assert _outputs_differ(eager, wrong, [x, w]) is not None
+
+
+def verify_fails_at_float32(want: torch.Tensor, got: torch.Tensor) -> bool:
+    from kope.targets import verify
+
+    return not verify.compare(got, want, reduction=want.numel()).ok
