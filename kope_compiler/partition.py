@@ -91,6 +91,12 @@ def eager_reason(node: fx.Node, target: Target) -> tuple[str, bool] | None:
     if schema.is_mutable:
         return f"{name} mutates its arguments in place", True
     if torch.Tag.nondeterministic_seeded in op.tags:
+        if name.startswith("aten._scaled_dot_product") or name.startswith(
+            "aten.scaled_dot_product"
+        ):
+            if not _dropout(node):
+                # Tagged seeded for its dropout; without one it draws nothing.
+                return f"{name}: attention as one ATen kernel, which KOPE runs as it is", True
         return f"{name} draws random numbers; its results cannot be verified", True
     if not schema.returns:
         # aten._assert_async, _assert_tensor_metadata: checks that aot_autograd leaves in the
@@ -118,6 +124,17 @@ def eager_reason(node: fx.Node, target: Target) -> tuple[str, bool] | None:
         if refused is not None:
             return f"{name} {refused}", True
     return None
+
+
+def _dropout(node: fx.Node) -> bool:
+    """Whether an attention call drops out (its `dropout_p` is not 0)."""
+    schema = node.target._schema  # type: ignore[union-attr]
+    names = [a.name for a in schema.arguments]
+    if "dropout_p" not in names:
+        return True
+    at = names.index("dropout_p")
+    value = node.args[at] if at < len(node.args) else node.kwargs.get("dropout_p", 0.0)
+    return value != 0.0
 
 
 aten = torch.ops.aten

@@ -173,6 +173,21 @@ def test_indices_into_small_dims_are_compiled() -> None:
     assert ran["aten.embedding.default"] == "reference", ran
 
 
+def test_attention_without_dropout_is_not_called_random() -> None:
+    """ATen tags its attention kernels as drawing random numbers (for their dropout); one
+    without dropout runs as ATen's kernel and the report says so, not that it is random."""
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v) * 2.0
+
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    kope.reset_report()
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(attend, backend="kope")(q, k, v), attend(q, k, v))
+    reasons = [e.reason for g in kope.report().graphs for e in g.eager if "attention" in e.op]
+    assert reasons and all("attention as one ATen kernel" in r for r in reasons), reasons
+
+
 def test_training_graph_is_a_clear_error() -> None:
     model = torch.nn.Linear(4, 2)
     compiled = torch.compile(model, backend="kope")
