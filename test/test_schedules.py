@@ -7,6 +7,8 @@ reductions whose whole tensor was vectorized at once (minutes to build)."""
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -276,6 +278,23 @@ def test_a_softmax_computes_its_row_maximum_once(target: CpuTarget) -> None:
     config = {"family": "rows", "threads": 1, "rows": 1, "vector": 32}
     ir_text = _scheduled(lambda x: torch.softmax(x, -1), (_rows_of(37, 1001),), target, config)
     assert ir_text.count("vector.reduction <maximumf>") == 1, ir_text
+
+
+def test_an_op_also_read_outside_the_row_loop_is_not_vectorized_whole(target: CpuTarget) -> None:
+    """Instance norm's statistics (batch norm's over one instance) are returned, so the row
+    loop cannot fuse the variance that reads the centred values; fused into the loop anyway,
+    those values were also computed whole outside it, as one vector of the whole tensor, and
+    the build ran past its timeout. Its schedules now build and verify."""
+
+    def instance_norm(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.ops.aten._native_batch_norm_legit.no_stats(x, None, None, True, 0.1, 1e-5)
+
+    x = _rows_of(1, 32, 33, 21)
+    config = {"family": "rows", "threads": 1, "rows": 1, "vector": 32}
+    ir_text = _scheduled(instance_norm, (x,), target, config)
+    vectors = re.findall(r"vector<([0-9x]+)x[fi][0-9]+>", ir_text)
+    assert vectors and max(math.prod(map(int, v.split("x"))) for v in vectors) <= 1024, vectors
+    _proposals_verify("instance_norm", instance_norm, (x,), target)
 
 
 @pytest.mark.parametrize("name", sorted(RAGGED))

@@ -572,7 +572,20 @@ def _fusable(anchor: OpInfo, candidates: list[OpInfo], ops: list[OpInfo]) -> lis
             if producer is not None:
                 found.append(producer)
                 frontier.append(producer)
-    return found
+    # An op also read by an op outside the loop (one before it, kept out as returned) would
+    # be computed twice: fused inside, and whole outside, where no tile reaches it. Instance
+    # norm's centred values (read by its returned variance's reduction) were vectorized whole,
+    # as one vector<32x33x21xf32>, and the build ran past its timeout.
+    readers: dict[int, set[int]] = {}
+    for op in ops:
+        for index in op.reads:
+            readers.setdefault(index, set()).add(op.index)
+    while True:
+        inside = {anchor.index} | {op.index for op in found}
+        kept = [op for op in found if readers.get(op.index, set()) <= inside]
+        if len(kept) == len(found):
+            return found
+        found = kept
 
 
 def _shared_row_dims(anchor: OpInfo, pending: list[OpInfo]) -> int:
