@@ -162,24 +162,15 @@ class Report:
                     t.quality if t.eager_us is not None else "-",
                     str(len(same)),
                     calls,
-                    shorten(t.reason, 50),
+                    shorten(t.reason, REASON_WIDTH),
                 )
             )
-        for e in self.eager:
-            if e.compute:
-                rows.append(
-                    (
-                        shorten(e.op, 60),
-                        "eager",
-                        "-",
-                        "-",
-                        "-",
-                        "-",
-                        "1",
-                        "-",
-                        shorten(e.reason, 50),
-                    )
-                )
+        # Operators KOPE leaves to ATen as they are (no Task: no shapes, no timing), one row
+        # per operator and reason, with the places it occurs.
+        aten = Counter((e.op, e.reason) for e in self.eager if e.compute)
+        for (op, reason), sites in aten.items():
+            row = (shorten(op, 60), "eager", "-", "-", "-", "-", str(sites), "-")
+            rows.append((*row, shorten(reason, REASON_WIDTH)))
         lines = table_lines(rows)
         if sum(g.compute_ops for g in self.graphs):
             share = f"JIT share of compute operators that ran: {self.jit_share():.0%}"
@@ -187,9 +178,12 @@ class Report:
             share = "no compute operator reached KOPE"
         else:  # dynamo skipped the model (nn.LSTM, say): it ran eagerly, without a backend
             share = "dynamo compiled no graph (TORCH_LOGS=graph_breaks says why)"
+        left = ""
+        if aten:
+            left = f", and {len(aten)} operator{'s' if len(aten) > 1 else ''} ATen runs as it is"
         lines.append(
-            f"{len(self.tasks)} tasks ({len(groups)} distinct), "
-            f"{sum(1 for t in self.tasks if t.jit)} on JIT kernels; {share}"
+            f"{len(self.tasks)} tasks ({len(groups)} distinct){left}; "
+            f"{sum(1 for t in self.tasks if t.jit)} tasks on JIT kernels; {share}"
         )
         for index, graph in enumerate(self.graphs):
             if graph.rewrites:
@@ -199,16 +193,36 @@ class Report:
             whole = graph.whole
             if whole is None:
                 continue
-            ran = "compiled" if whole.compiled else "eager"
-            if whole.threads is not None:
-                ran += f" on {whole.threads} thread{'s' if whole.threads > 1 else ''}"
-            quality = "clean" if whole.clean else "reused" if whole.recorded_us else "not clean"
-            speed = speedup_text(whole.speedup, "clean" if whole.clean else "unknown")
-            timed = "compiled" if whole.threads is None else "that"  # what `kope` timed
-            lines.append(
-                f"graph {index}: {ran} runs; {timed} {speed} eager ({quality}): {whole.reason}"
-            )
+            lines.append(f"graph {index}: {graph_line(whole)}")
         return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format_table()
+
+
+def graph_line(whole: GraphDecision) -> str:
+    """What the whole-graph check decided, in a sentence: which graph runs, on how many
+    threads, how fast against eager (as timed, and how cleanly), and why."""
+    quality = "clean" if whole.clean else "reused" if whole.recorded_us else "not clean"
+    speed = speedup_text(whole.speedup, "clean" if whole.clean else "unknown")
+    ran = "the compiled graph runs" if whole.compiled else "eager's graph runs"
+    if whole.threads is not None:
+        # `speedup` is then of the graph that runs, on its threads, against eager on the
+        # caller's count.
+        plural = "s" if whole.threads > 1 else ""
+        ran += (
+            f" on {whole.threads} thread{plural} (KOPE sets torch's thread count for each "
+            f"call and restores it), {speed} eager"
+        )
+    elif whole.compiled:
+        ran += f", {speed} eager"
+    else:
+        ran += f"; the compiled one timed {speed} eager"
+    return f"{ran} ({quality}): {whole.reason}"
+
+
+# The reason is the last column: long enough to be read whole in most rows.
+REASON_WIDTH = 110
 
 
 def table_lines(rows: Sequence[tuple[str, ...]]) -> list[str]:

@@ -79,7 +79,7 @@ def test_kernels_that_do_not_pay_in_the_graph_are_dropped_and_reported(tmp_path:
     assert graph.whole is not None and not graph.whole.compiled, graph.whole
     assert entry.kernel == SOURCE_EAGER and entry.reason.startswith("dropped: the reference")
     assert entry.calls == 0  # the timing's calls are not the model's
-    assert re.search(r"graph 0: eager( on 1 thread)? runs", kope.report().format_table())
+    assert re.search(r"graph 0: eager.s graph runs", kope.report().format_table())
 
     store.refresh()
     graphs = [a for t in store.tasks() for a in store.attempts(t.key) if a.source == SOURCE_GRAPH]
