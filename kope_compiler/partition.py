@@ -134,7 +134,7 @@ def _dropout(node: fx.Node) -> bool:
         return True
     at = names.index("dropout_p")
     value = node.args[at] if at < len(node.args) else node.kwargs.get("dropout_p", 0.0)
-    return value != 0.0
+    return bool(value != 0.0)
 
 
 aten = torch.ops.aten
