@@ -149,21 +149,32 @@ def test_multi_output_op_with_indices() -> None:
 
 
 def test_indices_into_small_dims_are_compiled() -> None:
-    """CLIP's end-of-text pooling over a batch of 3 and a 2-row token-type embedding: the
-    verifier draws their indices inside the indexed dims, so the reference lowering verifies
-    and runs (drawn in [0, 4), the oracle itself failed and they ran eagerly)."""
+    """CLIP's end-of-text pooling over a batch of 3, a 2-row token-type embedding and an
+    EmbeddingBag: the verifier draws their indices inside the indexed dims and the bag's
+    offsets sorted, so the reference lowering verifies and runs (drawn in [0, 4), the oracle
+    itself failed and they ran eagerly; the bag's float64 oracle returned another shape of
+    offset2bag than its float32 kernel and is not the oracle there)."""
 
     class Pool(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.types = torch.nn.Embedding(2, 8)
+            self.bag = torch.nn.EmbeddingBag(40, 8, mode="sum")
 
-        def forward(self, x: torch.Tensor, eot: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-            return x[torch.arange(x.shape[0]), eot] + self.types(t).sum(1)
+        def forward(
+            self, x: torch.Tensor, eot: torch.Tensor, t: torch.Tensor, b: torch.Tensor
+        ) -> torch.Tensor:
+            pooled = x[torch.arange(x.shape[0]), eot] + self.types(t).sum(1)
+            return pooled + self.bag(b, torch.tensor([0, 2, 4]))
 
     torch.manual_seed(0)
     model = Pool().eval()
-    args = (torch.randn(3, 16, 8), torch.tensor([9, 15, 4]), torch.tensor([[0, 1, 1]] * 3))
+    args = (
+        torch.randn(3, 16, 8),
+        torch.tensor([9, 15, 4]),
+        torch.tensor([[0, 1, 1]] * 3),
+        torch.randint(0, 40, (6,)),
+    )
     kope.reset_report()
     with torch.no_grad():
         got = torch.compile(model, backend="kope", options={"kernels": "reference"})(*args)
@@ -171,6 +182,7 @@ def test_indices_into_small_dims_are_compiled() -> None:
     ran = {t.op: t.kernel for g in kope.report().graphs for t in g.tasks}
     assert ran["aten.index.Tensor"] == "reference", ran
     assert ran["aten.embedding.default"] == "reference", ran
+    assert ran["aten._embedding_bag.default"] == "reference", ran
 
 
 def test_attention_without_dropout_is_not_called_random() -> None:
