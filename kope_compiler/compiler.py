@@ -27,7 +27,7 @@ from kope.report import EagerReport, GraphReport, TaskReport, add_graph
 from kope.selection import choose
 from kope.targets import get_target
 from kope.targets.base import Target
-from kope.task import Task
+from kope.task import Task, eager_label
 from kope.vocabulary.events import ChoiceMade, Events
 
 log = logging.getLogger("kope.compiler")
@@ -91,7 +91,10 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
     graph = GraphReport(
         views=part.views, rewrites=part.rewrites, policy=options.kernels, code=gm.code
     )
-    graph.eager = [EagerReport(e.op, e.reason, e.compute) for e in part.eager]
+    graph.eager = [
+        EagerReport(e.op, e.reason, e.compute, eager_label(e.node) if e.compute else "")
+        for e in part.eager
+    ]
     for e in part.eager:
         if e.compute:
             log.info("eager %s: %s", e.op, e.reason)

@@ -57,6 +57,7 @@ class EagerReport:
     op: str
     reason: str
     compute: bool
+    label: str = ""  # the call with its shapes, where they are known
 
 
 @dataclass
@@ -167,7 +168,7 @@ class Report:
             )
         # Operators KOPE leaves to ATen as they are (no Task: no shapes, no timing), one row
         # per operator and reason, with the places it occurs.
-        aten = Counter((e.op, e.reason) for e in self.eager if e.compute)
+        aten = Counter((e.label or e.op, e.reason) for e in self.eager if e.compute)
         for (op, reason), sites in aten.items():
             row = (shorten(op, 60), "eager", "-", "-", "-", "-", str(sites), "-")
             rows.append((*row, shorten(reason, REASON_WIDTH)))

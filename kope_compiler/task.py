@@ -192,6 +192,16 @@ def label_for(call: OpCall | Program, in_specs: tuple[TensorSpec, ...]) -> str:
     return f"{head}({', '.join(parts)})"
 
 
+def eager_label(node: fx.Node) -> str:
+    """A node left to ATen, labelled like a Task (its call with shapes); its op's name where
+    a value has no shape to show."""
+    try:
+        _, call, in_specs, _ = node_signature(node)
+        return label_for(call, in_specs)
+    except Exception:  # a value with no static shape, or none at all
+        return op_name(node.target) if hasattr(node.target, "_opname") else str(node.target)
+
+
 def group_graph(nodes: list[fx.Node]) -> fx.GraphModule:
     """A graph holding `nodes` alone: outside arguments become placeholders, the last node's
     outputs the graph's outputs (a tuple)."""
