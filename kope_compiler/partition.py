@@ -91,12 +91,8 @@ def eager_reason(node: fx.Node, target: Target) -> tuple[str, bool] | None:
     if schema.is_mutable:
         return f"{name} mutates its arguments in place", True
     if torch.Tag.nondeterministic_seeded in op.tags:
-        if name.startswith("aten._scaled_dot_product") or name.startswith(
-            "aten.scaled_dot_product"
-        ):
-            if not _dropout(node):
-                # Tagged seeded for its dropout; without one it draws nothing.
-                return f"{name}: attention as one ATen kernel, which KOPE runs as it is", True
+        if _dropout_off(node):  # ATen's attention ops: seeded for their dropout alone
+            return f"{name}: attention as one ATen kernel, which KOPE runs as it is", True
         return f"{name} draws random numbers; its results cannot be verified", True
     if not schema.returns:
         # aten._assert_async, _assert_tensor_metadata: checks that aot_autograd leaves in the
@@ -126,15 +122,14 @@ def eager_reason(node: fx.Node, target: Target) -> tuple[str, bool] | None:
     return None
 
 
-def _dropout(node: fx.Node) -> bool:
-    """Whether an attention call drops out (its `dropout_p` is not 0)."""
-    schema = node.target._schema  # type: ignore[union-attr]
-    names = [a.name for a in schema.arguments]
+def _dropout_off(node: fx.Node) -> bool:
+    """Whether the op takes a `dropout_p` (ATen's attention ops do) and it is 0."""
+    names = [a.name for a in node.target._schema.arguments]  # type: ignore[union-attr]
     if "dropout_p" not in names:
-        return True
+        return False
     at = names.index("dropout_p")
     value = node.args[at] if at < len(node.args) else node.kwargs.get("dropout_p", 0.0)
-    return bool(value != 0.0)
+    return bool(value == 0.0)
 
 
 aten = torch.ops.aten

@@ -558,11 +558,13 @@ def ragged_rows(info: PayloadInfo, threads: int, rows: int) -> bool:
 
 def _fusable(anchor: OpInfo, candidates: list[OpInfo], ops: list[OpInfo]) -> list[OpInfo]:
     """The candidates a loop around `anchor` can fuse: those it reads directly, and those
-    they read, and so on (an op read only through a reshape, or only by ops outside the loop,
-    has no slice in it to fuse), but none the function also returns or an op after the loop
-    reads: MLIR's fusion crashes on a value used after the loop (LLVM aborts in the build)."""
-    read_after = {index for op in ops if op.index > anchor.index for index in op.reads}
-    by_index = {op.index: op for op in candidates if not op.returned and op.index not in read_after}
+    they read, and so on (an op read only through a reshape has no slice in it to fuse), but
+    none the function also returns or an op outside the loop also reads: MLIR's fusion
+    crashes on a value used after the loop (LLVM aborts in the build), and a value read
+    before it (by a returned statistic's reduction) was computed twice, fused inside and whole
+    outside, where no tile reached it (instance norm's centred values, one
+    vector<32x33x21xf32>: the build ran past its timeout)."""
+    by_index = {op.index: op for op in candidates if not op.returned}
     found: list[OpInfo] = []
     frontier = [anchor]
     while frontier:
@@ -572,15 +574,11 @@ def _fusable(anchor: OpInfo, candidates: list[OpInfo], ops: list[OpInfo]) -> lis
             if producer is not None:
                 found.append(producer)
                 frontier.append(producer)
-    # An op also read by an op outside the loop (one before it, kept out as returned) would
-    # be computed twice: fused inside, and whole outside, where no tile reaches it. Instance
-    # norm's centred values (read by its returned variance's reduction) were vectorized whole,
-    # as one vector<32x33x21xf32>, and the build ran past its timeout.
     readers: dict[int, set[int]] = {}
     for op in ops:
         for index in op.reads:
             readers.setdefault(index, set()).add(op.index)
-    while True:
+    while True:  # dropping one op may leave what it alone read with a reader outside
         inside = {anchor.index} | {op.index for op in found}
         kept = [op for op in found if readers.get(op.index, set()) <= inside]
         if len(kept) == len(found):
