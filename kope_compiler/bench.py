@@ -44,7 +44,7 @@ from kope.report import speedup_text as _x
 from kope.suite import Example
 from kope.targets.base import Target
 from kope.targets.measure import MeasureConfig, eager_threads, measure_interleaved, rotating
-from kope.targets.verify import integer_domains, timing_inputs
+from kope.targets.verify import timing_inputs
 from kope.task import Task
 from kope.vocabulary.evidence import SOURCE_AGENT, SOURCE_REFERENCE, TIMING_CLEAN, VERIFIED, Timing
 from kope.vocabulary.kernels import Kernel
@@ -175,8 +175,7 @@ def _trajectory(attempts: list[Any]) -> list[float | None]:
 def time_against_eager(task: Task, target: Target, kernels: dict[str, Kernel]) -> dict[str, Timing]:
     """Eager and each of `kernels` (verified kernels of `task`) timed in this process in one
     interleaved measurement, on the same rotating input sets; timings by name ("eager" too)."""
-    domains = integer_domains(task.spec)
-    sets = timing_inputs(task.spec.inputs, seed_for(task.key), MeasureConfig().input_sets, domains)
+    sets = timing_inputs(task.spec, seed_for(task.key), MeasureConfig().input_sets)
     assert task.spec.eager is not None, "an operator known only as IR has no eager to time"
     fns: dict[str, Callable[[], Any]] = {
         "eager": rotating([task.spec.eager.bind(s) for s in sets])[0]

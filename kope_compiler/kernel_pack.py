@@ -150,7 +150,7 @@ def _task_entry(
         return None, f"its inputs and outputs ({size / 2**20:.1f} MiB) do not fit the pack"
     from kope.targets.cpu import CpuTarget
 
-    inputs = verify.make_inputs(spec.inputs, verify.trials_for(0)[0], verify.integer_domains(spec))
+    inputs = verify.task_inputs(spec, verify.trials_for(0)[0])
     try:
         expected = CpuTarget.build(spec, Kernel(payload, FORM_MLIR))(*inputs)
     except Exception as err:  # the reference does not build here: nothing to compare with

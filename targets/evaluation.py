@@ -372,8 +372,7 @@ def _synced(call: Callable[[], Any], job: EvalJob) -> Callable[[], Any]:
 
 def _timing_sets(job: EvalJob) -> list[list[torch.Tensor]]:
     """The timing input sets (`verify.timing_inputs`), in the target's device memory."""
-    domains = verify.integer_domains(job.task)
-    made = verify.timing_inputs(job.task.inputs, job.seed, job.config.input_sets, domains)
+    made = verify.timing_inputs(job.task, job.seed, job.config.input_sets)
     return [_on_device(inputs, job) for inputs in made]
 
 
@@ -419,9 +418,8 @@ def _verify(
     max_abs = max_rel = 0.0
     notes: list[str] = []
     trials = 0
-    domains = verify.integer_domains(task)
     for trial in verify.trials_for(job.seed):
-        inputs = _on_device(verify.make_inputs(task.inputs, trial, domains), job)
+        inputs = _on_device(verify.task_inputs(task, trial), job)
         try:
             began = time.perf_counter()
             expected = _oracle_outputs(task, oracle_kernel, inputs)

@@ -201,6 +201,12 @@ def _step_domains(step: OpCall, specs: Sequence[TensorSpec]) -> list[tuple[int, 
     return out
 
 
+def task_inputs(task: TaskSpec, trial: Trial) -> list[torch.Tensor]:
+    """Inputs of `task` for one trial: `make_inputs` with its integers inside the domains its
+    operator defines (`integer_domains`). Every draw for a Task goes through here."""
+    return make_inputs(task.inputs, trial, integer_domains(task))
+
+
 def make_inputs(
     specs: Sequence[TensorSpec], trial: Trial, domains: Sequence[Domain | None] = ()
 ) -> list[torch.Tensor]:
@@ -477,17 +483,16 @@ def run_oracle(
 TIMING_SEED_OFFSET = 100
 
 
-def timing_inputs(
-    specs: Sequence[TensorSpec], seed: int, count: int, domains: Sequence[Domain | None] = ()
-) -> list[list[torch.Tensor]]:
-    """`count` input sets for timing, drawn with seeds apart from the verification trials'.
+def timing_inputs(task: TaskSpec, seed: int, count: int) -> list[list[torch.Tensor]]:
+    """`count` input sets of `task` for timing (`task_inputs`), drawn with seeds apart from
+    the verification trials'.
 
     The data operand (input 0, by ATen's convention) is fresh in each set; the other inputs
     (weights, biases, statistics) are the same tensors in all, as they are between the calls
     of a model. A kernel timed on rotating sets cannot return a result it kept from the call
     before, and its outputs on each set are checked after timing."""
     draws = [
-        make_inputs(specs, Trial("random", seed + TIMING_SEED_OFFSET + k), domains)
+        task_inputs(task, Trial("random", seed + TIMING_SEED_OFFSET + k))
         for k in range(max(1, count))
     ]
     shared = draws[0][1:]

@@ -72,7 +72,7 @@ def test_bf16_contractions_and_math_build_and_agree_with_eager(
         make_fx(fn, tracing_mode="fake")(*(a.to(BF16) for a in args)), CpuTarget()
     ).tasks
     kernel = build_kernel(task.spec, Kernel(task.payload))
-    inputs = verify.make_inputs(task.spec.inputs, verify.Trial("random", 0))
+    inputs = verify.task_inputs(task.spec, verify.Trial("random", 0))
     got = kernel(*inputs)[0]
     want = task.spec.eager(inputs)[0]
     assert got.dtype == BF16
@@ -135,7 +135,7 @@ def test_bf16_layer_norm_builds_and_agrees_at_every_llvm_opt_level(
     monkeypatch.setattr(jit, "OPT_LEVEL", opt_level)
     task = _layer_norm_task()
     kernel = build_kernel(task.spec, Kernel(task.payload))
-    inputs = verify.make_inputs(task.spec.inputs, verify.Trial("random", 0))
+    inputs = verify.task_inputs(task.spec, verify.Trial("random", 0))
     comparison = verify.compare(kernel(*inputs)[0], task.spec.eager(inputs)[0], reduction=256)
     assert comparison.ok, comparison.message
 

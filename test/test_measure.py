@@ -217,19 +217,20 @@ def test_real_contention_is_detected(one_core_shared_with_a_spinner: int) -> Non
 
 def test_timing_inputs_rotate_the_data_operand_only() -> None:
     specs = (TensorSpec((4, 8), "float32"), TensorSpec((8,), "float32"))
-    sets = verify.timing_inputs(specs, seed=0, count=3)
+    task = TaskSpec("rows", specs, (), None)
+    sets = verify.timing_inputs(task, seed=0, count=3)
     assert len(sets) == 3
     assert len({s[0].data_ptr() for s in sets}) == 3
     assert not torch.equal(sets[0][0], sets[1][0])
     assert all(s[1] is sets[0][1] for s in sets)  # the weight is one tensor
     # Apart from the verification trials' inputs, and seeded.
-    trial = verify.make_inputs(specs, verify.Trial("random", 0))
+    trial = verify.task_inputs(task, verify.Trial("random", 0))
     assert not torch.equal(trial[0], sets[0][0])
-    assert torch.equal(verify.timing_inputs(specs, seed=0, count=3)[2][0], sets[2][0])
+    assert torch.equal(verify.timing_inputs(task, seed=0, count=3)[2][0], sets[2][0])
 
 
 def test_timed_calls_see_every_input_set() -> None:
-    sets = verify.timing_inputs(RELU.inputs, seed=0, count=3)
+    sets = verify.timing_inputs(RELU, seed=0, count=3)
     seen: list[int] = []
 
     def record(x: torch.Tensor) -> int:

@@ -127,15 +127,15 @@ def test_integer_inputs_stay_in_the_domain_their_operator_defines() -> None:
         domains = verify.integer_domains(task)
         assert [d.high for d in domains[1:] if d is not None] == highs, call.op
         for seed in range(4):
-            drawn = verify.make_inputs(specs, verify.Trial("random", seed), domains)
+            drawn = verify.task_inputs(task, verify.Trial("random", seed))
             for tensor, high in zip(drawn[1:], highs, strict=True):
                 assert 0 <= int(tensor.min()) and int(tensor.max()) < high
-        call.bind(verify.make_inputs(specs, verify.Trial("random", 0), domains))()  # defined
+        call.bind(verify.task_inputs(task, verify.Trial("random", 0)))()  # defined
     bag = OpCall("aten._embedding_bag.default", (ref[0], ref[1], ref[2], False, 0))
     specs = (TensorSpec((40, 8), "float32"), TensorSpec((6,), "int64"), TensorSpec((3,), "int64"))
-    domains = verify.integer_domains(TaskSpec(bag.op, specs, (), bag))
+    bag_task = TaskSpec(bag.op, specs, (), bag)
     for trial in verify.trials_for(0):
-        offsets = verify.make_inputs(specs, trial, domains)[2]
+        offsets = verify.task_inputs(bag_task, trial)[2]
         assert offsets[0] == 0 and bool((offsets.diff() >= 0).all()) and offsets.max() <= 6
 
 
@@ -224,7 +224,7 @@ def test_the_real_reference_sum_of_2m_floats_verifies() -> None:
     assert work.reduction == 1024 * 2048
     kernel = build_kernel(task.spec, Kernel(task.payload))
     trial = verify.Trial("random", 11)
-    inputs = verify.make_inputs(task.spec.inputs, trial)
+    inputs = verify.task_inputs(task.spec, trial)
     got = kernel(*inputs)[0]
     want = task.spec.eager(verify.upcast(inputs))[0]
     assert not verify.compare(got, want).ok  # the rule before the reduction length counted
