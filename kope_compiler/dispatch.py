@@ -11,6 +11,11 @@ chain cost 270 µs per call over dynamo's graph before a single kernel ran. Two 
   that binding, given the node's arguments, is checked at compile time (on the node's fake
   values) to dispatch exactly the node's overload; else the overload's C++ entry
   (`OpOverload._op`), one Python frame less than `OpOverload.__call__`.
+- **Copies only where needed**: a contiguous copy (`clone`, as `x.transpose(1, 2).reshape(…)`
+  traces) of a value nothing else reads calls `Tensor.contiguous`, which returns a tensor
+  that is contiguous already as it is. CPU flash attention lays its output out so that the
+  transpose back to (batch, sequence, heads, dim) is contiguous: every attention block's copy
+  after it was 64 KiB written for nothing.
 - **View chains folded**: a chain of two or more views of one tensor, as seen by a compute
   node, becomes one `as_strided` of its root with the sizes, strides and offset the chain
   produces (shapes are static: KOPE compiles per concrete shape). The layout of the root is
@@ -52,6 +57,7 @@ SPLIT_OPS = frozenset({_aten.split.Tensor, _aten.split_with_sizes.default, _aten
 
 def lean(gm: fx.GraphModule) -> None:
     """Rewrite `gm`'s graph in place (the caller recompiles)."""
+    copy_only_where_needed(gm.graph)
     fold_view_chains(gm.graph)
     fast_operators(gm.graph)
 
@@ -156,6 +162,39 @@ def _source(node: fx.Node) -> fx.Node:
         assert isinstance(parent, fx.Node)
         return parent
     return arg
+
+
+def copy_only_where_needed(graph: fx.Graph) -> int:
+    """Each contiguous `clone` of a value that only it reads, through views of a tensor an
+    ATen operator made fresh, calls `Tensor.contiguous`; returns how many. The value is then
+    seen only through the result, so returning it uncopied changes nothing a reader or the
+    caller can tell (the graph is functional: no node writes a tensor in place). A tensor
+    that is an input, a parameter or a kernel's kept result (a folded weight) is never
+    returned uncopied."""
+    made = 0
+    for node in graph.nodes:
+        if node.target is not _aten.clone.default or not isinstance(node.args[0], fx.Node):
+            continue
+        if node.kwargs.get("memory_format") != torch.contiguous_format:
+            continue  # preserve_format keeps a dense input's strides, as `contiguous` does not
+        value = node.args[0]
+        while _is_view(value) and len(value.users) == 1:
+            value = _source(value)
+        if len(value.users) != 1 or not _fresh(value):
+            continue
+        node.target, node.kwargs = torch._C.TensorBase.contiguous, {}
+        made += 1
+    return made
+
+
+def _fresh(node: fx.Node) -> bool:
+    """An ATen operator's result that aliases none of its inputs (one result of several, too)."""
+    if node.target is operator.getitem and isinstance(node.args[0], fx.Node):
+        return _fresh(node.args[0])
+    op = node.target
+    if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload) or op.is_view:
+        return False
+    return all(r.alias_info is None for r in op._schema.returns)
 
 
 def fold_view_chains(graph: fx.Graph) -> int:

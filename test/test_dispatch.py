@@ -9,8 +9,9 @@ import torch
 import torch.fx as fx
 from torch._functorch.aot_autograd import aot_export_joint_simple
 from torch._subclasses import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from kope.dispatch import fold_view_chains, lean, torch_binding
+from kope.dispatch import copy_only_where_needed, fold_view_chains, lean, torch_binding
 
 
 def _attention(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -105,3 +106,50 @@ def test_a_view_of_a_root_in_another_layout_is_a_reshape() -> None:
     torch.testing.assert_close(got_c, contiguous.reshape(2, 60).cos())
     strided = torch.randn(2, 3, 4, 5).transpose(1, 2)  # a lone view of it copies
     torch.testing.assert_close(lean_graph(strided)[1], strided.reshape(2, 60).cos())
+
+
+class _Ops(TorchDispatchMode):
+    """Records the ATen overloads a call dispatches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[object] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_copy_that_nothing_else_reads_is_made_only_where_needed() -> None:
+    """CPU flash attention lays its output out so that its transpose back is contiguous: the
+    copy after it (as KOPE's attention rewrite leaves it) is elided. A copy of an input, or
+    of a value returned besides, stays a copy."""
+    aten = torch.ops.aten
+    graph = fx.Graph()
+    q, k, v = (graph.placeholder(name) for name in "qkv")
+    attention = graph.call_function(aten.scaled_dot_product_attention.default, (q, k, v))
+    back = graph.call_function(aten.transpose.int, (attention, 1, 2))
+    contiguous = {"memory_format": torch.contiguous_format}
+    copies = [
+        graph.call_function(aten.clone.default, (back,), contiguous),
+        graph.call_function(
+            aten.clone.default, (graph.call_function(aten.transpose.int, (k, 1, 2)),), contiguous
+        ),
+    ]
+    copies.append(graph.call_function(aten.clone.default, (copies[0],), contiguous))
+    graph.output((copies[1], copies[2], copies[0]))
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    torch.manual_seed(0)
+    qkv = torch.randn(2, 5, 48).split(16, dim=-1)
+    inputs = [t.view(2, 5, 2, 8).transpose(1, 2) for t in qkv]
+    leaned = copy.deepcopy(gm)
+    assert copy_only_where_needed(leaned.graph) == 1
+    lean(leaned)
+    leaned.recompile()
+    with _Ops() as seen:
+        got = leaned(*inputs)
+    for a, b in zip(got, gm(*inputs), strict=True):
+        torch.testing.assert_close(a, b)
+        assert a.stride() == b.stride()
+    assert seen.ops.count(aten.clone.default) == 2  # the attention's output was not copied
+    assert got[1].data_ptr() != got[2].data_ptr()
