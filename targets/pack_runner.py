@@ -112,10 +112,10 @@ def run_one(pack: Path, index: int) -> dict[str, Any]:
     data = torch.load(pack / task["data"], weights_only=True)
     inputs = [t.to(device) for t in data["inputs"]]
     result: dict[str, Any] = {"kernel": entry["digest"], "task": entry["task"]}
+    # The kernel's source file (`load_launcher`), removed with this child process.
+    scratch = tempfile.TemporaryDirectory(prefix="kope-pack-", ignore_cleanup_errors=True)
     try:
-        launch = sandbox.load_launcher(
-            (pack / entry["path"]).read_text(), Path(tempfile.mkdtemp(prefix="kope-pack-"))
-        )
+        launch = sandbox.load_launcher((pack / entry["path"]).read_text(), Path(scratch.name))
     except sandbox.KernelRefused as err:
         return {**result, "verdict": "compile_error", "error": str(err)}
     outputs = [

@@ -32,6 +32,7 @@ import torch
 from kope.targets.base import BuildError, BuiltKernel, Target
 from kope.targets.host import package_version
 from kope.targets.triton_sandbox import BUILTINS, TL_NAMES, KernelRefused, load_launcher
+from kope.targets.worker import SCRATCH_VARIABLE
 from kope.vocabulary.kernels import FORM_MLIR, FORM_TRITON, Kernel
 from kope.vocabulary.specs import DTYPES, TaskSpec
 
@@ -98,9 +99,15 @@ class HostOracle:
 
 
 @functools.cache
+def _scratch_directory() -> tempfile.TemporaryDirectory[str]:
+    return tempfile.TemporaryDirectory(prefix="kope-triton-", ignore_cleanup_errors=True)
+
+
 def _scratch() -> Path:
-    """Where this process writes kernel sources (Triton reads a kernel's source from its file)."""
-    return Path(tempfile.mkdtemp(prefix="kope-triton-"))
+    """Where this process writes kernel sources (Triton reads a kernel's source from its file):
+    a worker's own scratch directory, else one removed when this process exits (each worker
+    that loaded a kernel used to leave one behind)."""
+    return Path(os.environ.get(SCRATCH_VARIABLE) or _scratch_directory().name)
 
 
 def load_kernel_module(source: str, task: TaskSpec, device: str) -> TritonKernel:

@@ -264,6 +264,11 @@ class _Starter:
 _STARTER = _Starter()
 
 
+# Names a worker's scratch directory in its environment: files it writes there (a Triton
+# kernel's source) go with the directory, which the parent removes even when it kills the worker.
+SCRATCH_VARIABLE = "KOPE_WORKER_SCRATCH"
+
+
 class Worker:
     """One worker process and its pipes."""
 
@@ -277,6 +282,7 @@ class Worker:
             prefix="kope-worker-", ignore_cleanup_errors=True
         )
         env = {**worker_environment(os.environ), **(extra_env or {})}
+        env[SCRATCH_VARIABLE] = self.scratch.name
         argv = [sys.executable, "-m", "kope.targets.worker", str(child_read), str(child_write)]
         argv.append(str(os.getpid()))
         if preload:
