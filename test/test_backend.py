@@ -259,3 +259,24 @@ def test_works_without_import_and_with_torch_logs(tmp_path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "ok" in proc.stdout
     assert "kope" in proc.stderr  # TORCH_LOGS=+kope shows KOPE's debug log
+
+
+def test_edge_values_beyond_the_dtype_and_probabilities_are_compiled() -> None:
+    """A Siamese head's cosine similarity, whose edge trial divides by a 4.7e-38 norm (float32
+    overflows where float64 does not, in eager too), and binary cross-entropy, which raises on
+    anything but probabilities: both reference lowerings verify and run (both ran eagerly,
+    reported as torch-mlir defects)."""
+
+    def head(a: torch.Tensor, b: torch.Tensor, x: torch.Tensor, p: torch.Tensor) -> tuple:
+        cos = torch.nn.functional.cosine_similarity(a, b, dim=1)
+        return cos, torch.nn.functional.binary_cross_entropy(torch.sigmoid(x), p)
+
+    torch.manual_seed(0)
+    args = (torch.randn(4, 32), torch.randn(4, 32), torch.randn(3, 1, 16, 16))
+    args += (torch.rand(3, 1, 16, 16),)
+    kope.reset_report()
+    with torch.no_grad():
+        got = torch.compile(head, backend="kope", options={"kernels": "reference"})(*args)
+        torch.testing.assert_close(got, head(*args))
+    ran = {t.label: t.kernel for g in kope.report().graphs for t in g.tasks}
+    assert all(kernel == "reference" for kernel in ran.values()), ran

@@ -281,3 +281,34 @@ def test_a_kernel_that_turns_nan_into_a_number_fails_on_a_small_tensor() -> None
         job = EvalJob(CpuTarget, task.spec, Kernel(_NAN_DROPPING_CLAMP), None, False, seed, 1)
         result = _verify(job, kernel, None)
         assert not result.verified and "nonfinite trial" in (result.error or ""), seed
+
+
+def test_elements_beyond_the_dtype_are_judged_by_eagers_own_error() -> None:
+    """Where eager in float32 misses the float64 oracle (terms that cancel, an intermediate
+    that overflows), a kernel may miss by up to ILL_CONDITIONED times as much; elsewhere, and
+    beyond that, the rule stands."""
+    exact = torch.tensor([1.0, 1.0, 1.0], dtype=torch.float64)
+    own = torch.tensor([3.0, 1.0, 3.0])  # eager in float32: 2 off, exact, 2 off
+    got = torch.tensor([5.0, 1.0, 3.5])
+    assert not verify.compare(got, exact).ok
+    assert verify.compare(got, exact, own=own).ok
+    for wrong in ([20.0, 1.0, 3.5], [5.0, 1.5, 3.5], [math.nan, 1.0, 3.5]):
+        assert not verify.compare(torch.tensor(wrong), exact, own=own).ok, wrong
+    # An intermediate overflowed: eager's float32 result is NaN where float64's is 5e37.
+    exact, own = torch.tensor([5e37], dtype=torch.float64), torch.tensor([math.nan])
+    for lost in (math.inf, math.nan, 5e37):
+        assert verify.compare(torch.tensor([lost]), exact, own=own).ok
+    assert not verify.compare(torch.tensor([math.inf]), exact).ok
+    assert not verify.compare(torch.tensor([7.0]), exact, own=own).ok
+
+
+def test_probabilities_are_drawn_in_the_unit_interval() -> None:
+    """Binary cross-entropy raises on any input or target outside [0, 1]."""
+    ref = [InputRef(i) for i in range(2)]
+    call = OpCall("aten.binary_cross_entropy.default", (ref[0], ref[1], None, 1))
+    specs = (TensorSpec((3, 50), "float32"), TensorSpec((3, 50), "float32"))
+    task = TaskSpec(call.op, specs, (), call)
+    for trial in verify.trials_for(0):
+        drawn = verify.task_inputs(task, trial)
+        assert all(0 <= float(t.min()) and float(t.max()) <= 1 for t in drawn), trial
+        call.bind(drawn)()  # defined
