@@ -57,6 +57,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from kope.dispatch import VIEW_OPS, subgraph
 from kope.targets import verify
+from kope.targets.stamp import Stamp
 from kope.vocabulary.specs import TensorSpec
 
 log = logging.getLogger("kope.compiler")
@@ -94,15 +95,16 @@ _BATCH_NORMS = frozenset(
 
 class _Kept:
     """A graph node's callable computing tensors from weights: the result is kept while its
-    inputs are the same tensors, unwritten (identity, storage and version counter), so a
-    weight written in place after compiling, or a checkpoint loaded, is used on the next call."""
+    inputs are the same tensors, unwritten (identity and `kope.targets.stamp.Stamp`: layout,
+    version counter, sampled memory), so a weight written in place after compiling, or a
+    checkpoint loaded, is used on the next call."""
 
     name = ""
 
     def __init__(self) -> None:
         self.__name__ = self.name
         self._inputs: tuple[Any, ...] = ()
-        self._stamps: tuple[Any, ...] = ()
+        self._stamps: tuple[Stamp | None, ...] = ()
         self._kept: Any = None
         self.computed = 0  # how many times the result was computed (tests read it)
 
@@ -113,7 +115,7 @@ class _Kept:
         # A plain loop: this runs on every call.
         if self._kept is not None:
             for t, cached, stamp in zip(inputs, self._inputs, self._stamps, strict=True):
-                if t is not cached or (t is not None and (t._version, t.data_ptr()) != stamp):
+                if t is not cached or (stamp is not None and not stamp.holds(t)):
                     break
             else:
                 return self._kept
@@ -122,7 +124,7 @@ class _Kept:
         # An inference tensor counts no writes: its result cannot be kept.
         if not any(t is not None and t.is_inference() for t in inputs):
             self._inputs = inputs
-            self._stamps = tuple(None if t is None else (t._version, t.data_ptr()) for t in inputs)
+            self._stamps = tuple(None if t is None else Stamp(t) for t in inputs)
             self._kept = result
         return result
 

@@ -19,6 +19,7 @@ from torch_mlir.execution_engine import ExecutionEngine
 
 # One name for the entry point, where the calling convention is made; re-exported for callers.
 from kope.passes.abi import ENTRY as ENTRY
+from kope.targets.stamp import Stamp
 from kope.vocabulary.layouts import laid_out, lay_out
 from kope.vocabulary.specs import TensorSpec
 
@@ -168,7 +169,7 @@ class JitKernel:
             *[ctypes.addressof(h) for h in self._holders]
         )
         self._out_shapes = [(s.shape, s.torch_dtype) for s in self.outputs]
-        self._packed_inputs: dict[int, tuple[tuple[object, ...], torch.Tensor, torch.Tensor]] = {}
+        self._packed_inputs: dict[int, tuple[Stamp, torch.Tensor, torch.Tensor]] = {}
 
     def run(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         """Run on contiguous `inputs` (in the operator's layout; those the kernel takes in
@@ -203,29 +204,22 @@ class JitKernel:
 
     def _prepared(self, index: int, view: torch.Tensor, layout: str | None) -> torch.Tensor:
         """A contiguous copy of a strided input, or a copy in the layout the kernel takes it
-        in, reused while its data is unchanged.
+        in, reused while a weight is unchanged.
 
         A transposed weight arrives as a fresh view every call; copying it every call would
-        cost more than many kernels. The copy is reused while the view's storage, layout and
-        version counter (bumped by every in-place write) are the same; the view is kept alive
-        with it, so no other tensor can take its storage's address meanwhile. An inference
-        tensor counts no writes: its copy is made on every call.
+        cost more than many kernels. The copy of a view of a parameter is reused while the
+        view's `Stamp` holds (its layout, version counter and sampled memory); the view is
+        kept alive with it, so no other tensor can take its storage's address meanwhile. Any
+        other input, an activation or a buffer the caller refills (from numpy, say, which no
+        version counter sees), and an inference tensor (which counts no writes), is copied on
+        every call.
         """
-        try:
-            version = view._version
-        except RuntimeError:  # an inference tensor
+        base = view if view._base is None else view._base
+        if not isinstance(base, torch.nn.Parameter) or view.is_inference():
             return lay_out(view, layout) if layout else view.contiguous()
-        key = (
-            view.untyped_storage().data_ptr(),
-            view.storage_offset(),
-            tuple(view.shape),
-            view.stride(),
-            view.dtype,
-            version,
-        )
         cached = self._packed_inputs.get(index)
-        if cached is not None and cached[0] == key:
+        if cached is not None and cached[0].holds(view):
             return cached[2]
         packed = lay_out(view, layout) if layout else view.contiguous()
-        self._packed_inputs[index] = (key, view, packed)
+        self._packed_inputs[index] = (Stamp(view), view, packed)
         return packed

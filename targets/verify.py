@@ -545,11 +545,13 @@ def timing_inputs(task: TaskSpec, seed: int, count: int) -> list[list[torch.Tens
 
     The data operand (input 0, by ATen's convention) is fresh in each set; the other inputs
     (weights, biases, statistics) are the same tensors in all, as they are between the calls
-    of a model. A kernel timed on rotating sets cannot return a result it kept from the call
-    before, and its outputs on each set are checked after timing."""
+    of a model, and parameters, as a model's weights are (a kernel keeps what it derives from
+    a parameter, a packed copy: `kope.targets.jit`). A kernel timed on rotating sets cannot
+    return a result it kept from the call before, and its outputs on each set are checked
+    after timing."""
     draws = [
         task_inputs(task, Trial("random", seed + TIMING_SEED_OFFSET + k))
         for k in range(max(1, count))
     ]
-    shared = draws[0][1:]
+    shared = [torch.nn.Parameter(t, requires_grad=False) for t in draws[0][1:]]
     return [[draw[0], *shared] if draw else [] for draw in draws]

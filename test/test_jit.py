@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -74,16 +75,25 @@ def test_build_error_is_raised_for_a_kernel_that_does_not_parse() -> None:
 
 
 def test_packed_strided_input_follows_in_place_writes() -> None:
-    """A contiguous copy of a strided input is reused only while the data is unchanged."""
-    x = torch.randn(6, 4)
+    """A contiguous copy of a strided weight is reused only while it is unchanged: written in
+    place, through `.data` (no version bump) or as numpy's memory; an activation's is made on
+    every call, whatever wrote it."""
+    x = torch.nn.Parameter(torch.randn(6, 4), requires_grad=False)
     task = _task(lambda t: t * 3, x.t().contiguous())
     kernel = build_kernel(task.spec, Kernel(task.payload))
     torch.testing.assert_close(kernel(x.t())[0], x.t() * 3)
     torch.testing.assert_close(kernel(x.t())[0], x.t() * 3)  # reused copy
     x.add_(1.0)  # an in-place write bumps the version counter
     torch.testing.assert_close(kernel(x.t())[0], x.t() * 3)
+    x.data.mul_(0.5)  # a write through .data does not
+    torch.testing.assert_close(kernel(x.t())[0], x.t() * 3)
     y = torch.randn(6, 4)
     torch.testing.assert_close(kernel(y.t())[0], y.t() * 3)
+    staging = np.random.default_rng(0).random((6, 4), dtype=np.float32)
+    z = torch.from_numpy(staging)
+    torch.testing.assert_close(kernel(z.t())[0], z.t() * 3)
+    staging[:] = 7.0  # a new batch written by numpy: no version counter sees it
+    torch.testing.assert_close(kernel(z.t())[0], z.t() * 3)
 
 
 def test_two_sites_of_one_kernel_keep_their_own_packed_weight(monkeypatch) -> None:
@@ -100,7 +110,7 @@ def test_two_sites_of_one_kernel_keep_their_own_packed_weight(monkeypatch) -> No
         return contiguous(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.Tensor, "contiguous", counted)
-    w_gate, w_up = torch.randn(6, 4), torch.randn(6, 4)
+    w_gate, w_up = (torch.nn.Parameter(torch.randn(6, 4)) for _ in range(2))
     for _ in range(3):
         torch.testing.assert_close(gate(w_gate.t())[0], w_gate.t() * 3)
         torch.testing.assert_close(up(w_up.t())[0], w_up.t() * 3)
