@@ -512,6 +512,7 @@ def _compare_outputs(
     largest absolute and relative errors seen up to there; `own`: eager's outputs in their
     own dtypes, for an edge trial (`verify.compare`)."""
     largest_input = max((math.prod(s.shape) for s in job.task.inputs), default=0)
+    precision = verify.computed_through(job.task.eager, inputs)
     # An output smaller than the largest input summarizes it: a statistics output.
     statistics = [out.numel() < largest_input for out in got]
     terms = verify.magnitude(inputs) if any(statistics) else 0.0  # read only where used
@@ -525,6 +526,7 @@ def _compare_outputs(
             statistic=statistic,
             terms=terms if statistic else 0.0,
             own=None if own is None else own[index].cpu(),
+            precision=precision,
         )
         max_abs, max_rel = max(max_abs, cmp.max_abs_err), max(max_rel, cmp.max_rel_err)
         if not cmp.ok:

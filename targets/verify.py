@@ -310,6 +310,19 @@ def _offsets(
     return values.to(dtype).reshape(shape)
 
 
+def computed_through(
+    eager: OpCall | Program | None, inputs: Sequence[torch.Tensor]
+) -> torch.dtype | None:
+    """The least precise floating dtype of the values a fused group computes on its way to
+    its outputs (a bfloat16 product before a float32 residual add, as autocast traces it):
+    eager rounds there, a kernel that keeps the product in float32 does not, and its outputs
+    are judged at that dtype's tolerance (`compare`'s `precision`). None for one operator."""
+    if not isinstance(eager, Program):
+        return None
+    values = torch.utils._pytree.tree_leaves(eager.step_values(inputs))
+    return least_precise([v for v in values if isinstance(v, torch.Tensor)])
+
+
 def least_precise(tensors: Sequence[torch.Tensor]) -> torch.dtype | None:
     """The floating dtype of `tensors` with the loosest tolerance; None if none is floating."""
     floats = {t.dtype for t in tensors if t.dtype.is_floating_point}

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
+import kope
 from kope.agents.base import ProposalRequest
 from kope.agents.heuristic import HeuristicAgent
 from kope.agents.schedules import Config, kernel_source
@@ -185,3 +186,29 @@ def test_threaded_bf16_contraction_schedules_verify(name: str, cpu: CpuTarget) -
     assert "tile_using_forall" in source  # threads: an scf.forall on OpenMP
     result = cpu.evaluate(task.spec, Kernel(source), oracle=Kernel(task.payload), measure=False)
     assert result.verdict == VERIFIED, result.error
+
+
+def test_a_bf16_product_before_a_float32_add_is_judged_at_bf16_precision() -> None:
+    """Under autocast a residual linear is a bfloat16 addmm whose result a float32 add reads:
+    one fused Task with a float32 output. Eager rounds the product to bfloat16 and the kernel
+    keeps it in float32; judged at float32's tolerance, the reference lowering was a mismatch
+    and the group ran eagerly."""
+
+    class Residual(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(64, 64)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + self.linear(x)
+
+    torch.manual_seed(0)
+    model, x = Residual().eval(), torch.randn(32, 64)
+    kope.reset_report()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        compiled = torch.compile(model, backend="kope", options={"kernels": "reference"})
+        # At bfloat16's tolerance: the product was not rounded on its way to the sum.
+        torch.testing.assert_close(compiled(x), model(x), rtol=2e-2, atol=2e-2)
+    ran = {t.label: t.kernel for g in kope.report().graphs for t in g.tasks}
+    assert any("addmm" in label for label in ran), ran
+    assert all(kernel == "reference" for kernel in ran.values()), ran

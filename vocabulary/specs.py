@@ -113,17 +113,26 @@ class Program:
         calls = [(step.resolve(), step) for step in self.steps]
 
         def run() -> tuple[torch.Tensor, ...]:
-            values: list[Any] = []
-            for fn, step in calls:
-                args = _substitute(step.args, inputs, values)
-                kwargs = {k: _substitute(v, inputs, values) for k, v in step.kwargs}
-                values.append(fn(*args, **kwargs))
+            values = _run(calls, inputs)
             return tuple(_substitute(ref, inputs, values) for ref in self.outputs)
 
         return run
 
+    def step_values(self, inputs: Sequence[torch.Tensor]) -> list[Any]:
+        """What each step returns on `inputs`, in order (the group's intermediates too)."""
+        return _run([(step.resolve(), step) for step in self.steps], inputs)
+
     def __call__(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         return self.bind(inputs)()
+
+
+def _run(calls: Sequence[tuple[Callable[..., Any], OpCall]], inputs: Sequence[Any]) -> list[Any]:
+    values: list[Any] = []
+    for fn, step in calls:
+        args = _substitute(step.args, inputs, values)
+        kwargs = {k: _substitute(v, inputs, values) for k, v in step.kwargs}
+        values.append(fn(*args, **kwargs))
+    return values
 
 
 def _substitute(value: Any, inputs: Sequence[torch.Tensor], values: Sequence[Any] = ()) -> Any:
