@@ -221,5 +221,5 @@ class JitKernel:
         if cached is not None and cached[0].holds(view):
             return cached[2]
         packed = lay_out(view, layout) if layout else view.contiguous()
-        self._packed_inputs[index] = (Stamp(view), view, packed)
+        self._packed_inputs[index] = (Stamp(view, layout=True), view, packed)
         return packed
