@@ -54,7 +54,8 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
         "model",
         nargs="?",
         default=DEFAULT_MODEL,
-        help="file.py (defining Model, get_inputs, get_init_inputs), module:factory "
+        help="file.py (defining Model, get_inputs and, if Model takes arguments, "
+        "get_init_inputs), module:factory "
         "(returning (model, inputs)), or an example: mlp, cnn, transformer_block, "
         f"encoder_layer, odd_shapes (default: {DEFAULT_MODEL})",
     )

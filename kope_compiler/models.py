@@ -2,8 +2,13 @@
 
 Three forms are accepted:
 - `path/to/file.py`: defines `Model`, `get_inputs()` and `get_init_inputs()` (the convention of
-  public kernel benchmark suites); the model is `Model(*get_init_inputs())`.
-- `package.module:factory`: `factory()` returns `(model, example_inputs)`.
+  public kernel benchmark suites; `get_init_inputs` may be left out when `Model()` takes no
+  arguments); the model is `Model(*get_init_inputs())`.
+- `package.module:factory`: `factory()` returns `(model, example_inputs)`; the module is
+  looked up from the current directory too, as `python -m` does.
+
+The model is run once, eagerly, on its example inputs: a model that fails there is reported
+in one line, before any compiler's traceback could bury it.
 - a zoo name (`kope.zoo.ZOO`): `mlp`, `cnn`, `transformer_block`, `encoder_layer`, `odd_shapes`.
 """
 
@@ -32,7 +37,8 @@ def load_model(spec: str) -> tuple[torch.nn.Module, tuple[Any, ...]]:
         return _from_factory(spec)
     raise ModelLoadError(
         f"cannot tell what model {spec!r} is: give a file.py defining Model, get_inputs() and "
-        f"get_init_inputs(), a module:factory, or one of the examples: {', '.join(ZOO)}"
+        f"(if Model takes arguments) get_init_inputs(), a module:factory, or one of the "
+        f"examples: {', '.join(ZOO)}"
     )
 
 
@@ -51,16 +57,17 @@ def _from_file(path: Path, seed: int | None = None) -> tuple[torch.nn.Module, tu
         spec.loader.exec_module(module)
     except Exception as err:
         raise ModelLoadError(f"{path}: failed to import: {_where(err)}") from err
-    missing = [n for n in ("Model", "get_inputs", "get_init_inputs") if not hasattr(module, n)]
+    missing = [n for n in ("Model", "get_inputs") if not hasattr(module, n)]
     if missing:
         raise ModelLoadError(
             f"{path}: does not define {', '.join(missing)} "
-            "(expected Model, get_inputs() and get_init_inputs())"
+            "(expected Model, get_inputs() and, if Model takes arguments, get_init_inputs())"
         )
+    init = getattr(module, "get_init_inputs", list)
     try:
         if seed is not None:
             torch.manual_seed(seed)
-        model = module.Model(*module.get_init_inputs())
+        model = module.Model(*init())
         if seed is not None:
             torch.manual_seed(seed)
         inputs = tuple(module.get_inputs())
@@ -73,6 +80,8 @@ def _from_file(path: Path, seed: int | None = None) -> tuple[torch.nn.Module, tu
 
 def _from_factory(spec: str) -> tuple[torch.nn.Module, tuple[Any, ...]]:
     module_name, _, attr = spec.partition(":")
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))  # a console script's path lacks it
     try:
         module = importlib.import_module(module_name)
     except Exception as err:
@@ -98,7 +107,16 @@ def _checked(
         raise ModelLoadError(
             f"{name}: the model is a {type(model).__name__}, not a torch.nn.Module"
         )
-    return model.eval(), inputs
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    except Exception as err:
+        raise ModelLoadError(
+            f"{name}: the model fails in eager PyTorch on its example inputs, before KOPE "
+            f"compiles anything: {_where(err)}"
+        ) from err
+    return model, inputs
 
 
 def _where(err: BaseException) -> str:

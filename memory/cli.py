@@ -15,7 +15,7 @@ from typing import Any
 
 from kope.memory.merge import MergeError, MergeReport, check_sources, merge_stores
 from kope.memory.schema import AttemptRecord, TaskRecord
-from kope.memory.store import TASK, ExperienceStore
+from kope.memory.store import LOG_NAME, TASK, ExperienceStore
 from kope.vocabulary.evidence import SOURCE_GRAPH, TIMING_CLEAN
 from kope.vocabulary.home import kope_home
 
@@ -142,8 +142,18 @@ def store_command(sub: Any, name: str, help_text: str, run: Any) -> argparse.Arg
 
 
 def _guarded(run: Any, args: argparse.Namespace) -> int:
+    root = Path(args.store or kope_home()).expanduser()
+    if not (root / LOG_NAME).is_file():
+        # Opening would create an empty store there, and a mistyped path would read as one.
+        where = "--store" if args.store else "$KOPE_HOME (or ~/.cache/kope)"
+        print(
+            f"kope memory: error: no experience store at {root} (no {LOG_NAME} there): check "
+            f"{where}; `kope precompile` or a compiled model creates one",
+            file=sys.stderr,
+        )
+        return 2
     try:
-        code: int = run(args, ExperienceStore(args.store or kope_home()))
+        code: int = run(args, ExperienceStore(root))
         return code
     except MemoryCommandError as err:
         print(f"kope memory: error: {err}", file=sys.stderr)

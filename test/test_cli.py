@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from kope.report import GraphReport, Report, TaskReport
 
@@ -75,7 +77,7 @@ def test_model_file_missing_the_convention(tmp_path: Path) -> None:
     path.write_text("class Model: pass\n")
     proc = kope("compile", str(path), store=tmp_path)
     assert proc.returncode == 2
-    assert "does not define get_inputs, get_init_inputs" in proc.stderr
+    assert "does not define get_inputs" in proc.stderr
 
 
 def test_unknown_model_lists_the_examples(tmp_path: Path) -> None:
@@ -140,3 +142,38 @@ def test_table_has_one_row_per_operator_and_shows_what_ran() -> None:
     assert "~2.00x" in table and "contaminated" in table
     assert "400.0" not in lines
     assert rows[-1].startswith("4 tasks (2 distinct)")
+
+
+def test_what_a_newcomer_leaves_out_or_gets_wrong_is_said_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`get_init_inputs` may be left out when Model takes nothing; a factory is found in the
+    current directory, as `python -m` finds it; a model that fails eagerly on its own inputs
+    says so before any compiler runs (it was a 180-line fake-tensor traceback)."""
+    from kope.errors import ModelLoadError
+    from kope.models import load_model
+
+    plain = tmp_path / "plain.py"
+    plain.write_text(
+        "import torch\nModel = torch.nn.Tanh\ndef get_inputs():\n    return [torch.randn(5)]\n"
+    )
+    model, inputs = load_model(str(plain))
+    assert model(*inputs).shape == (5,)
+    (tmp_path / "kope_test_factory.py").write_text(
+        "import torch\ndef make():\n    return torch.nn.ReLU(), (torch.randn(3),)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    assert isinstance(load_model("kope_test_factory:make")[0], torch.nn.ReLU)
+    wrong = tmp_path / "wrong.py"
+    wrong.write_text(MODEL_FILE.replace("return [4]", "return [16]"))
+    with pytest.raises(ModelLoadError, match="fails in eager PyTorch on its example inputs"):
+        load_model(str(wrong))
+
+
+def test_memory_commands_on_a_store_that_is_not_there_say_so(tmp_path: Path) -> None:
+    from kope.cli import main
+
+    missing = tmp_path / "typo_store"
+    assert main(["memory", "stats", "--store", str(missing)]) == 2
+    assert not missing.exists()  # nor is an empty one made
