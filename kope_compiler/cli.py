@@ -670,6 +670,12 @@ def format_report(report: dict[str, Any]) -> str:
         f"{_x(s['geomean_speedup_vs_reference'])} vs reference; agent wins {s['agent_wins']}; "
         f"tokens {s['tokens']}; {s['wall_s']:.0f} s"
     )
+    if timed:
+        lines.append(
+            "speedups are of each operator alone against its own eager call; whether its kernel "
+            "pays inside the model is decided when the model is compiled (the whole-graph "
+            "check), and `kope compile` and `kope.report()` say what runs"
+        )
     eager = report.get("eager", [])
     if eager:
         lines.append(f"{len(eager)} compute operators run eagerly, not optimized:")
