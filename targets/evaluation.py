@@ -330,11 +330,12 @@ def _check_after_timing(
                 error=f"after timing, input set {index}: {damage}",
                 oracle=oracle_name,
             )
+    precision = verify.computed_through(job.task.eager, sets[0]) if sets else None
     for index, (inputs, got) in enumerate(zip(sets, outputs, strict=True)):
         if got is None:
             continue  # not called on this set (no candidate is timed with fewer calls than sets)
         expected = _oracle_outputs(job.task, oracle_kernel, inputs)
-        failed, max_abs, max_rel = _compare_outputs(job, inputs, got, expected)
+        failed, max_abs, max_rel = _compare_outputs(job, inputs, got, expected, precision)
         if failed is not None:
             return Evaluation(
                 MISMATCH,
@@ -418,6 +419,7 @@ def _verify(
     max_abs = max_rel = 0.0
     notes: list[str] = []
     trials = 0
+    precision: torch.dtype | None = None
     for trial in verify.trials_for(job.seed):
         inputs = _on_device(verify.task_inputs(task, trial), job)
         try:
@@ -451,9 +453,13 @@ def _verify(
                 oracle=oracle_name,
                 trials=trials,
             )
-        failed, trial_abs, trial_rel = _compare_outputs(job, inputs, outputs.views, expected)
+        if trials == 1:  # the dtypes eager computes through are the same on every trial
+            precision = verify.computed_through(task.eager, inputs)
+        failed, trial_abs, trial_rel = _compare_outputs(
+            job, inputs, outputs.views, expected, precision
+        )
         if failed is not None and trial.kind != "random":
-            judged = _beyond_the_dtype(job, inputs, outputs.views)
+            judged = _beyond_the_dtype(job, inputs, outputs.views, precision)
             if judged is not None:
                 failed, trial_abs, trial_rel = judged
                 if failed is None:
@@ -482,7 +488,10 @@ def _verify(
 
 
 def _beyond_the_dtype(
-    job: EvalJob, inputs: Sequence[torch.Tensor], got: Sequence[torch.Tensor]
+    job: EvalJob,
+    inputs: Sequence[torch.Tensor],
+    got: Sequence[torch.Tensor],
+    precision: torch.dtype | None,
 ) -> tuple[verify.Comparison | None, float, float] | None:
     """For an edge trial that failed: `got` compared with the float64 oracle where elements
     beyond the output dtype are judged by eager's own error in it (`verify.compare`'s `own`);
@@ -498,7 +507,7 @@ def _beyond_the_dtype(
     pairs = list(zip(wide, own, strict=True))
     if not any(w.dtype == torch.float64 and o.dtype != torch.float64 for w, o in pairs):
         return None  # no float64 oracle: nothing beyond the dtype to tell apart
-    return _compare_outputs(job, inputs, got, wide, own)
+    return _compare_outputs(job, inputs, got, wide, precision, own)
 
 
 def _compare_outputs(
@@ -506,13 +515,14 @@ def _compare_outputs(
     inputs: Sequence[torch.Tensor],
     got: Sequence[torch.Tensor],
     expected: Sequence[torch.Tensor],
+    precision: torch.dtype | None,
     own: Sequence[torch.Tensor] | None = None,
 ) -> tuple[verify.Comparison | None, float, float]:
     """The first output of `got` that fails against `expected` (None if all pass), and the
-    largest absolute and relative errors seen up to there; `own`: eager's outputs in their
-    own dtypes, for an edge trial (`verify.compare`)."""
+    largest absolute and relative errors seen up to there; `precision`: what the outputs were
+    computed through (`verify.computed_through`); `own`: eager's outputs in their own dtypes,
+    for an edge trial (`verify.compare`)."""
     largest_input = max((math.prod(s.shape) for s in job.task.inputs), default=0)
-    precision = verify.computed_through(job.task.eager, inputs)
     # An output smaller than the largest input summarizes it: a statistics output.
     statistics = [out.numel() < largest_input for out in got]
     terms = verify.magnitude(inputs) if any(statistics) else 0.0  # read only where used
