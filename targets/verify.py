@@ -270,12 +270,18 @@ def _make_one(
         specials = [0.0, -0.0, large, -large, info.tiny * 4, -info.tiny * 4]
         if kind == "nonfinite":
             specials += [math.nan, math.inf, -math.inf]
-        pick = torch.randint(0, 2 * len(specials), shape, generator=gen)
-        for i, special in enumerate(specials):
-            values = torch.where(pick == i, torch.tensor(special, dtype=torch.float64), values)
+        values = _sprinkled(values, specials, gen)
         if kind == "nonfinite":
             values = _with_each(values, [math.nan, math.inf, -math.inf], gen)
     return values.to(dtype)
+
+
+def _sprinkled(values: torch.Tensor, specials: list[float], gen: torch.Generator) -> torch.Tensor:
+    """`values` with each element replaced by one of `specials` with probability 1/2."""
+    pick = torch.randint(0, 2 * len(specials), values.shape, generator=gen)
+    for i, special in enumerate(specials):
+        values = torch.where(pick == i, torch.tensor(special, dtype=torch.float64), values)
+    return values
 
 
 def _probabilities(
@@ -287,9 +293,7 @@ def _probabilities(
     if kind != "random":
         info = torch.finfo(dtype)
         specials = [0.0, 1.0, info.tiny * 4, 1.0 - info.eps, 0.5]
-        pick = torch.randint(0, 2 * len(specials), shape, generator=gen)
-        for i, special in enumerate(specials):
-            values = torch.where(pick == i, torch.tensor(special, dtype=torch.float64), values)
+        values = _sprinkled(values, specials, gen)
     return values.to(dtype)
 
 
