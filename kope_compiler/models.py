@@ -6,10 +6,10 @@ Three forms are accepted:
   arguments); the model is `Model(*get_init_inputs())`.
 - `package.module:factory`: `factory()` returns `(model, example_inputs)`; the module is
   looked up from the current directory too, as `python -m` does.
-
-The model is run once, eagerly, on its example inputs: a model that fails there is reported
-in one line, before any compiler's traceback could bury it.
 - a zoo name (`kope.zoo.ZOO`): `mlp`, `cnn`, `transformer_block`, `encoder_layer`, `odd_shapes`.
+
+A file's or a factory's model is run once, eagerly, on its example inputs: a model that fails
+there is reported in one line, before any compiler's traceback could bury it.
 """
 
 from __future__ import annotations
