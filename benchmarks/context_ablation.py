@@ -11,6 +11,12 @@ only what the prompt carried: ACMI's experience packed under its budget with a w
 last attempts (`context_acmi`), or every earlier attempt of the operator, kernel text and
 feedback, replayed (`context_passive`). Pass rates say nothing here (the answers are
 scripted); the effect of the context on a real model's pass rate needs a real model.
+
+It also prints the floor: the same prompts with no experience and no history (the target's
+description, the operator and its reference lowering), which no context can go below. Passive
+over the floor is the most any context scheme could save at this budget: with n attempts
+whose kernels are about as long as the reference, about 1 + (n - 1) / 2 when the reference
+is most of the prompt.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kope.cli import main
+from kope.memory.tokens import default_counter
 from kope.testing import Reply, ScriptedOpenAIServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,6 +40,9 @@ DEFAULT_OPS = (
     "930_fused_elementwise_chain_129x513"
 )
 _REFERENCE = re.compile(r"Reference lowering:\n```mlir\n(.*?)```", re.S)
+# What marks each arm's prompts once an operator has history (kope.agents.llm's sections).
+_PASSIVE = "\n\nAttempt 1:\n"
+_ACMI = "\n\nYour previous attempts on this operator:\n"
 
 
 def copy_reference(request: dict[str, Any]) -> str:
@@ -57,7 +67,37 @@ def run(argv: list[str]) -> int:
         bench += ["--budget", str(args.budget), "--seeds", args.seeds, "--ops", args.ops]
         if args.report:
             bench += ["--report", args.report]
-        return main(bench)
+        code = main(bench)
+        print(floor(server.requests))
+        return code
+
+
+def floor(requests: list[dict[str, Any]]) -> str:
+    """The prompts' tokens without experience or history, per arm, against what each arm sent."""
+    counter = default_counter()
+    sent = {"passive": 0, "acmi": 0, "first": 0}
+    kept = {"passive": 0, "acmi": 0, "first": 0}
+    asked = {"passive": 0, "acmi": 0, "first": 0}
+    for request in requests:
+        system, user = (str(m.get("content", "")) for m in request["messages"])
+        arm = "passive" if _PASSIVE in user else "acmi" if _ACMI in user else "first"
+        found = _REFERENCE.search(user)
+        fixed = user[: found.end()] if found else user
+        fixed += "\n\n" + user.rsplit("\n\n", 1)[-1]  # "Attempts left: ..."
+        sent[arm] += counter.count(system) + counter.count(user)
+        kept[arm] += counter.count(system) + counter.count(fixed)
+        asked[arm] += 1
+    if asked["passive"] != asked["acmi"] or asked["first"] % 2:
+        return "floor: the arms made different numbers of requests; no floor per arm"
+    per_arm = (kept["passive"] + kept["acmi"] + kept["first"]) // 2
+    passive = sent["passive"] + sent["first"] // 2
+    acmi = sent["acmi"] + sent["first"] // 2
+    return (
+        f"floor (the same prompts without experience or history, {counter.name} count): "
+        f"{per_arm} tokens per arm; passive / floor {passive / per_arm:.1f}x (the most any "
+        f"context could save at this budget), ACMI / floor {acmi / per_arm:.2f}x, passive / "
+        f"ACMI {passive / acmi:.1f}x"
+    )
 
 
 if __name__ == "__main__":

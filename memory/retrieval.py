@@ -21,12 +21,17 @@ budget, deterministically (same store, same arguments, same text):
    decision halves a score, each from the same task multiplies it by 0.8); at most
    `full_kernels` other kernels in full. Each item is rendered at the richest level that
    fits: `full` (kernel text), `summary` (one detailed line), `line` (a short line); code is
-   skipped, never truncated. The whole text is counted again at the end and is within the budget.
+   skipped, never truncated. The whole text is counted again at the end and is within the
+   budget. Nothing is said twice: a kernel already shown for its task is not shown again (a
+   model that repeats itself records the same text many times), and a kernel whose text is
+   its task's reference lowering unchanged is a line that says so, never the text (for this
+   task the prompt already holds it; for another it teaches nothing the line does not).
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -42,6 +47,7 @@ from kope.vocabulary.evidence import SOURCE_AGENT, SOURCES, TIMING_CONTAMINATED,
 LEVELS = ("full", "summary", "line")
 _AGENT = SOURCES.index(SOURCE_AGENT)
 FAILURE_WEIGHT = 0.5
+REFERENCE = "reference"  # what names the kernel of an attempt that sent the reference back
 # More characters per token than MLIR and schedules have (o200k: 2.2-3.2): a text longer than
 # this many characters per token left is skipped without being counted.
 _MAX_CHARS_PER_TOKEN = 4
@@ -144,7 +150,7 @@ def retrieve(
             LEVELS,
         )
     failures = [c for c in candidates if c.kind == "failure"]
-    for c in failures[:min_failures]:
+    for c in itertools.islice((c for c in failures if not packer.repeats(c.row)), min_failures):
         packer.add(c, ("summary", "line"))
     insights = _score_insights(store, feats.family, feats.dtype)
     for c in insights[:min_insights]:
@@ -163,6 +169,8 @@ def retrieve(
         score = c.score * packer.penalty(c)
         if heap and score < -heap[0][0]:
             heapq.heappush(heap, (-score, key, i))
+            continue
+        if packer.repeats(c.row):
             continue
         chosen = _Candidate(c.row, c.task_row, c.kind, score, c.why, c.dhash)
         levels = LEVELS if full_left > 0 and c.kind == "attempt" else LEVELS[1:]
@@ -322,9 +330,44 @@ class _Packer:
         self._rows: set[int] = set()
         self._decisions: dict[int, int] = {}
         self._tasks: dict[int, int] = {}
+        self._kernels: set[tuple[str, str]] = set()
+        self._read: dict[int, Any] = {}
+        self._texts: dict[str, str] = {}  # reference lowerings by digest
 
     def has(self, row: int) -> bool:
         return row in self._rows
+
+    def repeats(self, row: int) -> bool:
+        """Whether an attempt's kernel was already shown for its task: a model that sends the
+        same text again learns nothing from seeing it, or its line, twice."""
+        kernel = self._kernel(row)
+        return kernel is not None and kernel in self._kernels
+
+    def _record(self, row: int) -> Any:
+        if row not in self._read:
+            self._read[row] = self.store.record_at(row)
+        return self._read[row]
+
+    def _kernel(self, row: int) -> tuple[str, str] | None:
+        """(task, kernel) naming an attempt's kernel text: every copy of its task's reference
+        lowering is one kernel, whatever whitespace the model sent back; None without one."""
+        record = self._record(row)
+        if not isinstance(record, AttemptRecord) or not record.artifact:
+            return None
+        return record.task, REFERENCE if self._unchanged(record) else record.artifact
+
+    def _unchanged(self, record: AttemptRecord) -> bool:
+        """Whether an attempt's kernel text is its task's reference lowering, unchanged."""
+        owner = self.store.task(record.task)
+        if owner is None or not owner.payload or not record.artifact:
+            return False
+        if record.artifact == owner.payload:
+            return True
+        if owner.payload not in self._texts:
+            self._texts[owner.payload] = (self.store.get_artifact(owner.payload) or "").strip()
+        reference = self._texts[owner.payload]
+        code = self.store.get_artifact(record.artifact)
+        return bool(reference) and code is not None and code.strip() == reference
 
     def full(self) -> bool:
         return self.used >= self.budget - 4
@@ -337,9 +380,13 @@ class _Packer:
 
     def add(self, c: _Candidate, levels: tuple[str, ...]) -> str | None:
         """Render `c` at the first of `levels` that fits; returns the level used."""
-        record = self.store.record_at(c.row)
+        record = self._record(c.row)
+        kernel = self._kernel(c.row)
+        unchanged = kernel is not None and kernel[1] == REFERENCE
+        if unchanged:
+            levels = tuple(level for level in levels if level != "full")
         for level in levels:
-            text = _render(self.store, record, level, c.kind, self.task)
+            text = _render(self.store, record, level, c.kind, self.task, unchanged)
             if text is None:
                 continue
             if len(text) > _MAX_CHARS_PER_TOKEN * (self.budget - self.used):
@@ -360,6 +407,8 @@ class _Packer:
                     )
                 )
                 self._rows.add(c.row)
+                if kernel is not None:
+                    self._kernels.add(kernel)
                 if c.dhash:
                     self._decisions[c.dhash] = self._decisions.get(c.dhash, 0) + 1
                 self._tasks[c.task_row] = self._tasks.get(c.task_row, 0) + 1
@@ -400,7 +449,12 @@ class _Packer:
 
 
 def _render(
-    store: ExperienceStore, record: Any, level: str, kind: str, task: TaskRecord
+    store: ExperienceStore,
+    record: Any,
+    level: str,
+    kind: str,
+    task: TaskRecord,
+    unchanged: bool = False,
 ) -> str | None:
     if isinstance(record, InsightRecord):
         if level == "summary":
@@ -412,6 +466,8 @@ def _render(
     owner = store.task(record.task)
     label = owner.label if owner is not None else record.task[:12]
     decision = record.decision or "(no decision recorded)"
+    if unchanged:
+        decision += " (its kernel: the reference lowering, unchanged)"
     outcome = _outcome(record)
     if level == "full":
         if not record.artifact:

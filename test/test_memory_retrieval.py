@@ -228,3 +228,56 @@ def test_diversity_spreads_decisions(tmp_path: Path) -> None:
     context = retrieve(store, "mm512", 1500, min_failures=0, full_kernels=0)
     decisions = [store.record(i.id).decision for i in context.items if i.kind == "attempt"][:6]
     assert len(set(decisions)) >= 4
+
+
+def test_a_kernel_that_is_its_reference_unchanged_is_a_line_not_a_copy(tmp_path: Path) -> None:
+    """The prompt already holds this task's reference lowering; a copy of it is no lesson."""
+    store = build(tmp_path)
+    reference = "".join(f"  %{j} = arith.mulf %a{j}, %b{j} : f32\n" for j in range(80))
+    record = task("mm128", "aten.mm.default", [128, 128])
+    record.payload = store.put_artifact(reference)
+    store.add_task(record)
+    store.add_attempt(
+        AttemptRecord(
+            task="mm128",
+            source="agent",
+            verdict="verified",
+            decision="keep the reference loops",
+            latency_us=10.0,
+            speedup_vs_eager=3.0,
+            agent="llm",
+            created=9000.0,
+        ),
+        artifact=reference.strip() + "\n\n",  # what a model sends back is not byte-identical
+    )
+    # A model that repeats itself: the same tiled kernel three times, the reference again.
+    tiled = "".join(f"  %{j} = vector.fma %a{j}, %b{j}, %c{j} : vector<8xf32>\n" for j in range(40))
+    for i, (text, latency) in enumerate(
+        [(tiled, 5.0), (tiled, 5.5), (reference, 11.0), (tiled, 6)]
+    ):
+        store.add_attempt(
+            AttemptRecord(
+                task="mm128",
+                source="agent",
+                verdict="verified",
+                decision="tile 8x8" if text == tiled else "keep the reference loops",
+                latency_us=latency,
+                speedup_vs_eager=30.0 / latency,
+                agent="llm",
+                created=9001.0 + i,
+            ),
+            artifact=text,
+        )
+    context = retrieve(store, "mm128", 4000)
+    assert context.items[0].kind == "best" and context.items[0].level == "full"
+    assert fenced_blocks(context.text).count(tiled.rstrip()) == 1
+    mine = [i for i in context.items if i.task == "mm128"]
+    assert len(mine) == 2  # the tiled kernel once, the reference's copy once
+    (copy,) = [i for i in mine if i.kind != "best"]
+    assert copy.level == "summary" and "the reference lowering, unchanged" in copy.text
+    assert "arith.mulf" not in context.text
+    assert len(fenced_blocks(context.text)) > 1  # other tasks' kernels are still shown in full
+    # From a similar task, the copy of mm128's reference is a line there too.
+    other = retrieve(store, "mm256", 10000, min_failures=0, min_insights=0)
+    copies = [i for i in other.items if i.task == "mm128" and "unchanged" in i.text]
+    assert len(copies) == 1 and copies[0].level == "summary" and "arith.mulf" not in other.text
