@@ -26,9 +26,10 @@ measured on the machine meanwhile. Three lines of defence, each for what the oth
   worker has threads by then (a native one, from importing `kope`). It waits in poll() until
   the pipe from the parent hangs up (every writer gone: the parent died) or the worker's
   lifeline pipe does (the worker died), and checks each second that the worker's parent is
-  the one that started it; then it kills the worker's process group: the worker, any
-  compiler the job started, and itself. The signal alone would leave the
-  worker's children running.
+  the one that started it; then it kills the worker, removes the worker's scratch directory
+  (which a parent killed with SIGKILL, or a Ray worker shut down, could not), and kills the
+  worker's process group: any compiler the job started, and itself. The signal alone would
+  leave the worker's children running.
 - A process group, not a session. The worker leads its own process group, so Ctrl-C in a
   terminal reaches the parent alone and a kill of the group takes whatever the job started,
   but it stays in the parent's session: Linux's autogroup scheduling shares the CPU fairly
@@ -49,6 +50,7 @@ import os
 import pickle
 import queue
 import select
+import shutil
 import signal
 import struct
 import subprocess
@@ -75,6 +77,11 @@ KILL_WAIT_S = 5.0
 # How often the watchdog checks the worker's parent pid; a pipe that hangs up wakes it at once.
 WATCH_INTERVAL_S = 1.0
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# Names a worker's scratch directory in its environment: files it writes there (a Triton
+# kernel's source) go with the directory, which the parent removes, or the watchdog where the
+# parent died first.
+SCRATCH_VARIABLE = "KOPE_WORKER_SCRATCH"
+SCRATCH_PREFIX = "kope-worker-"
 # The phase a job reports while it waits for the machine's timing lock, and the longest wait
 # (a holder past its own limit is killed, which releases the lock).
 QUEUED = "queued"
@@ -166,9 +173,10 @@ def _start_watchdog(parent_fd: int, parent_pid: int) -> subprocess.Popen[bytes]:
     """
     lifeline_read, _lifeline_write = os.pipe()
     argv = [sys.executable, "-I", "-S", __file__, "watch", str(os.getpid()), str(parent_pid)]
+    scratch = os.environ.get(SCRATCH_VARIABLE, "")
     try:
         return subprocess.Popen(
-            [*argv, str(parent_fd), str(lifeline_read)],
+            [*argv, str(parent_fd), str(lifeline_read), scratch],
             pass_fds=(parent_fd, lifeline_read),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -177,9 +185,9 @@ def _start_watchdog(parent_fd: int, parent_pid: int) -> subprocess.Popen[bytes]:
         os.close(lifeline_read)
 
 
-def watch(worker_pid: int, parent_pid: int, parent_fd: int, lifeline_fd: int) -> None:
-    """The watchdog: wait until the parent or the worker is gone, then kill the worker's
-    process group, this process included."""
+def watch(worker_pid: int, parent_pid: int, parent_fd: int, lifeline_fd: int, scratch: str) -> None:
+    """The watchdog: wait until the parent or the worker is gone, then kill the worker, remove
+    its scratch directory, and kill the worker's process group, this process included."""
     poller = select.poll()
     # An empty event mask still reports hang-ups and errors, and reads nothing: the job bytes
     # on the parent's pipe are the worker's.
@@ -188,6 +196,12 @@ def watch(worker_pid: int, parent_pid: int, parent_fd: int, lifeline_fd: int) ->
     while not poller.poll(WATCH_INTERVAL_S * 1000):
         if _parent_of(worker_pid) not in (parent_pid, None):
             break
+    try:
+        os.kill(worker_pid, signal.SIGKILL)  # first: it must not write there meanwhile
+    except ProcessLookupError:
+        pass
+    if os.path.basename(scratch).startswith(SCRATCH_PREFIX):
+        shutil.rmtree(scratch, ignore_errors=True)
     if os.getpgrp() == worker_pid:  # the worker leads its own group: take its children too
         os.killpg(worker_pid, signal.SIGKILL)
     else:
@@ -264,11 +278,6 @@ class _Starter:
 _STARTER = _Starter()
 
 
-# Names a worker's scratch directory in its environment: files it writes there (a Triton
-# kernel's source) go with the directory, which the parent removes even when it kills the worker.
-SCRATCH_VARIABLE = "KOPE_WORKER_SCRATCH"
-
-
 class Worker:
     """One worker process and its pipes."""
 
@@ -279,7 +288,7 @@ class Worker:
         # The worker runs kernels an agent wrote: it starts in a scratch directory of its own,
         # with no secrets in its environment.
         self.scratch = tempfile.TemporaryDirectory(
-            prefix="kope-worker-", ignore_cleanup_errors=True
+            prefix=SCRATCH_PREFIX, ignore_cleanup_errors=True
         )
         env = {**worker_environment(os.environ), **(extra_env or {})}
         env[SCRATCH_VARIABLE] = self.scratch.name
@@ -543,6 +552,6 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["watch"]:
-        watch(*(int(arg) for arg in sys.argv[2:6]))
+        watch(*(int(arg) for arg in sys.argv[2:6]), sys.argv[6])
     else:
         main(sys.argv)

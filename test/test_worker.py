@@ -64,7 +64,10 @@ def pid(payload: Any, phase: Callable[[str], None]) -> int:
 
 
 def _announce(path: str, *pids: int) -> None:
-    """Write the pids the test must watch (atomically: the test polls for the file)."""
+    """Write the pids the test must watch (atomically: the test polls for the file), and the
+    worker's scratch directory beside them, with a file in it as a Triton kernel leaves."""
+    (Path(os.getcwd()) / "kernel.py").write_text("# a kernel's source\n")
+    Path(path + ".cwd").write_text(os.getcwd())
     Path(path + ".tmp").write_text(" ".join(map(str, pids)))
     os.replace(path + ".tmp", path)
 
@@ -222,9 +225,17 @@ def test_worker_dies_with_its_parent(
     try:
         workers = announced(pids)
         reaper.extend(workers)
+        scratch = Path(Path(f"{pids}.cwd").read_text())
+        assert scratch.name.startswith("kope-worker-") and (scratch / "kernel.py").exists()
         parent.send_signal(how)
         parent.wait(timeout=30)
         assert still_running(workers, GONE_WITHIN_S) == []
+        # Removed by the watchdog where the parent could not (SIGKILL, or a Ray worker shut
+        # down): a day of tests had left 118 of them in /tmp.
+        deadline = time.monotonic() + GONE_WITHIN_S
+        while scratch.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not scratch.exists()
     finally:
         parent.kill()
         parent.wait()
