@@ -6,6 +6,7 @@ counted at run time, so a test can tell a kernel that was chosen from one that a
 
 from __future__ import annotations
 
+import textwrap
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -137,7 +138,8 @@ class Report:
         return served / compute
 
     def format_table(self) -> str:
-        """One row per distinct operator: kernel, latency vs eager, sites, calls, and why.
+        """One row per distinct operator: kernel, latency vs eager, sites, calls, and under it
+        why.
 
         Tasks with the same key (the same operator at several places of a graph, or in several
         graphs) share one row; `sites` says how many places, `calls` how often its JIT kernel
@@ -146,7 +148,8 @@ class Report:
         the quality of the figures; a speedup from a figure that is not clean reads `~1.23x`.
         """
         header = ("task", "kernel", "kernel µs", "eager µs", "speedup", "timing", "sites", "calls")
-        rows = [(*header, "why")]
+        rows: list[tuple[str, ...]] = [header]
+        reasons: list[str] = [""]
         groups: dict[tuple[str, str], list[TaskReport]] = {}
         for t in self.tasks:
             groups.setdefault((t.key, t.kernel), []).append(t)
@@ -163,16 +166,16 @@ class Report:
                     t.quality if t.eager_us is not None else "-",
                     str(len(same)),
                     calls,
-                    shorten(t.reason, REASON_WIDTH),
                 )
             )
+            reasons.append(t.reason)
         # Operators KOPE leaves to ATen as they are (no Task: no shapes, no timing), one row
         # per operator and reason, with the places it occurs.
         aten = Counter((e.label or e.op, e.reason) for e in self.eager if e.compute)
         for (op, reason), sites in aten.items():
-            row = (shorten(op, 60), "eager", "-", "-", "-", "-", str(sites), "-")
-            rows.append((*row, shorten(reason, REASON_WIDTH)))
-        lines = table_lines(rows)
+            rows.append((shorten(op, 60), "eager", "-", "-", "-", "-", str(sites), "-"))
+            reasons.append(reason)
+        lines = table_lines(rows, reasons)
         if sum(g.compute_ops for g in self.graphs):
             share = f"JIT share of compute operators that ran: {self.jit_share():.0%}"
         elif self.graphs:
@@ -182,19 +185,22 @@ class Report:
         left = ""
         if aten:
             left = f", and {len(aten)} operator{'s' if len(aten) > 1 else ''} ATen runs as it is"
-        lines.append(
+        jit = sum(1 for t in self.tasks if t.jit)
+        footer = [
             f"{len(self.tasks)} tasks ({len(groups)} distinct){left}; "
-            f"{sum(1 for t in self.tasks if t.jit)} tasks on JIT kernels; {share}"
-        )
+            f"{jit} task{'' if jit == 1 else 's'} on JIT kernels; {share}"
+        ]
         for index, graph in enumerate(self.graphs):
             if graph.rewrites:
                 counts = Counter(graph.rewrites)
                 made = "; ".join(f"{name} ({n}x)" for name, n in counts.items())
-                lines.append(f"graph {index}: rewritten: {made}")
+                footer.append(f"graph {index}: rewritten: {made}")
             whole = graph.whole
             if whole is None:
                 continue
-            lines.append(f"graph {index}: {graph_line(whole)}")
+            footer.append(f"graph {index}: {graph_line(whole)}")
+        for line in footer:
+            lines += textwrap.wrap(line, max(len(lines[1]), REASON_WIDTH), subsequent_indent="    ")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -222,18 +228,30 @@ def graph_line(whole: GraphDecision) -> str:
     return f"{ran} ({quality}): {whole.reason}"
 
 
-# The reason is the last column: long enough to be read whole in most rows.
-REASON_WIDTH = 110
+# A row's reason goes on lines of its own under the row, this wide at most and at most
+# REASON_LINES of them: as a last column it made the table ~250 characters wide.
+REASON_WIDTH = 100
+REASON_LINES = 3
 
 
-def table_lines(rows: Sequence[tuple[str, ...]]) -> list[str]:
-    """Rows of cells as aligned text columns, the first row a header underlined with dashes."""
+def table_lines(rows: Sequence[tuple[str, ...]], notes: Sequence[str] = ()) -> list[str]:
+    """Rows of cells as aligned text columns, the first row a header underlined with dashes;
+    `notes[i]`, where given and not empty, is wrapped under row i, indented."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = []
+    for index, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+        if index == 0:
+            lines.append("  ".join("-" * w for w in widths))
+        elif index < len(notes) and notes[index]:
+            lines += textwrap.wrap(
+                notes[index],
+                REASON_WIDTH,
+                initial_indent="    ",
+                subsequent_indent="    ",
+                max_lines=REASON_LINES,
+                placeholder=" …",
+            )
     return lines
 
 

@@ -360,10 +360,16 @@ def _imported(group: list[fx.Node], decomposed: bool) -> str:
         # become torch-mlir's own `tm_tensor` dialect): the node runs eagerly.
         detail = str(err).splitlines()
         raise LoweringError(
-            f"its lowering is not plain linalg-on-tensors: {detail[1].strip()[:200]}"
+            f"its lowering is not plain linalg-on-tensors: {_unplaced(detail[1])[:200]}"
             if len(detail) > 1
             else _first_line(err)
         ) from None
+
+
+def _unplaced(diagnostic: str) -> str:
+    """An MLIR diagnostic without its place in a module the user never sees
+    (`error: "-":8:12: Dialect ...` -> `Dialect ...`)."""
+    return re.sub(r'^\s*(?:error: )?"-":\d+:\d+:\s*', "", diagnostic).strip()
 
 
 def _first_line(err: BaseException) -> str:

@@ -105,13 +105,15 @@ def test_bad_option_fails_before_the_model_is_loaded(tmp_path: Path) -> None:
     assert not sentinel.exists()
 
 
-def _task(key: str, kernel: str, calls: int, quality: str = "clean", **kw: float) -> TaskReport:
+def _task(
+    key: str, kernel: str, calls: int, quality: str = "clean", reason: str = "why", **kw: float
+) -> TaskReport:
     return TaskReport(
         label=f"aten.op({key})",
         key=key,
         op="aten.op",
         kernel=kernel,
-        reason="why",
+        reason=reason,
         calls=calls,
         quality=quality,
         **kw,
@@ -123,7 +125,8 @@ def test_table_has_one_row_per_operator_and_shows_what_ran() -> None:
         tasks=[
             _task("a", "agent", 3, eager_us=20.0, kernel_us=10.0),
             _task("a", "agent", 4, eager_us=20.0, kernel_us=10.0),
-            _task("b", "eager", 0, eager_us=8.0, kernel_us=400.0),  # kernel_us: the reference's
+            # kernel_us: the reference's
+            _task("b", "eager", 0, eager_us=8.0, kernel_us=400.0, reason="it did not pay " * 30),
         ]
     )
     lines = Report(
@@ -132,8 +135,12 @@ def test_table_has_one_row_per_operator_and_shows_what_ran() -> None:
     rows = lines.splitlines()
     header = rows[0].split()
     assert header[header.index("sites") + 1] == "calls"
-    body = {r.split()[0]: r.split() for r in rows[2:-1]}
+    assert max(map(len, rows)) <= 120  # reasons go under their rows, wrapped
+    body = {r.split()[0]: r.split() for r in rows[2:] if r.startswith("aten.")}
     assert set(body) == {"aten.op(a)", "aten.op(b)"}
+    notes = [r for r in rows[2:] if not r.startswith(("aten.", "4 tasks"))]
+    assert notes and all(r.startswith("    ") for r in notes)
+    assert len(notes) == 1 + 3 and notes[-1].endswith(" …")  # "why", then 3 lines at most
     assert body["aten.op(a)"][1:8] == ["agent", "10.0", "20.0", "2.00x", "clean", "3", "8"]
     assert body["aten.op(b)"][1:8] == ["eager", "8.0", "8.0", "1.00x", "clean", "1", "-"]
     # A speedup from a figure that is not clean is shown, marked.
