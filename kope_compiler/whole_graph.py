@@ -191,6 +191,15 @@ def _greedy(
             )
             decision.disturbed = bool(disturbed)
             return decision
+        # One at a time, a kernel must make the graph WIN_MARGIN faster: one that saves less
+        # than that alone could pass only on noise, and each try costs a measurement.
+        graph_us = min(timed[name].median_us for name in fns if name != "kope")
+        log.debug(
+            "graph %.1f us; kernels' own gains %s us",
+            graph_us,
+            ", ".join(f"{gains[id(c)]:.1f}" for c in order),
+        )
+        order = [c for c in order if gains[id(c)] > WIN_MARGIN * graph_us]
     for call in calls:
         call.enabled = False
     pair = {"with": threads["kope"], "without": threads["kope"]}
