@@ -552,6 +552,7 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["watch"]:
-        watch(*(int(arg) for arg in sys.argv[2:6]), sys.argv[6])
+        worker_pid, parent_pid, parent_fd, lifeline_fd = (int(arg) for arg in sys.argv[2:6])
+        watch(worker_pid, parent_pid, parent_fd, lifeline_fd, scratch=sys.argv[6])
     else:
         main(sys.argv)
