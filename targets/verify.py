@@ -42,7 +42,9 @@ an edge or non-finite trial fails, eager is run in the output's dtype as well, a
 elements where it too misses the float64 oracle beyond the tolerance (and only there) `got`
 passes if it misses by at most `ILL_CONDITIONED` times as much, or, where eager's own result
 is non-finite, is non-finite too or within the tolerance of float64 (what inductor's accuracy
-check does with its float64 reference and `multiplier`). Random trials never get this.
+check does with its float64 reference and `multiplier`). Where both are non-finite but differ
+(an overflowed quotient meets a division by zero: NaN in float32, -inf in float64), `got`
+passes with eager's special value or float64's. Random trials never get this.
 
 Reductions. A float reduction of n terms rounds n times, each time by up to half an ulp of the
 running value, so its error relative to the magnitude of the result grows with n. The errors
@@ -504,14 +506,22 @@ def _beyond_the_dtype(
 ) -> torch.Tensor:
     """Where eager in the output's dtype (`own`) misses the float64 `exact` beyond `bound`:
     `got` is no further off than `ILL_CONDITIONED` times eager's error, or, where eager's
-    result is non-finite, non-finite too or within `bound` of `exact`."""
+    result is non-finite, non-finite too or within `bound` of `exact`; where both are
+    non-finite and differ, `got` is the special value of one or the other."""
     finite = torch.isfinite(exact)
     own_finite = torch.isfinite(own)
     own_err = torch.where(finite & own_finite, (own - exact).abs(), torch.zeros_like(exact))
     err = torch.where(torch.isfinite(got), (got - exact).abs(), math.inf)
     close = finite & own_finite & (own_err > bound) & (err <= ILL_CONDITIONED * own_err)
     lost = finite & ~own_finite & (~torch.isfinite(got) | (err <= bound))
-    return close | lost
+    special = ~finite & ~own_finite & ~_same_special(own, exact)
+    either = special & (_same_special(got, own) | _same_special(got, exact))
+    return close | lost | either
+
+
+def _same_special(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Where `a` and `b` are both NaN or the same infinity."""
+    return (torch.isnan(a) & torch.isnan(b)) | (torch.isinf(a) & (a == b))
 
 
 def magnitude(inputs: Sequence[torch.Tensor]) -> float:

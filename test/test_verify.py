@@ -300,6 +300,17 @@ def test_elements_beyond_the_dtype_are_judged_by_eagers_own_error() -> None:
         assert verify.compare(torch.tensor([lost]), exact, own=own).ok
     assert not verify.compare(torch.tensor([math.inf]), exact).ok
     assert not verify.compare(torch.tensor([7.0]), exact, own=own).ok
+    # An overflowed quotient meets a division by zero (DeBERTa's c2p/s1 + p2c/s2 on an edge
+    # trial): float32 gives NaN, float64 -inf; either special value passes, a number does not.
+    exact, own = (
+        torch.tensor([-math.inf, math.nan], dtype=torch.float64),
+        torch.tensor([math.nan] * 2),
+    )
+    assert not verify.compare(torch.tensor([math.nan, math.nan]), exact).ok
+    for special in ([math.nan, math.nan], [-math.inf, math.nan]):
+        assert verify.compare(torch.tensor(special), exact, own=own).ok, special
+    for wrong in ([math.inf, math.nan], [0.0, math.nan], [math.nan, math.inf], [-math.inf, 1.0]):
+        assert not verify.compare(torch.tensor(wrong), exact, own=own).ok, wrong
 
 
 def test_probabilities_are_drawn_in_the_unit_interval() -> None:
