@@ -177,6 +177,18 @@ _VALUES_ONLY_OPS: dict[Any, Callable[[tuple[Any, ...]], tuple[Any, tuple[Any, ..
 }
 
 
+def drop_metadata_checks(gm: fx.GraphModule) -> int:
+    """Erase `aten._assert_tensor_metadata` nodes; how many. aot_export leaves one behind a
+    dtype conversion that changes nothing (`x.to(x.dtype)`), and aot_autograd does not: as a
+    user of its tensor it would cut a fused group on one road and not the other, giving the
+    same model different Tasks under `kope precompile` and `torch.compile`. Shapes are static
+    and dynamo guards the inputs' dtypes, so what it checks was settled when tracing."""
+    checks = [n for n in gm.graph.nodes if n.target is aten._assert_tensor_metadata.default]
+    for node in checks:
+        gm.graph.erase_node(node)
+    return len(checks)
+
+
 def drop_unused_outputs(gm: fx.GraphModule, within: set[fx.Node] | None = None) -> list[fx.Node]:
     """Replace multi-output ops whose later outputs nobody reads by their values-only op (with
     `within`, those among these nodes); the values-only nodes made."""
@@ -529,6 +541,7 @@ def partition(
     a oneDNN library call (`kope.rewrites.rewrite`)."""
     result = Partition()
     table = decomposition_table(fast_paths)
+    drop_metadata_checks(gm)
     drop_unused_outputs(gm)
     if fuse:
         result.rewrites = rewrite(gm, onednn)
