@@ -34,6 +34,7 @@ from kope.vocabulary.evidence import (
     SOURCE_EAGER,
     SOURCE_REFERENCE,
     TIMEOUT,
+    VERDICT_NAMES,
     VERIFIED,
 )
 
@@ -49,13 +50,6 @@ VERDICT_COLOURS = {
     COMPILE_ERROR: "#fbc26e",
     RUNTIME_ERROR: "#c7a4e0",
     TIMEOUT: "#bdbdbd",
-}
-VERDICT_NAMES = {
-    VERIFIED: "verified",
-    MISMATCH: "wrong result (mismatch)",
-    COMPILE_ERROR: "build failed",
-    RUNTIME_ERROR: "run failed",
-    TIMEOUT: "timed out",
 }
 # The tree's edge that no store edge stands behind: an agent attempt with no recorded parent
 # is drawn under the task's baseline, the program every proposal starts from.

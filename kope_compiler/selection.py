@@ -35,6 +35,7 @@ from kope.vocabulary.evidence import (
     SOURCE_EAGER,
     SOURCE_REFERENCE,
     TIMING_UNKNOWN,
+    VERDICT_NAMES,
     VERIFIED,
 )
 from kope.vocabulary.kernels import Kernel
@@ -57,6 +58,9 @@ class Choice:
 
 
 # -- choosing -------------------------------------------------------------------------------
+_REFUSED_REFERENCES: set[str] = set()  # keys whose refused reference lowering was warned about
+
+
 def choose(
     task: Task,
     target: Target,
@@ -70,11 +74,15 @@ def choose(
         return Choice(SOURCE_EAGER, "kernels=eager")
     reference = known_reference(task, target, store, events)
     if reference.verdict != VERIFIED:
-        log.warning(
-            "torch-mlir defect? the reference lowering of %s is %s; running it eagerly: %s",
+        # Once per operator and process: a model compiled again says nothing new.
+        told = task.key in _REFUSED_REFERENCES
+        _REFUSED_REFERENCES.add(task.key)
+        (log.info if told else log.warning)(
+            "%s runs eagerly (results unaffected): its reference lowering (torch-mlir's) "
+            "failed verification, %s: %s",
             task.label,
-            reference.verdict,
-            (reference.error or "").splitlines()[0:1],
+            VERDICT_NAMES.get(reference.verdict or "", reference.verdict),
+            _first_line(reference.error),
         )
         return Choice(
             "eager",

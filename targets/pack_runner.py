@@ -94,7 +94,8 @@ def _mismatch(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -
     if bad.any():
         first = tuple(int(i) for i in bad.nonzero()[0])
         return (
-            f"{int(bad.sum())} of {bad.numel()} elements outside rtol={rtol:g} atol={atol:g}, "
+            f"{int(bad.sum())} of {bad.numel()} elements beyond the tolerance "
+            f"(rtol {rtol:g}, atol {atol:g}), "
             f"first at {list(first)}: got {got[first].item()}, expected {want[first].item()}"
         )
     return None

@@ -493,8 +493,8 @@ def compare(
             False,
             max_abs,
             max_rel,
-            f"output {index}: {int(bad.sum())} of {got.numel()} elements outside "
-            f"rtol={rtol:g} atol={atol:g}*{scale:.3g}, first at {list(where)}: "
+            f"output {index}: {int(bad.sum())} of {got.numel()} elements beyond the tolerance "
+            f"(rtol {rtol:g}, atol {atol:g} x scale {scale:.3g}), first at {list(where)}: "
             f"got {g[where].item():.7g}, expected {exact[where].item():.7g}"
             + (f" ({w[where].item():.7g} in {dtype_name(got.dtype)})" if overflowed[where] else ""),
         )

@@ -280,3 +280,22 @@ def test_edge_values_beyond_the_dtype_and_probabilities_are_compiled() -> None:
         torch.testing.assert_close(got, head(*args))
     ran = {t.label: t.kernel for g in kope.report().graphs for t in g.tasks}
     assert all(kernel == "reference" for kernel in ran.values()), ran
+
+
+def test_a_refused_reference_lowering_is_warned_about_once_and_runs_eagerly(caplog) -> None:
+    """torch-mlir's identity-size bilinear upsample spreads a NaN pixel into neighbours it
+    weights by 0, where eager copies the pixel: verification refuses it, the operator runs
+    eagerly, and the warning says so in words once, not at every compile."""
+
+    def resize(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.interpolate(x, size=(6, 6), mode="bilinear")
+
+    x = torch.randn(1, 3, 6, 6)
+    with torch.no_grad(), caplog.at_level("INFO", logger="kope.compiler"):
+        for _ in range(2):
+            torch._dynamo.reset()
+            got = torch.compile(resize, backend="kope", options={"kernels": "reference"})(x)
+            torch.testing.assert_close(got, resize(x))
+    told = [r for r in caplog.records if "runs eagerly (results unaffected)" in r.getMessage()]
+    assert [r.levelname for r in told] == ["WARNING", "INFO"], [r.getMessage() for r in told]
+    assert "wrong result (mismatch)" in told[0].getMessage()

@@ -16,6 +16,13 @@ RUNTIME_ERROR = "runtime_error"
 TIMEOUT = "timeout"
 MISMATCH = "mismatch"
 VERDICTS = (VERIFIED, COMPILE_ERROR, RUNTIME_ERROR, TIMEOUT, MISMATCH)
+VERDICT_NAMES = {  # in words, for people
+    VERIFIED: "verified",
+    MISMATCH: "wrong result (mismatch)",
+    COMPILE_ERROR: "build failed",
+    RUNTIME_ERROR: "run failed",
+    TIMEOUT: "timed out",
+}
 
 # Where a candidate came from. Snapshots store it as its index in `SOURCES`: new ones go at the end.
 SOURCE_EAGER = "eager"  # eager ATen: the baseline
