@@ -165,6 +165,11 @@ def _compile_command(args: argparse.Namespace) -> int:
         f"median of {args.repeat} calls: kope {kope_ms:.3f} ms, eager {eager_ms:.3f} ms "
         f"({eager_ms / kope_ms:.2f}x); max |kope - eager| = {error:.3g}"
     )
+    if report.jit_share() == 0 and not any(g.whole and g.whole.threads for g in report.graphs):
+        print(
+            "  (no KOPE kernel ran: the difference from eager is torch.compile's capture of the "
+            'graph, which skips the model\'s Python; backend="eager" gets it too)'
+        )
     if not error <= 1e-3 * max(1.0, _max_abs(want)):
         print("error: the compiled model disagrees with eager", file=sys.stderr)
         return 1
@@ -672,19 +677,30 @@ def format_report(report: dict[str, Any]) -> str:
     )
     if timed:
         lines.append(
+            "timing: 'clean 15/35' is a figure from 15 rounds that no other work disturbed, "
+            "of 35 run (disturbed ones are run again), enough to trust; 'contaminated' is not"
+        )
+        lines.append(
             "speedups are of each operator alone against its own eager call; whether its kernel "
             "pays inside the model is decided when the model is compiled (the whole-graph "
             "check), and `kope compile` and `kope.report()` say what runs"
         )
     eager = report.get("eager", [])
     if eager:
-        lines.append(f"{len(eager)} compute operators run eagerly, not optimized:")
-        lines += [f"  {e['op']} ({e['sites']} sites): {shorten(e['reason'], 120)}" for e in eager]
+        lines.append(f"{_count(len(eager), 'compute operator')} run eagerly, not optimized:")
+        lines += [
+            f"  {e['op']} ({_count(e['sites'], 'site')}): {shorten(e['reason'], 120)}"
+            for e in eager
+        ]
     failed = [(op["label"], cmd) for op in report["operators"] for cmd in op.get("repro", [])]
     if failed:
-        lines.append(f"{len(failed)} pipeline failures; each reproduces with kope-opt:")
+        lines.append(f"{_count(len(failed), 'pipeline failure')}; each reproduces with kope-opt:")
         lines += [f"  {shorten(label, 58)}: {cmd}" for label, cmd in failed]
     return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

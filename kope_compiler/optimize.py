@@ -177,7 +177,9 @@ def optimize_task(
             stopped = f"agent error: {type(err).__name__}"
             break
         if proposal is None:
-            stopped = "agent stopped"
+            # The heuristic agent returns None when every candidate it knows for the
+            # operator has been tried, or it knows none (an op its schedules do not fit).
+            stopped = "no more candidates from the agent" if index else "the agent had none"
             break
         tokens += proposal.tokens_in + proposal.tokens_out
         attempt = _attempt(task, target, store, events, agent, proposal, seed + index + 1)

@@ -54,6 +54,15 @@ def test_compile_builtin_and_factory(spec: str, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "JIT share of compute operators that ran: 100%" in proc.stdout
     assert "max |kope - eager|" in proc.stdout
+    assert "no KOPE kernel ran" not in proc.stdout
+
+
+def test_compile_says_when_no_kope_kernel_ran(tmp_path: Path) -> None:
+    """A speedup with eager's kernels is dynamo's, and the summary must not let it pass as
+    KOPE's."""
+    proc = kope("compile", "mlp", "--kernels", "eager", "--repeat", "3", store=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "no KOPE kernel ran: the difference from eager is torch.compile's" in proc.stdout
 
 
 def test_compile_model_file(tmp_path: Path) -> None:
