@@ -29,6 +29,7 @@ from kope.targets import get_target
 from kope.targets.base import Target
 from kope.task import Task, eager_label
 from kope.vocabulary.events import ChoiceMade, Events
+from kope.whole_graph import AtThreads, graph_structure, settle
 
 log = logging.getLogger("kope.compiler")
 
@@ -89,7 +90,10 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
     if part is None:
         part = partition(gm, target, fuse=options.fuse, fast_paths=take_apart)
     graph = GraphReport(
-        views=part.views, rewrites=part.rewrites, policy=options.kernels, code=gm.code
+        views=part.views,
+        rewrites=part.rewrites,
+        policy=options.kernels,
+        structure=graph_structure(gm),
     )
     graph.eager = [
         EagerReport(e.op, e.reason, e.compute, eager_label(e.node) if e.compute else "")
@@ -176,8 +180,6 @@ def settle_graph(
     """What runs: the compiled graph or `eager_graph`, whichever is faster, at the thread count
     that runs it fastest, by timing them against each other (`kope.whole_graph`); the kernels
     that do not pay inside the compiled graph are switched off."""
-    from kope.whole_graph import AtThreads, settle
-
     if any(isinstance(x, torch._subclasses.FakeTensor) for x in inputs):
         log.info("the graph was compiled on fake inputs; its kernels run untimed as a whole")
         return compiled.forward
@@ -194,7 +196,7 @@ def settle_graph(
                 compiled.forward,
                 calls,
                 inputs,
-                code=report.code,
+                structure=report.structure,
                 store=store,
                 target=target,
                 events=recording(store),

@@ -104,7 +104,7 @@ class GraphReport:
     compile_s: float = 0.0
     policy: str = "auto"
     whole: GraphDecision | None = None  # the whole-graph check, where it ran
-    code: str = field(default="", repr=False)  # the aten graph's code: what the graph key hashes
+    structure: str = field(default="", repr=False)  # what the graph key hashes (`graph_structure`)
 
     @property
     def compute_ops(self) -> int:

@@ -31,7 +31,7 @@ the eager graph runs. Dropped choices run their operator's eager call and say so
 A decision that rests on clean timings is recorded in the store (a task of op `kope.graph`,
 one `graph` attempt per decision: the chosen and eager graphs' timings, and in `config` the
 kernels considered and kept and the thread count), so a process that compiles the same graph
-with the same choices reuses it. A decision whose timings are not clean runs eager and is not
+(by `graph_key`: its structure and input specs, names aside) with the same choices reuses it. A decision whose timings are not clean runs eager and is not
 recorded: the next compile measures again.
 """
 
@@ -86,10 +86,38 @@ class Switchable(Protocol):
     enabled: bool
 
 
-def graph_key(code: str, inputs: Sequence[Any], target_key: str) -> tuple[str, str]:
-    """(key, workload) of a graph: its aten code and input specs, with and without the target."""
-    specs = repr([TensorSpec.of(x) if isinstance(x, torch.Tensor) else x for x in inputs])
-    workload = hashlib.sha256(f"{code}\n{specs}".encode()).hexdigest()
+def graph_structure(gm: torch.fx.GraphModule) -> str:
+    """`gm`'s computation as text, without its node names and without the inputs it never
+    reads that are not tensors: what a graph key hashes.
+
+    A graph dynamo made shape-generic is compiled per static shape (`ShapeSpecializer`) and
+    takes its symbolic sizes as extra int inputs, which the aten graph never reads (tracing
+    bakes the sizes in), and that shifts every placeholder's name. Its code differed from the
+    static graph of the same shape, so a model called again at a length it had seen before
+    dynamo went dynamic timed the same graph again, for seconds."""
+    index: dict[torch.fx.Node, str] = {}
+    lines = []
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        if node.op == "placeholder" and not node.users and not isinstance(val, torch.Tensor):
+            continue
+        index[node] = f"%{len(index)}"
+        args = torch.fx.map_arg((node.args, node.kwargs), lambda n: index[n])
+        if node.op == "placeholder":
+            what = str(TensorSpec.of(val)) if isinstance(val, torch.Tensor) else repr(val)
+        elif callable(node.target):
+            what = torch.fx.node._get_qualified_name(node.target)
+        else:
+            what = str(node.target)
+        lines.append(f"{index[node]} = {node.op} {what} {args!r}")
+    return "\n".join(lines)
+
+
+def graph_key(structure: str, inputs: Sequence[Any], target_key: str) -> tuple[str, str]:
+    """(key, workload) of a graph: its `graph_structure` and tensor inputs' specs, with and
+    without the target. Other inputs are left out: a traced graph has their values baked in."""
+    specs = repr([TensorSpec.of(x) for x in inputs if isinstance(x, torch.Tensor)])
+    workload = hashlib.sha256(f"{structure}\n{specs}".encode()).hexdigest()
     return hashlib.sha256(f"{workload}\n{target_key}".encode()).hexdigest(), workload
 
 
@@ -99,7 +127,7 @@ def settle(
     calls: Sequence[Switchable],
     inputs: Sequence[Any],
     *,
-    code: str,
+    structure: str,
     store: ExperienceStore,
     target: Target,
     events: Events,
@@ -109,7 +137,7 @@ def settle(
     """Decide whether `compiled_graph` runs, and with which of its kernels (`calls` are switched
     off in place for the choices dropped); the report says what was decided and why."""
     config = config or MeasureConfig(min_calls=GRAPH_MIN_CALLS)
-    key, workload = graph_key(code, inputs, target.key())
+    key, workload = graph_key(structure, inputs, target.key())
     # A graph's rewrites are part of what was considered: a decision made without them (an
     # older KOPE) is not this graph's.
     considered = sorted([_entry(c) for c in calls] + _rewrite_entries(report))

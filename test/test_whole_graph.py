@@ -19,7 +19,7 @@ from kope.report import GraphDecision, GraphReport, TaskReport
 from kope.targets.cpu import CpuTarget
 from kope.targets.measure import MeasureConfig
 from kope.vocabulary.evidence import SOURCE_EAGER, SOURCE_GRAPH, SOURCE_REFERENCE, TIMING_CLEAN
-from kope.whole_graph import AtThreads, _greedy, settle
+from kope.whole_graph import AtThreads, _greedy, graph_key, settle
 
 
 class Softmax(torch.nn.Module):
@@ -150,7 +150,7 @@ def _settle(
     x: torch.Tensor,
     store: ExperienceStore,
     report: GraphReport,
-    code: str = "graph",
+    structure: str = "graph",
 ) -> GraphDecision:
     """`kope.whole_graph.settle` of two graphs of one input on the CPU target."""
     return settle(
@@ -158,7 +158,7 @@ def _settle(
         compiled_graph,
         calls,
         [x],
-        code=code,
+        structure=structure,
         store=store,
         target=CpuTarget(),
         events=recording(store),
@@ -422,3 +422,25 @@ def verify_fails_at_float32(want: torch.Tensor, got: torch.Tensor) -> bool:
     from kope.targets import verify
 
     return not verify.compare(got, want, reduction=want.numel()).ok
+
+
+def test_a_shape_seen_before_dynamo_went_dynamic_has_its_graph_key(tmp_path: Path) -> None:
+    """Called at length 8, 5, then 8 again, a model's graph is compiled static, then shape-
+    generic (dynamo's automatic dynamic shapes) and specialized per length, taking the
+    symbolic length as an extra int input. At length 8 both roads have one graph key, so the
+    whole-graph decision measured for the first is the second's (it was timed again)."""
+
+    def block(x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x @ x.transpose(-1, -2) * 0.5, -1) + x.mean(-1, keepdim=True)
+
+    torch._dynamo.reset()
+    kope.reset_report()
+    compiled = torch.compile(block, backend="kope", options={"kernels": "reference"})
+    inputs = [torch.randn(2, length, 16) for length in (8, 5, 8)]
+    with torch.no_grad():
+        for x in inputs:
+            compiled(x)
+    static, other, again = [g.structure for g in kope.report().graphs]
+    assert static == again != other
+    key = graph_key(static, [inputs[0]], "cpu")
+    assert graph_key(again, [8, inputs[2]], "cpu") == key != graph_key(static, [inputs[1]], "cpu")
