@@ -17,7 +17,7 @@ from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import aot_export_joint_simple
 
-from kope.compiler import compile_graph, settle_graph, target_for
+from kope.compiler import compile_graph, settle_graph
 from kope.decompositions import traced_whole
 from kope.errors import KopeError, UnsupportedGraphError
 from kope.options import Options
@@ -68,10 +68,6 @@ def _compile(
     mutated, an output aliasing an input) go through `aot_autograd`, whose wrappers handle
     them.
     """
-    if opts.kernels != "eager":
-        # A graph with an operator the store has not seen verifies it in a worker; the first
-        # worker of a process imports for ~1.4 s, here while this one traces and lowers.
-        target_for(opts.target, opts.workers, opts.timeout_s).pool.prewarm()
     try:
         aten_gm = aten_inference_graph(gm, example_inputs)
     except Exception as err:  # the simple export refuses mutation and aliasing, among others

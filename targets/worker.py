@@ -487,24 +487,6 @@ class WorkerPool:
             )
         return outcome
 
-    def prewarm(self) -> None:
-        """Start one worker now, without waiting for it: it imports while the caller does
-        other work (a first compile traces and lowers for seconds before its first job)."""
-        with self._cond:
-            if self._closed or self._started:
-                return
-            self._started += 1
-        try:
-            worker = Worker(self.preload, self.env)
-        except BaseException:
-            with self._cond:
-                self._started -= 1
-            raise
-        with self._cond:
-            self._workers.add(worker)
-            self._idle.append(worker)
-            self._cond.notify()
-
     def _acquire(self) -> Worker:
         with self._cond:
             while True:

@@ -297,20 +297,6 @@ def test_worker_outlives_the_thread_that_started_it() -> None:
         pool.close()
 
 
-def test_a_prewarmed_worker_serves_the_first_job() -> None:
-    """`prewarm` starts one worker without waiting for it (once: a second call starts none),
-    and the first job runs in it."""
-    pool = WorkerPool(2)
-    try:
-        pool.prewarm()
-        pool.prewarm()
-        (worker,) = pool._workers
-        outcome = pool.call("test_worker:pid", None, 60)
-        assert outcome.ok and outcome.value == worker.proc.pid
-    finally:
-        pool.close()
-
-
 def test_worker_shares_the_parents_session_and_cpu_share() -> None:
     """A worker in a session of its own gets an autogroup of its own, which Linux schedules as
     an equal of every other session: `nice 19` neighbours in the user's session then starved
