@@ -28,11 +28,12 @@ the graph with it beats the graph without it; what is left runs only if it beats
 the eager graph runs. Dropped choices run their operator's eager call and say so in
 `kope.report()`.
 
-A decision that rests on clean timings is recorded in the store (a task of op `kope.graph`,
-one `graph` attempt per decision: the chosen and eager graphs' timings, and in `config` the
-kernels considered and kept and the thread count), so a process that compiles the same graph
-(by `graph_key`: its structure and input specs, names aside) with the same choices reuses it. A decision whose timings are not clean runs eager and is not
-recorded: the next compile measures again.
+A decision that rests on clean timings is recorded in the store (a task of op `kope.graph`, one
+`graph` attempt per decision: the chosen and eager graphs' timings, and in `config` the kernels
+considered and kept and the thread count), so a process that compiles the same graph (by
+`graph_key`: its structure and input specs, names aside) with the same choices reuses it. A
+decision whose timings are not clean runs eager and is not recorded: the next compile measures
+again.
 """
 
 from __future__ import annotations
