@@ -1,8 +1,9 @@
 """Partitioning an aten graph into Tasks, views, and operators that run eagerly (with a reason).
 
-The graph is first rewritten (`kope.rewrites`: batch norm folded into convolutions, stacks of
-convolutions channels-last, attention as one kernel), here, so that every road that partitions
-cuts the same Tasks.
+The graph is first rewritten, here, so that every road that partitions cuts the same Tasks:
+what it computes from constants alone is computed once (`fold_constants`), then `kope.rewrites`
+(batch norm folded into convolutions, stacks of convolutions channels-last, attention as one
+kernel).
 A connected group of elementwise and row-reduction nodes whose only value seen outside is its
 output becomes one Task (one kernel, one pass over memory): an elementwise chain, RMSNorm or
 softmax written by hand, GELU-tanh expanded; elementwise ops take the contraction they read
@@ -175,6 +176,76 @@ _VALUES_ONLY_OPS: dict[Any, Callable[[tuple[Any, ...]], tuple[Any, tuple[Any, ..
     aten.max.dim: _values_only(aten.amax.default, _dim_to_list),
     aten.min.dim: _values_only(aten.amin.default, _dim_to_list),
 }
+
+
+# The most storage a folded constant may hold: a causal mask of 2048 positions in float32
+# (16 MiB), which eager builds again on every call.
+FOLD_MAX_BYTES = 16 << 20
+CONSTANT_PREFIX = "_kope_constant_"
+
+
+def fold_constants(gm: fx.GraphModule) -> int:
+    """Compute once, at compile time, what the graph computes from constants alone, and read
+    it as a constant from then on; how many constants it made.
+
+    Models build masks and positions from `arange` and literals on every call (HF's causal
+    mask: ~20 operators before attention sees it), which neither eager nor dynamo's graph
+    saves. A node folds when it is an ATen operator that neither mutates nor draws random
+    numbers nor allocates uninitialized memory, returns one tensor, and reads only nodes that
+    fold (no input, parameter or buffer, which the caller may change). The values a node
+    that stays reads from folded ones become attributes of `gm`; a value the graph returns is
+    never one (each call must return a tensor of its own), nor one above `FOLD_MAX_BYTES`."""
+    constant: set[fx.Node] = set()
+    for node in gm.graph.nodes:
+        op = node.target
+        if node.op != "call_function" or not _is_aten_op(op):
+            continue
+        if op._schema.is_mutable or torch.Tag.nondeterministic_seeded in op.tags:
+            continue
+        if op._opname in _ALLOCATIONS or not isinstance(node.meta.get("val"), torch.Tensor):
+            continue
+        if all(arg in constant for arg in node.all_input_nodes):
+            constant.add(node)
+    for node in list(constant):
+        if any(u.op == "output" or _mutates(u) for u in node.users):
+            constant.discard(node)
+    frontier = [n for n in gm.graph.nodes if n in constant and set(n.users) - constant]
+    if not frontier:
+        return 0
+    values: dict[fx.Node, Any] = {}
+    try:
+        # Real tensors, whatever mode the caller traces under.
+        with torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
+            for node in gm.graph.nodes:
+                if node in constant:
+                    args, kwargs = fx.map_arg((node.args, node.kwargs), values.__getitem__)
+                    values[node] = node.target(*args, **kwargs)
+    except Exception as err:  # an operator that needs what tracing had: leave it to run
+        log.debug("constant folding skipped: %s: %s", type(err).__name__, err)
+        return 0
+    made = 0
+    for node in frontier:
+        value = values[node]
+        if value.untyped_storage().nbytes() > FOLD_MAX_BYTES:
+            continue
+        name = f"{CONSTANT_PREFIX}{made}"
+        while hasattr(gm, name):
+            name += "_"
+        gm.register_buffer(name, value, persistent=False)
+        with gm.graph.inserting_before(node):
+            attr = gm.graph.get_attr(name)
+        attr.meta = dict(node.meta)
+        node.replace_all_uses_with(attr)
+        made += 1
+    for node in reversed(list(gm.graph.nodes)):
+        if node in constant and not node.users:
+            gm.graph.erase_node(node)
+    return made
+
+
+def _mutates(node: fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable
 
 
 def drop_metadata_checks(gm: fx.GraphModule) -> int:
@@ -542,6 +613,7 @@ def partition(
     result = Partition()
     table = decomposition_table(fast_paths)
     drop_metadata_checks(gm)
+    fold_constants(gm)
     drop_unused_outputs(gm)
     if fuse:
         result.rewrites = rewrite(gm, onednn)

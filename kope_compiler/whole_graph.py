@@ -106,6 +106,10 @@ def graph_structure(gm: torch.fx.GraphModule) -> str:
         args = torch.fx.map_arg((node.args, node.kwargs), lambda n: index[n])
         if node.op == "placeholder":
             what = str(TensorSpec.of(val)) if isinstance(val, torch.Tensor) else repr(val)
+        elif node.op == "get_attr":  # a constant (`kope.partition.fold_constants`)
+            constant = getattr(gm, str(node.target), None)
+            spec = TensorSpec.of(constant) if isinstance(constant, torch.Tensor) else None
+            what = f"{node.target}: {spec}"
         elif callable(node.target):
             what = torch.fx.node._get_qualified_name(node.target)
         else:

@@ -79,3 +79,36 @@ def test_an_operator_whose_decomposition_is_not_one_kernel_runs_whole(
     assert [t.op for t in part.tasks] == ["aten.mul.Tensor"]
     [whole] = [e for e in part.eager if e.compute]
     assert whole.op == "aten.median.dim" and "one native call" in whole.reason, whole.reason
+
+
+class CausalScores(torch.nn.Module):
+    """Scores under a causal mask built from literals on every call, as HF models build theirs,
+    and positions returned as they are."""
+
+    def forward(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n = scores.shape[-1]
+        keep = torch.arange(n)[:, None] >= torch.arange(n)[None, :]
+        bias = torch.where(keep, 0.0, float("-inf"))
+        return torch.softmax(scores + bias, -1), torch.arange(n) * 2
+
+
+def test_what_constants_alone_compute_is_computed_once_and_never_returned() -> None:
+    """The mask is folded into one constant the graph reads; the positions, a value the graph
+    returns, are computed on every call, so a caller that writes into them changes nothing
+    the next call returns."""
+    x = torch.randn(2, 5, 5)
+    gm = make_fx(CausalScores(), tracing_mode="fake")(x)
+    partition(gm, CpuTarget())
+    constants = [n for n in gm.graph.nodes if n.op == "get_attr"]
+    # The mask's bias, and the arange the positions are computed from.
+    assert len(constants) == 2, [str(n.target) for n in constants]
+    assert all(str(n.target).startswith(kope.partition.CONSTANT_PREFIX) for n in constants)
+    ops = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+    assert "aten.where.self" not in ops and "aten.ge.Tensor" not in ops, ops
+    assert "aten.mul.Tensor" in ops  # the positions
+    with torch.no_grad():
+        compiled = torch.compile(CausalScores(), backend="kope", options={"kernels": "reference"})
+        got, positions = compiled(x)
+        torch.testing.assert_close(got, CausalScores()(x)[0])
+        positions.fill_(7)
+        torch.testing.assert_close(compiled(x)[1], torch.arange(5) * 2)
