@@ -194,7 +194,8 @@ def fold_constants(gm: fx.GraphModule) -> int:
     numbers nor allocates uninitialized memory, returns one tensor, and reads only nodes that
     fold (no input, parameter or buffer, which the caller may change). The values a node
     that stays reads from folded ones become attributes of `gm`; a value the graph returns is
-    never one (each call must return a tensor of its own), nor one above `FOLD_MAX_BYTES`."""
+    never one (each call must return a tensor of its own), nor one above `FOLD_MAX_BYTES`;
+    equal values share one attribute."""
     constant: set[fx.Node] = set()
     for node in gm.graph.nodes:
         op = node.target
@@ -223,24 +224,32 @@ def fold_constants(gm: fx.GraphModule) -> int:
     except Exception as err:  # an operator that needs what tracing had: leave it to run
         log.debug("constant folding skipped: %s: %s", type(err).__name__, err)
         return 0
-    made = 0
+    made: list[tuple[str, torch.Tensor]] = []
     for node in frontier:
         value = values[node]
         if value.untyped_storage().nbytes() > FOLD_MAX_BYTES:
             continue
-        name = f"{CONSTANT_PREFIX}{made}"
-        while hasattr(gm, name):
-            name += "_"
-        gm.register_buffer(name, value, persistent=False)
+        # One buffer for equal values (every layer of a model builds the same mask).
+        name = next((n for n, other in made if _same_constant(value, other)), None)
+        if name is None:
+            name = f"{CONSTANT_PREFIX}{len(made)}"
+            while hasattr(gm, name):
+                name += "_"
+            gm.register_buffer(name, value, persistent=False)
+            made.append((name, value))
         with gm.graph.inserting_before(node):
             attr = gm.graph.get_attr(name)
         attr.meta = dict(node.meta)
         node.replace_all_uses_with(attr)
-        made += 1
     for node in reversed(list(gm.graph.nodes)):
         if node in constant and not node.users:
             gm.graph.erase_node(node)
-    return made
+    return len(made)
+
+
+def _same_constant(a: torch.Tensor, b: torch.Tensor) -> bool:
+    layout = (a.dtype, a.shape, a.stride(), a.storage_offset())
+    return layout == (b.dtype, b.shape, b.stride(), b.storage_offset()) and torch.equal(a, b)
 
 
 def _mutates(node: fx.Node) -> bool:

@@ -87,21 +87,22 @@ class CausalScores(torch.nn.Module):
 
     def forward(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n = scores.shape[-1]
-        keep = torch.arange(n)[:, None] >= torch.arange(n)[None, :]
-        bias = torch.where(keep, 0.0, float("-inf"))
-        return torch.softmax(scores + bias, -1), torch.arange(n) * 2
+        for _ in range(2):  # two layers, each building the same mask
+            keep = torch.arange(n)[:, None] >= torch.arange(n)[None, :]
+            scores = torch.softmax(scores + torch.where(keep, 0.0, float("-inf")), -1)
+        return scores, torch.arange(n) * 2
 
 
 def test_what_constants_alone_compute_is_computed_once_and_never_returned() -> None:
-    """The mask is folded into one constant the graph reads; the positions, a value the graph
-    returns, are computed on every call, so a caller that writes into them changes nothing
-    the next call returns."""
+    """The mask is folded into one constant the graph reads (both layers the same one); the
+    positions, a value the graph returns, are computed on every call, so a caller that writes
+    into them changes nothing the next call returns."""
     x = torch.randn(2, 5, 5)
     gm = make_fx(CausalScores(), tracing_mode="fake")(x)
     partition(gm, CpuTarget())
     constants = [n for n in gm.graph.nodes if n.op == "get_attr"]
-    # The mask's bias, and the arange the positions are computed from.
-    assert len(constants) == 2, [str(n.target) for n in constants]
+    # The mask's bias, twice, and the arange the positions are computed from.
+    assert len(constants) == 3 and len({n.target for n in constants}) == 2, constants
     assert all(str(n.target).startswith(kope.partition.CONSTANT_PREFIX) for n in constants)
     ops = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
     assert "aten.where.self" not in ops and "aten.ge.Tensor" not in ops, ops
