@@ -207,8 +207,9 @@ def fold_constants(gm: fx.GraphModule) -> int:
             continue
         if all(arg in constant for arg in node.all_input_nodes):
             constant.add(node)
+    constant -= _returned(gm.graph)
     for node in list(constant):
-        if any(u.op == "output" or _mutates(u) for u in node.users):
+        if any(_mutates(u) for u in node.users):
             constant.discard(node)
     frontier = [n for n in gm.graph.nodes if n in constant and set(n.users) - constant]
     if not frontier:
@@ -250,6 +251,25 @@ def fold_constants(gm: fx.GraphModule) -> int:
 def _same_constant(a: torch.Tensor, b: torch.Tensor) -> bool:
     layout = (a.dtype, a.shape, a.stride(), a.storage_offset())
     return layout == (b.dtype, b.shape, b.stride(), b.storage_offset()) and torch.equal(a, b)
+
+
+def _returned(graph: fx.Graph) -> set[fx.Node]:
+    """The nodes whose value the graph may return: its outputs, and what an output that is a
+    view (an alias of its input, by its schema) views, transitively."""
+    found: set[fx.Node] = set()
+    todo = [n for n in graph.nodes if n.op == "output" for n in n.all_input_nodes]
+    while todo:
+        node = todo.pop()
+        if node in found:
+            continue
+        found.add(node)
+        target = node.target
+        if node.target is operator.getitem or (
+            isinstance(target, torch._ops.OpOverload)
+            and any(r.alias_info is not None for r in target._schema.returns)
+        ):
+            todo += node.all_input_nodes
+    return found
 
 
 def _mutates(node: fx.Node) -> bool:

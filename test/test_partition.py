@@ -90,13 +90,13 @@ class CausalScores(torch.nn.Module):
         for _ in range(2):  # two layers, each building the same mask
             keep = torch.arange(n)[:, None] >= torch.arange(n)[None, :]
             scores = torch.softmax(scores + torch.where(keep, 0.0, float("-inf")), -1)
-        return scores, torch.arange(n) * 2
+        return scores, torch.arange(n) * 2, torch.arange(n).view(n, 1)
 
 
 def test_what_constants_alone_compute_is_computed_once_and_never_returned() -> None:
     """The mask is folded into one constant the graph reads (both layers the same one); the
-    positions, a value the graph returns, are computed on every call, so a caller that writes
-    into them changes nothing the next call returns."""
+    positions, values the graph returns (one a view), are computed on every call, so a caller
+    that writes into them changes nothing the next call returns."""
     x = torch.randn(2, 5, 5)
     gm = make_fx(CausalScores(), tracing_mode="fake")(x)
     partition(gm, CpuTarget())
@@ -109,7 +109,10 @@ def test_what_constants_alone_compute_is_computed_once_and_never_returned() -> N
     assert "aten.mul.Tensor" in ops  # the positions
     with torch.no_grad():
         compiled = torch.compile(CausalScores(), backend="kope", options={"kernels": "reference"})
-        got, positions = compiled(x)
+        got, doubled, column = compiled(x)
         torch.testing.assert_close(got, CausalScores()(x)[0])
-        positions.fill_(7)
-        torch.testing.assert_close(compiled(x)[1], torch.arange(5) * 2)
+        doubled.fill_(7)
+        column.fill_(7)
+        again = compiled(x)
+        torch.testing.assert_close(again[1], torch.arange(5) * 2)
+        torch.testing.assert_close(again[2], torch.arange(5).view(5, 1))
