@@ -15,7 +15,8 @@ chain cost 270 µs per call over dynamo's graph before a single kernel ran. Two 
   traces) of a value nothing else reads calls `Tensor.contiguous`, which returns a tensor
   that is contiguous already as it is. CPU flash attention lays its output out so that the
   transpose back to (batch, sequence, heads, dim) is contiguous: every attention block's copy
-  after it was 64 KiB written for nothing.
+  after it was 64 KiB written for nothing. A copy that keeps the format of such a value
+  (eval-mode dropout traces as one; eager's returns its input) is not made at all.
 - **View chains folded**: a chain of two or more views of one tensor, as seen by a compute
   node, becomes one `as_strided` of its root with the sizes, strides and offset the chain
   produces (shapes are static: KOPE compiles per concrete shape). The layout of the root is
@@ -32,6 +33,7 @@ from typing import Any, TypeGuard
 
 import torch
 import torch.fx as fx
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 
 _aten = torch.ops.aten
 # Ops whose output is a view of their first argument, and nothing else is a tensor.
@@ -166,17 +168,29 @@ def _source(node: fx.Node) -> fx.Node:
 
 def copy_only_where_needed(graph: fx.Graph) -> int:
     """Each contiguous `clone` of a value that only it reads, through views of a tensor an
-    ATen operator made fresh, calls `Tensor.contiguous`; returns how many. The value is then
+    ATen operator made fresh, calls `Tensor.contiguous`, and a `clone` that keeps the format
+    of such a value, dense and read directly, is elided; returns how many. The value is then
     seen only through the result, so returning it uncopied changes nothing a reader or the
     caller can tell (the graph is functional: no node writes a tensor in place). A tensor
     that is an input, a parameter or a kernel's kept result (a folded weight) is never
     returned uncopied."""
     made = 0
-    for node in graph.nodes:
+    for node in list(graph.nodes):
         if node.target is not _aten.clone.default or not isinstance(node.args[0], fx.Node):
             continue
+        if node.kwargs.get("memory_format", torch.preserve_format) == torch.preserve_format:
+            # Eval-mode dropout traces as this copy, which eager does not make. A dense value
+            # keeps its strides through it: the value itself is the copy.
+            value = node.args[0]
+            val = value.meta.get("val")
+            dense = isinstance(val, torch.Tensor) and is_non_overlapping_and_dense_or_false(val)
+            if len(value.users) == 1 and _fresh(value) and dense:
+                node.replace_all_uses_with(value)
+                graph.erase_node(node)
+                made += 1
+            continue
         if node.kwargs.get("memory_format") != torch.contiguous_format:
-            continue  # preserve_format keeps a dense input's strides, as `contiguous` does not
+            continue  # another format is a layout change
         value = node.args[0]
         while _is_view(value) and len(value.users) == 1:
             value = _source(value)

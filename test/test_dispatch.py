@@ -153,3 +153,30 @@ def test_a_copy_that_nothing_else_reads_is_made_only_where_needed() -> None:
         assert a.stride() == b.stride()
     assert seen.ops.count(aten.clone.default) == 2  # the attention's output was not copied
     assert got[1].data_ptr() != got[2].data_ptr()
+
+
+def test_an_eval_dropouts_copy_of_a_fresh_value_is_not_made() -> None:
+    """Eval-mode dropout traces as a copy that keeps the format; eager's returns its input.
+    Of a fresh dense value nothing else reads, the copy is elided; of an input, or of a value
+    also returned, it stays."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.1)).eval()
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        returned = x * 3
+        return model[1](torch.relu(x @ w)), model[1](x), model[1](returned) + 1, returned
+
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    with torch.no_grad():
+        gm = _aten(fn, x, w)
+    clones = sum(n.target is torch.ops.aten.clone.default for n in gm.graph.nodes)
+    assert clones == 3, gm.code
+    leaned = copy.deepcopy(gm)
+    lean(leaned)
+    leaned.recompile()
+    with _Ops() as seen:
+        got = leaned(x, w)
+    for a, b in zip(got, gm(x, w), strict=True):
+        torch.testing.assert_close(a, b)
+        assert a.stride() == b.stride()
+    assert seen.ops.count(torch.ops.aten.clone.default) == 2  # the input's, the returned's
+    assert got[1].data_ptr() != x.data_ptr()
