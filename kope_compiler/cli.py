@@ -637,7 +637,7 @@ def _precompile_command(args: argparse.Namespace) -> int:
 
 def format_report(report: dict[str, Any]) -> str:
     """The report as a table: per operator winner, speedups and attempts; then the summary."""
-    from kope.report import shorten, table_lines, timing_text
+    from kope.report import counted, shorten, table_lines, timing_text
     from kope.report import speedup_text as _x
 
     rows = [("operator", "winner", "vs eager", "vs reference", "timing", "attempts", "verdicts")]
@@ -687,20 +687,16 @@ def format_report(report: dict[str, Any]) -> str:
         )
     eager = report.get("eager", [])
     if eager:
-        lines.append(f"{_count(len(eager), 'compute operator')} run eagerly, not optimized:")
+        lines.append(f"{counted(len(eager), 'compute operator')} run eagerly, not optimized:")
         lines += [
-            f"  {e['op']} ({_count(e['sites'], 'site')}): {shorten(e['reason'], 120)}"
+            f"  {e['op']} ({counted(e['sites'], 'site')}): {shorten(e['reason'], 120)}"
             for e in eager
         ]
     failed = [(op["label"], cmd) for op in report["operators"] for cmd in op.get("repro", [])]
     if failed:
-        lines.append(f"{_count(len(failed), 'pipeline failure')}; each reproduces with kope-opt:")
+        lines.append(f"{counted(len(failed), 'pipeline failure')}; each reproduces with kope-opt:")
         lines += [f"  {shorten(label, 58)}: {cmd}" for label, cmd in failed]
     return "\n".join(lines)
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -184,11 +184,11 @@ class Report:
             share = "dynamo compiled no graph (TORCH_LOGS=graph_breaks says why)"
         left = ""
         if aten:
-            left = f", and {len(aten)} operator{'s' if len(aten) > 1 else ''} ATen runs as it is"
+            left = f", and {counted(len(aten), 'operator')} ATen runs as it is"
         jit = sum(1 for t in self.tasks if t.jit)
         footer = [
             f"{len(self.tasks)} tasks ({len(groups)} distinct){left}; "
-            f"{jit} task{'' if jit == 1 else 's'} on JIT kernels; {share}"
+            f"{counted(jit, 'task')} on JIT kernels; {share}"
         ]
         for index, graph in enumerate(self.graphs):
             if graph.rewrites:
@@ -207,6 +207,11 @@ class Report:
         return self.format_table()
 
 
+def counted(n: int, noun: str) -> str:
+    """`1 task`, `2 tasks`."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def graph_line(whole: GraphDecision) -> str:
     """What the whole-graph check decided, in a sentence: which graph runs, on how many
     threads, how fast against eager (as timed, and how cleanly), and why."""
@@ -216,9 +221,8 @@ def graph_line(whole: GraphDecision) -> str:
     if whole.threads is not None:
         # `speedup` is then of the graph that runs, on its threads, against eager on the
         # caller's count.
-        plural = "s" if whole.threads > 1 else ""
         ran += (
-            f" on {whole.threads} thread{plural} (KOPE sets torch's thread count for each "
+            f" on {counted(whole.threads, 'thread')} (KOPE sets torch's thread count for each "
             f"call and restores it), {speed} eager"
         )
     elif whole.compiled:
