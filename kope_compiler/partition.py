@@ -196,21 +196,21 @@ def fold_constants(gm: fx.GraphModule) -> int:
     that stays reads from folded ones become attributes of `gm`; a value the graph returns is
     never one (each call must return a tensor of its own), nor one above `FOLD_MAX_BYTES`;
     equal values share one attribute."""
-    constant: set[fx.Node] = set()
+    computable: set[fx.Node] = set()
     for node in gm.graph.nodes:
         op = node.target
         if node.op != "call_function" or not _is_aten_op(op):
             continue
-        if op._schema.is_mutable or torch.Tag.nondeterministic_seeded in op.tags:
+        if _mutates(node) or torch.Tag.nondeterministic_seeded in op.tags:
             continue
         if op._opname in _ALLOCATIONS or not isinstance(node.meta.get("val"), torch.Tensor):
             continue
-        if all(arg in constant for arg in node.all_input_nodes):
-            constant.add(node)
-    constant -= _returned(gm.graph)
-    for node in list(constant):
-        if any(_mutates(u) for u in node.users):
-            constant.discard(node)
+        if all(arg in computable for arg in node.all_input_nodes):
+            computable.add(node)
+    # What the graph returns, or an operator writes into, stays computed on every call; what
+    # it is computed from may still fold.
+    constant = computable - _returned(gm.graph)
+    constant -= {n for n in constant if any(_mutates(u) for u in n.users)}
     frontier = [n for n in gm.graph.nodes if n in constant and set(n.users) - constant]
     if not frontier:
         return 0
@@ -219,7 +219,7 @@ def fold_constants(gm: fx.GraphModule) -> int:
         # Real tensors, whatever mode the caller traces under.
         with torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
             for node in gm.graph.nodes:
-                if node in constant:
+                if node in computable:
                     args, kwargs = fx.map_arg((node.args, node.kwargs), values.__getitem__)
                     values[node] = node.target(*args, **kwargs)
     except Exception as err:  # an operator that needs what tracing had: leave it to run
@@ -264,7 +264,7 @@ def _returned(graph: fx.Graph) -> set[fx.Node]:
             continue
         found.add(node)
         target = node.target
-        if node.target is operator.getitem or (
+        if target is operator.getitem or (
             isinstance(target, torch._ops.OpOverload)
             and any(r.alias_info is not None for r in target._schema.returns)
         ):

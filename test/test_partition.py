@@ -116,3 +116,25 @@ def test_what_constants_alone_compute_is_computed_once_and_never_returned() -> N
         again = compiled(x)
         torch.testing.assert_close(again[1], torch.arange(5) * 2)
         torch.testing.assert_close(again[2], torch.arange(5).view(5, 1))
+
+
+def test_a_returned_constant_does_not_stop_what_is_computed_from_it_folding() -> None:
+    """Positions returned as they are and a mask built from them: the positions stay computed
+    on every call, the mask folds (it was left unfolded, all of it, as folding gave up)."""
+
+    def scores_and_positions(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        p = torch.arange(x.shape[-1])
+        bias = torch.where(p[:, None] >= p[None, :], 0.0, float("-inf"))
+        return torch.softmax(x + bias, -1), p
+
+    x = torch.randn(5, 5)
+    gm = make_fx(scores_and_positions, tracing_mode="fake")(x)
+    partition(gm, CpuTarget())
+    ops = [str(n.target) for n in gm.graph.nodes if n.op in ("call_function", "get_attr")]
+    assert "aten.arange.default" in ops and "aten.where.self" not in ops, ops
+    assert sum(op.startswith(kope.partition.CONSTANT_PREFIX) for op in ops) == 1, ops
+    gm.recompile()
+    got, positions = gm(x)
+    torch.testing.assert_close(got, scores_and_positions(x)[0])
+    positions.fill_(7)
+    torch.testing.assert_close(gm(x)[1], torch.arange(5))
