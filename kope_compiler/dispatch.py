@@ -17,6 +17,13 @@ chain cost 270 µs per call over dynamo's graph before a single kernel ran. Two 
   transpose back to (batch, sequence, heads, dim) is contiguous: every attention block's copy
   after it was 64 KiB written for nothing. A copy that keeps the format of such a value
   (eval-mode dropout traces as one; eager's returns its input) is not made at all.
+- **Linears whole again**: `nn.Linear` traces as `t` of the weight, `addmm` (or `mm`) and, for
+  an input of more than two dims, a reshape to 2-D before and back after; where eager runs the
+  product, the four calls become the one `torch.nn.functional.linear` call eager makes (the
+  same `addmm` inside ATen, on the same operands: 7 µs less per linear at 2×64×128 → 384 on
+  a 2-core AVX2 machine here, 4-5 µs of hand-written attention's 300, whose q, k and v views
+  of its first product keep that product 2-D). A product a KOPE kernel computes is left as
+  it is.
 - **View chains folded**: a chain of two or more views of one tensor, as seen by a compute
   node, becomes one `as_strided` of its root with the sizes, strides and offset the chain
   produces (shapes are static: KOPE compiles per concrete shape). The layout of the root is
@@ -60,6 +67,7 @@ SPLIT_OPS = frozenset({_aten.split.Tensor, _aten.split_with_sizes.default, _aten
 def lean(gm: fx.GraphModule) -> None:
     """Rewrite `gm`'s graph in place (the caller recompiles)."""
     copy_only_where_needed(gm.graph)
+    linears_whole(gm.graph)
     fold_view_chains(gm.graph)
     fast_operators(gm.graph)
 
@@ -209,6 +217,69 @@ def _fresh(node: fx.Node) -> bool:
     if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload) or op.is_view:
         return False
     return all(r.alias_info is None for r in op._schema.returns)
+
+
+_RESHAPES = frozenset({_aten.view.default, _aten._unsafe_view.default})
+
+
+def linears_whole(graph: fx.Graph) -> int:
+    """Each `addmm(bias, x, t(w))` and `mm(x, t(w))` eager computes, with the reshapes of
+    `x` to 2-D and of the product back around it, becomes `linear(x, w, bias)`; returns how
+    many. `linear` computes exactly that `addmm` (a 2-D input, or a contiguous one of more
+    dims); on an input that arrives strided it multiplies and adds the bias as eager's own
+    `nn.Linear` does on it."""
+    made = 0
+    for node in list(graph.nodes):
+        if node.target is _aten.addmm.default and not node.kwargs:
+            bias, x, weight_t = node.args
+        elif node.target is _aten.mm.default:
+            bias, (x, weight_t) = None, node.args
+        else:
+            continue
+        if not _is(weight_t, _aten.t.default) or not isinstance(x, fx.Node):
+            continue
+        if bias is not None and _rank(bias) != 1:  # a bias per row is addmm's, not linear's
+            continue
+        weight = weight_t.args[0]
+        if not isinstance(weight, fx.Node) or _rank(weight) != 2:
+            continue
+        result = node
+        if _is(x, *_RESHAPES) and len(x.users) == 1 and len(node.users) == 1:
+            # An input of more dims, flattened: the reshape back must restore its leading dims.
+            source, (after,) = x.args[0], node.users
+            src, out = _val(source), _val(after)
+            if (
+                _is(after, *_RESHAPES)
+                and src is not None
+                and out is not None
+                and src.is_contiguous()
+                and tuple(out.shape[:-1]) == tuple(src.shape[:-1])
+            ):
+                x, result = source, after
+        if _rank(x) is None:
+            continue
+        with graph.inserting_before(result):
+            args = (x, weight) if bias is None else (x, weight, bias)
+            linear = graph.call_function(torch._C._nn.linear, args)
+        linear.meta["val"] = result.meta.get("val")
+        result.replace_all_uses_with(linear)
+        made += 1
+    graph.eliminate_dead_code()
+    return made
+
+
+def _is(node: Any, *targets: Any) -> TypeGuard[fx.Node]:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
+
+
+def _val(node: Any) -> torch.Tensor | None:
+    value = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return value if _tensor(value) else None
+
+
+def _rank(node: Any) -> int | None:
+    value = _val(node)
+    return None if value is None else value.dim()
 
 
 def fold_view_chains(graph: fx.Graph) -> int:

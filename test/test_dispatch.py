@@ -180,3 +180,33 @@ def test_an_eval_dropouts_copy_of_a_fresh_value_is_not_made() -> None:
         assert a.stride() == b.stride()
     assert seen.ops.count(torch.ops.aten.clone.default) == 2  # the input's, the returned's
     assert got[1].data_ptr() != x.data_ptr()
+
+
+def _linears(x, wa, ba, wb, wc, bc) -> tuple[torch.Tensor, ...]:
+    """Linears as models write them: on 3-D input with a bias, on 2-D input without one, and
+    one whose product is also read flat (its reshape back is not its only reader)."""
+    F = torch.nn.functional
+    h = F.linear(x, wa, ba)  # (2, 5, 24)
+    flat = F.linear(h.reshape(10, 24), wb)
+    c = torch.addmm(bc, flat, wc.t())
+    return h, flat, c.view(2, 5, 8), c.sum(0)
+
+
+def test_linears_are_one_call_each_and_compute_exactly_what_eager_does() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 16)
+    weights = (torch.randn(24, 16), torch.randn(24), torch.randn(8, 24))
+    weights += (torch.randn(8, 8), torch.randn(8))
+    gm = _aten(_linears, x, *weights)
+    leaned = copy.deepcopy(gm)
+    lean(leaned)
+    leaned.recompile()
+    targets = [n.target for n in leaned.graph.nodes if n.op == "call_function"]
+    assert targets.count(torch._C._nn.linear) == 3
+    assert torch.t not in targets
+    for got, want in zip(leaned(x, *weights), gm(x, *weights), strict=True):
+        assert torch.equal(got, want) and got.stride() == want.stride()
+    # An input that arrives strided is multiplied as eager's F.linear multiplies it.
+    strided = torch.randn(5, 2, 16).transpose(0, 1)
+    for got, want in zip(leaned(strided, *weights), _linears(strided, *weights), strict=True):
+        torch.testing.assert_close(got, want)
