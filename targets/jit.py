@@ -164,11 +164,16 @@ class JitKernel:
         ]
         self._out_desc = [contiguous_descriptor(s) for s in self.outputs]
         descriptors = self._in_desc + self._out_desc
+        # Each descriptor's first two words (allocated, aligned pointers) as integers: a call
+        # writes them through these views, faster than through the struct's fields.
+        self._pointer_words = [memoryview(d).cast("B").cast("Q") for d in descriptors]
         self._holders = [ctypes.c_void_p(ctypes.addressof(d)) for d in descriptors]
         self._packed = (ctypes.c_void_p * len(descriptors))(
             *[ctypes.addressof(h) for h in self._holders]
         )
-        self._out_shapes = [(s.shape, s.torch_dtype) for s in self.outputs]
+        # Sizes as separate arguments: torch.empty parses them faster than one tuple (2.2
+        # against 3.4 µs here); a 0-d output has none to pass.
+        self._out_shapes = [(tuple(s.shape) or ((),), s.torch_dtype) for s in self.outputs]
         self._packed_inputs: dict[int, tuple[Stamp, torch.Tensor, torch.Tensor]] = {}
 
     def run(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
@@ -179,18 +184,28 @@ class JitKernel:
                 t if layout is None else self._prepared(i, t, layout)
                 for i, (t, layout) in enumerate(zip(inputs, self._layouts, strict=True))
             ]
-        for desc, tensor in zip(self._in_desc, inputs, strict=True):
-            desc.allocated = desc.aligned = tensor.data_ptr()
-        for desc, tensor in zip(self._out_desc, outputs, strict=True):
-            desc.allocated = desc.aligned = tensor.data_ptr()
+        words = self._pointer_words
+        if len(inputs) != len(self._in_desc) or len(outputs) != len(self._out_desc):
+            raise ValueError(
+                f"the kernel takes {len(self._in_desc)} inputs and {len(self._out_desc)} "
+                f"outputs, not {len(inputs)} and {len(outputs)}"
+            )
+        for pointers, tensor in zip(words, [*inputs, *outputs], strict=True):
+            pointers[0] = pointers[1] = tensor.data_ptr()
         self._fn(self._packed)
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        ins = [
-            t if layout is not None or t.is_contiguous() else self._prepared(i, t, None)
-            for i, (t, layout) in enumerate(zip(inputs, self._layouts, strict=True))
-        ]
-        outs = [torch.empty(shape, dtype=dtype) for shape, dtype in self._out_shapes]
+        # This runs on every call of every kernel: plain loops, nothing looked up twice.
+        if self._any_layout:
+            ins = [
+                t if layout is not None or t.is_contiguous() else self._prepared(i, t, None)
+                for i, (t, layout) in enumerate(zip(inputs, self._layouts, strict=True))
+            ]
+        else:
+            ins = [
+                t if t.is_contiguous() else self._prepared(i, t, None) for i, t in enumerate(inputs)
+            ]
+        outs = [torch.empty(*shape, dtype=dtype) for shape, dtype in self._out_shapes]
         self.run(ins, outs)
         return tuple(outs)
 

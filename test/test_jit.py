@@ -56,6 +56,14 @@ def test_non_contiguous_input_is_made_contiguous() -> None:
     torch.testing.assert_close(kernel(x.t())[0], x.t() * 3)
 
 
+def test_a_call_with_the_wrong_number_of_tensors_says_what_the_kernel_takes() -> None:
+    x, y = torch.randn(6, 4), torch.randn(6, 4)
+    task = _task(torch.add, x, y)
+    kernel = build_kernel(task.spec, Kernel(task.payload))
+    with pytest.raises(ValueError, match="takes 2 inputs and 1 outputs, not 1 and 1"):
+        kernel(x)
+
+
 def test_no_memref_copy_runtime_call_remains() -> None:
     from kope.targets.cpu import lower_kernel
 
