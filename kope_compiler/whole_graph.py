@@ -527,10 +527,16 @@ def _record(
 def _finish(
     decision: GraphDecision, calls: Sequence[Switchable], report: GraphReport
 ) -> GraphDecision:
+    # A decision on timings that were not clean is not recorded: the next compile measures
+    # again, so its kernels are set aside, not judged.
+    unsure = decision.kope is not None and (not decision.clean or decision.disturbed)
     for call in calls:
         if not call.enabled and call.report.kernel != SOURCE_EAGER:
             call.report.reason = (
-                f"dropped: the {call.report.kernel} kernel did not pay inside the graph "
+                f"set aside for now: the graph was not timed cleanly, and the next compile "
+                f"times it again ({decision.reason})"
+                if unsure
+                else f"dropped: the {call.report.kernel} kernel did not pay inside the graph "
                 f"({decision.reason})"
             )
             call.report.kernel = SOURCE_EAGER

@@ -77,7 +77,9 @@ def test_kernels_that_do_not_pay_in_the_graph_are_dropped_and_reported(tmp_path:
     (graph,) = kope.report().graphs
     (entry,) = graph.tasks
     assert graph.whole is not None and not graph.whole.compiled, graph.whole
-    assert entry.kernel == SOURCE_EAGER and entry.reason.startswith("dropped: the reference")
+    unsure = not graph.whole.clean or graph.whole.disturbed  # a busy machine: not judged
+    want = "set aside for now" if unsure else "dropped: the reference"
+    assert entry.kernel == SOURCE_EAGER and entry.reason.startswith(want), entry.reason
     assert entry.calls == 0  # the timing's calls are not the model's
     assert re.search(r"graph 0: eager.s graph runs", kope.report().format_table())
 
@@ -467,3 +469,25 @@ def test_a_shape_seen_before_dynamo_went_dynamic_has_its_graph_key(tmp_path: Pat
     assert static == again != other
     key = graph_key(static, [inputs[0]], "cpu")
     assert graph_key(again, [8, inputs[2]], "cpu") == key != graph_key(static, [inputs[1]], "cpu")
+
+
+def test_kernels_switched_off_on_unclean_timings_are_set_aside_not_judged() -> None:
+    """On a busy machine the graph's timing is not clean and eager runs, but nothing was
+    learnt about the kernels: the report says they are set aside until a clean timing, not
+    that they did not pay."""
+    from kope.vocabulary.evidence import TIMING_CONTAMINATED, Timing
+    from kope.whole_graph import _finish
+
+    busy = Timing(500.0, 80.0, 3, 2, rounds=45, clean_rounds=3, quality=TIMING_CONTAMINATED)
+    calls = []
+    for clean in (False, True):
+        call = _Call(lambda t: (t,), lambda ins: ins)
+        call.enabled = False
+        call.report = TaskReport("kernel", "key", "op", "agent", "chosen")
+        timing = Timing(480.0, 5.0, 15, 2, 15, 15, quality=TIMING_CLEAN) if clean else busy
+        decision = GraphDecision(False, "why", timing, timing)
+        _finish(decision, [call], GraphReport())
+        calls.append(call)
+    unsure, judged = calls
+    assert unsure.report.kernel == SOURCE_EAGER and unsure.report.reason.startswith("set aside")
+    assert judged.report.reason.startswith("dropped: the agent kernel did not pay")
