@@ -201,8 +201,8 @@ def _greedy(
     rewritten: bool = False,
 ) -> GraphDecision:
     """Keep the kernels that beat their own eager call in this process; if the graph with them
-    does not beat eager (and, `rewritten`, the graph without them), add them back one at a
-    time, the largest measured gain first, keeping each that makes the graph faster; the
+    does not beat eager (or, `rewritten`, loses to the graph without them), add them back one
+    at a time, the largest measured gain first, keeping each that makes the graph faster; the
     result must still beat eager. A `rewritten` graph (`kope.rewrites`) may beat eager with no
     kernel at all."""
     gains, disturbed = _own_gains(calls, compiled, config, threads["kope"])
