@@ -18,7 +18,13 @@ from kope.precompile import trace_tasks
 from kope.report import GraphDecision, GraphReport, TaskReport
 from kope.targets.cpu import CpuTarget
 from kope.targets.measure import MeasureConfig
-from kope.vocabulary.evidence import SOURCE_EAGER, SOURCE_GRAPH, SOURCE_REFERENCE, TIMING_CLEAN
+from kope.vocabulary.evidence import (
+    SOURCE_EAGER,
+    SOURCE_GRAPH,
+    SOURCE_REFERENCE,
+    TIMING_CLEAN,
+    Timing,
+)
 from kope.whole_graph import AtThreads, _greedy, graph_key, settle
 
 
@@ -221,26 +227,40 @@ def test_kernels_of_a_rewritten_graph_must_pay_over_its_rewrites(tmp_path: Path)
 
 
 def test_a_kernel_that_beats_its_eager_call_stays_though_the_graph_moves_less_than_noise(
-    tmp_path: Path,
+    monkeypatch,
 ) -> None:
-    """The kernel saves 2 of a rewritten graph's 97 adds: less than the noise margin of the
-    whole, so the graph with it cannot be shown faster than the graph without it; but it beat
-    its own eager call head to head, and the graph with it beats eager's 104 adds. It stays (a
-    ResNet block's two layout kernels, 10 µs each of 480, ran eager's graph before)."""
-    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
-    call = _Call(lambda t: (_slow(t, 1),), lambda ins: (_slow(ins[0], 3),))
-    call.report = TaskReport("layout kernel", "key", "op", "agent", "chosen")
-    report = GraphReport(rewrites=["a rewrite"])
+    """A ResNet block's case, with its figures: two layout kernels saved 10 µs each of a 480
+    µs graph. Here one kernel beat its own eager call (10 against 26 µs, head to head) and
+    the graph with it beats eager's (460 against 480 µs), but it moves the rewritten graph
+    (470 µs) by 2%, less than the noise margin: it stays. Before, eager's graph ran whenever
+    noise hid that 2%. Timings are given, not measured, so the rule is what is tested."""
+    import kope.whole_graph as whole_graph
 
-    def compiled_graph(t: torch.Tensor) -> torch.Tensor:
-        return call(_slow(t, 94))[0]
+    def timing(us: float) -> Timing:
+        return Timing(us, 1.0, 15, 2, rounds=15, clean_rounds=15, quality=TIMING_CLEAN)
 
-    decision = _settle(
-        lambda t: _slow(t, 104), compiled_graph, [call], x, ExperienceStore(tmp_path), report
+    graph_us = {"eager": 480.0, "kope": 460.0, "rewritten": 470.0, "with": 460.0}
+    graph_us["without"] = graph_us["rewritten"]
+
+    def measured(fns, config=None, threads=None):
+        return {name: timing(graph_us[name]) for name in fns}
+
+    monkeypatch.setattr(whole_graph, "measure_interleaved", measured)
+    monkeypatch.setattr(
+        whole_graph,
+        "_head_to_head",
+        lambda call, inputs, config, threads: {"kernel": timing(10.0), "eager": timing(26.0)},
     )
-    if decision.disturbed or not decision.clean:
-        return  # a loaded machine: the decision is not kept, nothing to check
+    x = torch.ones(4)
+    call = _Call(lambda t: (t,), lambda ins: ins)
+    call.report = TaskReport("layout kernel", "key", "op", "agent", "chosen")
+
+    def graph() -> torch.Tensor:
+        return call(x)[0]
+
+    decision = _greedy([call], graph, graph, MeasureConfig(), {"eager": 2, "kope": 2}, True)
     assert decision.compiled and call.enabled, decision.reason
+    assert decision.reason.startswith("1 of 1 kernels pay inside the graph")
 
 
 def test_a_graph_faster_on_one_thread_runs_on_one_and_the_decision_is_reused(
@@ -475,7 +495,7 @@ def test_kernels_switched_off_on_unclean_timings_are_set_aside_not_judged() -> N
     """On a busy machine the graph's timing is not clean and eager runs, but nothing was
     learnt about the kernels: the report says they are set aside until a clean timing, not
     that they did not pay."""
-    from kope.vocabulary.evidence import TIMING_CONTAMINATED, Timing
+    from kope.vocabulary.evidence import TIMING_CONTAMINATED
     from kope.whole_graph import _finish
 
     busy = Timing(500.0, 80.0, 3, 2, rounds=45, clean_rounds=3, quality=TIMING_CONTAMINATED)
