@@ -60,6 +60,9 @@ VIEW_OPS = frozenset(
         _aten.alias.default,
     }
 )
+# The reshapes a matmul's operands and products pass through (`linears_whole`, the attention
+# rewrite in `kope.rewrites`, `kope.partition.sink_views`).
+RESHAPES = frozenset({_aten.view.default, _aten._unsafe_view.default, _aten.reshape.default})
 # Ops that return a list of views of their first argument (taken apart by `getitem`).
 SPLIT_OPS = frozenset({_aten.split.Tensor, _aten.split_with_sizes.default, _aten.unbind.int})
 
@@ -186,10 +189,10 @@ def copy_only_where_needed(graph: fx.Graph) -> int:
     for node in list(graph.nodes):
         if node.target is not _aten.clone.default or not isinstance(node.args[0], fx.Node):
             continue
+        value = node.args[0]
         if node.kwargs.get("memory_format", torch.preserve_format) == torch.preserve_format:
             # Eval-mode dropout traces as this copy, which eager does not make. A dense value
             # keeps its strides through it: the value itself is the copy.
-            value = node.args[0]
             val = value.meta.get("val")
             dense = isinstance(val, torch.Tensor) and is_non_overlapping_and_dense_or_false(val)
             if len(value.users) == 1 and _fresh(value) and dense:
@@ -199,7 +202,6 @@ def copy_only_where_needed(graph: fx.Graph) -> int:
             continue
         if node.kwargs.get("memory_format") != torch.contiguous_format:
             continue  # another format is a layout change
-        value = node.args[0]
         while _is_view(value) and len(value.users) == 1:
             value = _source(value)
         if len(value.users) != 1 or not _fresh(value):
@@ -217,9 +219,6 @@ def _fresh(node: fx.Node) -> bool:
     if node.op != "call_function" or not isinstance(op, torch._ops.OpOverload) or op.is_view:
         return False
     return all(r.alias_info is None for r in op._schema.returns)
-
-
-_RESHAPES = frozenset({_aten.view.default, _aten._unsafe_view.default})
 
 
 def linears_whole(graph: fx.Graph) -> int:
@@ -244,12 +243,12 @@ def linears_whole(graph: fx.Graph) -> int:
         if not isinstance(weight, fx.Node) or _rank(weight) != 2:
             continue
         result = node
-        if _is(x, *_RESHAPES) and len(x.users) == 1 and len(node.users) == 1:
+        if _is(x, *RESHAPES) and len(x.users) == 1 and len(node.users) == 1:
             # An input of more dims, flattened: the reshape back must restore its leading dims.
             source, (after,) = x.args[0], node.users
-            src, out = _val(source), _val(after)
+            src, out = _strided_value(source), _strided_value(after)
             if (
-                _is(after, *_RESHAPES)
+                _is(after, *RESHAPES)
                 and src is not None
                 and out is not None
                 and src.is_contiguous()
@@ -272,13 +271,19 @@ def _is(node: Any, *targets: Any) -> TypeGuard[fx.Node]:
     return isinstance(node, fx.Node) and node.op == "call_function" and node.target in targets
 
 
-def _val(node: Any) -> torch.Tensor | None:
-    value = node.meta.get("val") if isinstance(node, fx.Node) else None
+def tensor_value(node: Any) -> torch.Tensor | None:
+    """A node's tensor value (fake, from tracing); None for anything else."""
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def _strided_value(node: Any) -> torch.Tensor | None:
+    value = tensor_value(node)
     return value if _tensor(value) else None
 
 
 def _rank(node: Any) -> int | None:
-    value = _val(node)
+    value = _strided_value(node)
     return None if value is None else value.dim()
 
 

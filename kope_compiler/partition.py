@@ -37,7 +37,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_map
 
 from kope.decompositions import FAST_PATHS, decomposition_table
-from kope.rewrites import RESHAPES, REWRITE, fuse_attention, rewrite, tensor_value
+from kope.dispatch import RESHAPES, tensor_value
+from kope.rewrites import REWRITE, fuse_attention, rewrite
 from kope.targets.base import Target
 from kope.task import LoweringError, Task, group_inputs, make_task, op_name
 

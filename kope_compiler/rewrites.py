@@ -55,7 +55,7 @@ import torch.fx as fx
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from kope.dispatch import VIEW_OPS, subgraph
+from kope.dispatch import RESHAPES, VIEW_OPS, subgraph, tensor_value
 from kope.targets import verify
 from kope.targets.stamp import Stamp
 from kope.vocabulary.specs import TensorSpec
@@ -716,9 +716,6 @@ def _region_agrees(
 
 # --- attention as one kernel ------------------------------------------------------------------
 
-# The reshapes a matmul's operands and products pass through (shared with
-# `kope.partition.sink_views`).
-RESHAPES = frozenset({aten.view.default, aten._unsafe_view.default, aten.reshape.default})
 _SCALES: dict[Any, Callable[[float], float]] = {
     aten.div.Tensor: lambda c: 1.0 / c,
     aten.div.Scalar: lambda c: 1.0 / c,
@@ -727,12 +724,6 @@ _SCALES: dict[Any, Callable[[float], float]] = {
 }
 # View ops that read their input's strides, so that a producer's new layout could break them.
 _LAYOUT_BOUND = frozenset({aten.view.default, aten._unsafe_view.default})
-
-
-def tensor_value(node: Any) -> torch.Tensor | None:
-    """A node's tensor value (fake, from tracing); None for anything else."""
-    val = node.meta.get("val") if isinstance(node, fx.Node) else None
-    return val if isinstance(val, torch.Tensor) else None
 
 
 def _shape(node: Any) -> tuple[int, ...]:
