@@ -2,11 +2,15 @@
 
 Registered through the `torch_dynamo_backends` entry point, so `torch.compile(model,
 backend="kope")` works without importing kope. The dynamo graph goes through `aot_autograd`
-to an aten inference graph; `kope.compiler` does the rest.
+to an aten inference graph; `kope.compiler` does the rest. A graph that needs gradients is
+split by `aot_autograd` into a forward graph, which KOPE compiles like an inference graph
+(its outputs include what the backward saves), and a backward graph, which ATen runs as
+traced.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -16,10 +20,11 @@ import torch.fx as fx
 from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import aot_export_joint_simple
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from kope.compiler import compile_graph, settle_graph
 from kope.decompositions import traced_whole
-from kope.errors import KopeError, UnsupportedGraphError
+from kope.errors import KopeError
 from kope.options import Options
 from kope.targets import target_class
 
@@ -39,7 +44,8 @@ def kope_backend(
     _require_target(opts.target)
     if mode not in (None, "default"):
         log.info("torch.compile mode=%r has no effect on the kope backend", mode)
-    _require_inference(example_inputs)
+    if _needs_gradients(example_inputs):
+        return _training(gm, example_inputs, opts)
     if any(_is_symbolic(x) for x in example_inputs):
         log.info(
             "the graph has symbolic shapes (dynamo's automatic dynamic shapes); KOPE "
@@ -108,31 +114,106 @@ def _aot(gm: fx.GraphModule, example_inputs: Sequence[Any], opts: Options) -> Ca
         uses_kernels = any(task.jit for task in report.tasks) or bool(report.rewrites)
         return make_boxed_func(compiled.forward)
 
-    def backward_compiler(_gm: fx.GraphModule, _inputs: Sequence[Any]) -> Callable[..., Any]:
-        raise UnsupportedGraphError(_TRAINING_MESSAGE)
-
     with traced_whole():  # as `aten_inference_graph` traces
-        compiled = aot_autograd(fw_compiler=forward_compiler, bw_compiler=backward_compiler)(
-            gm, example_inputs
-        )
+        compiled = aot_autograd(fw_compiler=forward_compiler)(gm, example_inputs)
     if not uses_kernels:
         log.debug("no operator of this graph runs a JIT kernel: running the graph eagerly")
         return gm.forward
     return compiled
 
 
-_TRAINING_MESSAGE = (
-    "KOPE compiles inference graphs only, and this graph needs gradients (grad mode is on and "
-    "an input or parameter requires grad). Call model.eval() and run it under torch.no_grad() "
-    "or torch.inference_mode()."
-)
+def _training(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], opts: Options
+) -> Callable[..., Any]:
+    """A graph that needs gradients, through `aot_autograd`: KOPE compiles its forward graph,
+    ATen runs its backward graph as traced, and autograd joins them as for any backend.
+
+    The forward graph's extra outputs are what the backward saves; the backward was traced on
+    their traced layouts, so an output a kernel or rewrite gives in other strides is copied
+    into them. Under `auto` the forward is timed against itself uncompiled, on the dynamo
+    graph's own inputs where it takes exactly those. A graph where no operator runs a kernel,
+    or a shape-generic one, runs as dynamo traced it."""
+    if any(_is_symbolic(x) for x in example_inputs):
+        log.info(
+            "a training graph with symbolic shapes runs eagerly: KOPE specialises shapes for "
+            "inference graphs only (torch.compile(..., dynamic=False) avoids this)"
+        )
+        return gm.forward
+    uses_kernels = False
+
+    def forward_compiler(fw_gm: fx.GraphModule, fw_inputs: Sequence[Any]) -> Callable[..., Any]:
+        nonlocal uses_kernels
+        uncompiled = fx.GraphModule(fw_gm, copy.deepcopy(fw_gm.graph))
+        layouts = _output_layouts(fw_gm)
+        compiled, report = compile_graph(fw_gm, opts)
+        report.training = True
+        uses_kernels = any(task.jit for task in report.tasks) or bool(report.rewrites)
+        graph: Callable[..., Any] = compiled.forward
+        if opts.kernels == "auto" and uses_kernels:
+            timed = example_inputs if _same_layouts(example_inputs, fw_inputs) else fw_inputs
+            with unset_fake_temporarily():  # aot compiles under its fake mode; timing is real
+                graph = settle_graph(uncompiled.forward, compiled, report, timed, opts)
+        return make_boxed_func(_InLayouts(graph, layouts))
+
+    def backward_compiler(bw_gm: fx.GraphModule, _inputs: Sequence[Any]) -> Callable[..., Any]:
+        return make_boxed_func(bw_gm.forward)
+
+    with traced_whole():  # as `aten_inference_graph` traces
+        compiled = aot_autograd(fw_compiler=forward_compiler, bw_compiler=backward_compiler)(
+            gm, example_inputs
+        )
+    if not uses_kernels:  # as in `_aot`: the same ATen calls, without aot's wrappers
+        log.debug("no operator of this graph runs a JIT kernel: running the graph eagerly")
+        return gm.forward
+    return compiled
 
 
-def _require_inference(example_inputs: Sequence[Any]) -> None:
-    if not torch.is_grad_enabled():
-        return
-    if any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
-        raise UnsupportedGraphError(_TRAINING_MESSAGE)
+def _needs_gradients(example_inputs: Sequence[Any]) -> bool:
+    return torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs
+    )
+
+
+def _output_layouts(gm: fx.GraphModule) -> list[tuple[Any, ...] | None]:
+    """Each output's traced (shape, strides), None where it is not a tensor or unknown."""
+    (output,) = [n for n in gm.graph.nodes if n.op == "output"]
+    layouts: list[tuple[Any, ...] | None] = []
+    for arg in output.args[0]:
+        val = arg.meta.get("val") if isinstance(arg, fx.Node) else None
+        if isinstance(val, torch.Tensor) and not _is_symbolic(val):
+            layouts.append((tuple(val.shape), val.stride()))
+        else:
+            layouts.append(None)
+    return layouts
+
+
+def _same_layouts(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    """Whether two input lists hold tensors of the same shapes, strides and dtypes in order."""
+
+    def layout(x: Any) -> Any:
+        return (tuple(x.shape), x.stride(), x.dtype) if isinstance(x, torch.Tensor) else type(x)
+
+    return len(a) == len(b) and all(layout(x) == layout(y) for x, y in zip(a, b, strict=True))
+
+
+class _InLayouts:
+    """A forward graph whose outputs are given in their traced strides (one comparison per
+    output per call; a copy only where a kernel or rewrite chose other strides)."""
+
+    def __init__(self, graph: Callable[..., Any], layouts: list[tuple[Any, ...] | None]):
+        self.graph = graph
+        self.layouts = layouts
+
+    def __call__(self, *args: Any) -> Any:
+        outputs = self.graph(*args)
+        if not isinstance(outputs, (tuple, list)):
+            return outputs
+        fixed = list(outputs)
+        for index, (out, layout) in enumerate(zip(fixed, self.layouts, strict=True)):
+            if layout is not None and isinstance(out, torch.Tensor) and out.stride() != layout[1]:
+                fresh = torch.empty_strided(*layout, dtype=out.dtype, device=out.device)
+                fixed[index] = fresh.copy_(out)
+        return type(outputs)(fixed)
 
 
 def _is_symbolic(value: Any) -> bool:

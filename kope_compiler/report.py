@@ -105,6 +105,7 @@ class GraphReport:
     policy: str = "auto"
     whole: GraphDecision | None = None  # the whole-graph check, where it ran
     structure: str = field(default="", repr=False)  # what the graph key hashes (`graph_structure`)
+    training: bool = False  # the forward graph of a graph that needs gradients
 
     @property
     def compute_ops(self) -> int:
@@ -195,6 +196,11 @@ class Report:
                 counts = Counter(graph.rewrites)
                 made = "; ".join(f"{name} ({n}x)" for name, n in counts.items())
                 footer.append(f"graph {index}: rewritten: {made}")
+            if graph.training:
+                footer.append(
+                    f"graph {index}: the forward of a graph that needs gradients (its backward "
+                    "runs in ATen as aot_autograd traced it)"
+                )
             whole = graph.whole
             if whole is None:
                 continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 
@@ -9,7 +10,6 @@ import pytest
 import torch
 
 import kope
-from kope.errors import UnsupportedGraphError
 from kope.zoo import ZOO
 
 
@@ -201,13 +201,36 @@ def test_attention_without_dropout_is_not_called_random() -> None:
     assert all("1x2x8x16xf32" in e.label for e in attention), "its row shows its shapes"
 
 
-def test_training_graph_is_a_clear_error() -> None:
-    model = torch.nn.Linear(4, 2)
-    compiled = torch.compile(model, backend="kope")
-    with pytest.raises(Exception) as err:
-        compiled(torch.randn(3, 4))
-    assert isinstance(err.value, UnsupportedGraphError) or "inference graphs only" in str(err.value)
-    assert "torch.no_grad()" in str(err.value)
+def test_a_graph_that_needs_gradients_runs_its_forward_on_kernels_and_trains_as_eager() -> None:
+    """A model called with grad on (a training step, or eval without no_grad): KOPE compiles
+    the forward graph aot_autograd splits off, whose extra outputs the backward saves; the
+    loss, every gradient and batch norm's running statistics match eager's, step after step."""
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3),
+        torch.nn.BatchNorm2d(4),  # training mode: it updates its running statistics
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(64, 3),
+    )
+    twin = copy.deepcopy(model)
+    torch._dynamo.reset()  # earlier tests' Sequentials may have used up its recompile limit
+    compiled = torch.compile(twin, backend="kope", options={"kernels": "reference"})
+    x = torch.randn(2, 3, 6, 6)
+    kope.reset_report()
+    for _ in range(2):
+        want = model(x).square().mean()
+        got = compiled(x).square().mean()
+        want.backward()
+        got.backward()
+        torch.testing.assert_close(got, want)
+        for mine, theirs in zip(twin.parameters(), model.parameters(), strict=True):
+            torch.testing.assert_close(mine.grad, theirs.grad)
+        for mine, theirs in zip(twin.buffers(), model.buffers(), strict=True):
+            torch.testing.assert_close(mine, theirs)
+    graphs = kope.report().graphs
+    assert graphs and all(g.training for g in graphs)
+    assert any(t.jit and t.calls for g in graphs for t in g.tasks), "the forward ran kernels"
+    assert "the forward of a graph that needs gradients" in str(kope.report())
 
 
 def test_dynamic_shapes_are_specialised() -> None:
