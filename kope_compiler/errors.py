@@ -11,9 +11,5 @@ class OptionError(KopeError, ValueError):
     """An unknown option, or a value an option does not accept."""
 
 
-class UnsupportedGraphError(KopeError):
-    """A graph KOPE cannot compile at all (e.g. a training graph)."""
-
-
 class ModelLoadError(KopeError):
     """A model given to the CLI could not be loaded, built or traced."""
