@@ -197,6 +197,29 @@ def test_nan_keeping_references_verify_against_eager(cpu: CpuTarget, name: str) 
     assert result.verdict == VERIFIED, result.error
 
 
+_RECIPROCALS = {
+    "reciprocal": (torch.reciprocal, (torch.empty(4, 33),)),
+    "batch_norm_eval": (
+        lambda x, m, v, w, b: torch.ops.aten._native_batch_norm_legit_no_training(
+            x, w, b, m, v, 0.1, 1e-5
+        ),
+        (torch.empty(2, 8, 5, 5), *(torch.empty(8) for _ in range(4))),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_RECIPROCALS))
+def test_reciprocal_references_verify_on_zeros_and_nan(cpu: CpuTarget, name: str) -> None:
+    """torch-mlir's reciprocal asserts a nonzero divisor (NaN fails the check too), which
+    aborted the worker on the nonfinite trial: the reference computes inf and NaN as eager."""
+    fn, args = _RECIPROCALS[name]
+    task = _task(fn, *args)
+    assert "cf.assert" not in task.payload
+    result = cpu.evaluate(task.spec, task.reference, measure=False, seed=0)
+    assert result.verdict == VERIFIED, result.error
+    assert result.trials == 4  # the nonfinite trial ran
+
+
 def test_clamp_decompositions_agree_with_eager_on_special_values() -> None:
     x = torch.tensor([1.0, NAN, -3.0, -0.0, 0.0, INF, -INF, 0.5])
     lo = torch.tensor([NAN, 0.0, 0.0, 0.0, -0.0, 0.0, 0.0, 2.0])
