@@ -146,8 +146,8 @@ def _training(
         uncompiled = fx.GraphModule(fw_gm, copy.deepcopy(fw_gm.graph))
         layouts = _output_layouts(fw_gm)
         compiled, report = compile_graph(fw_gm, opts)
-        report.training = True
         uses_kernels = any(task.jit for task in report.tasks) or bool(report.rewrites)
+        report.training = uses_kernels  # else dynamo's graph runs, and autograd as in eager
         graph: Callable[..., Any] = compiled.forward
         if opts.kernels == "auto" and uses_kernels:
             timed = example_inputs if _same_layouts(example_inputs, fw_inputs) else fw_inputs
