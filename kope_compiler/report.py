@@ -105,7 +105,8 @@ class GraphReport:
     policy: str = "auto"
     whole: GraphDecision | None = None  # the whole-graph check, where it ran
     structure: str = field(default="", repr=False)  # what the graph key hashes (`graph_structure`)
-    training: bool = False  # the forward graph of a graph that needs gradients
+    # For the forward graph of a graph that needs gradients: what runs, and why.
+    training: str = ""
 
     @property
     def compute_ops(self) -> int:
@@ -197,14 +198,12 @@ class Report:
                 made = "; ".join(f"{name} ({n}x)" for name, n in counts.items())
                 footer.append(f"graph {index}: rewritten: {made}")
             if graph.training:
-                footer.append(
-                    f"graph {index}: the forward of a graph that needs gradients (its backward "
-                    "runs in ATen as aot_autograd traced it)"
-                )
+                footer.append(f"graph {index}: {graph.training}")
             whole = graph.whole
             if whole is None:
                 continue
-            footer.append(f"graph {index}: {graph_line(whole)}")
+            alone = " (its forward graph alone)" if graph.training else ""
+            footer.append(f"graph {index}{alone}: {graph_line(whole)}")
         for line in footer:
             lines += textwrap.wrap(line, max(len(lines[1]), REASON_WIDTH), subsequent_indent="    ")
         return "\n".join(lines)

@@ -285,6 +285,67 @@ def _greedy(
     return decision
 
 
+def settle_training_step(
+    eager_graph: Callable[..., Any],
+    compiled: Callable[..., Any],
+    inputs: Sequence[Any],
+    config: MeasureConfig | None = None,
+) -> tuple[bool, str]:
+    """Whether `compiled` (aot_autograd's function with KOPE's forward) runs a training step,
+    forward and backward, faster beyond noise than `eager_graph` (dynamo's graph, with
+    eager's autograd) on `inputs`; and the sentence the report gives.
+
+    The gradients are computed with `torch.autograd.grad`, never accumulated into `.grad`;
+    inputs that do not need gradients and that the steps changed (batch norm's running
+    statistics) get their values back after the timing, and the random generator its state,
+    so the model is as the caller left it.
+    Not recorded: the next compile times it again."""
+    config = config or MeasureConfig(min_calls=GRAPH_MIN_CALLS)
+    wrt = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
+    # By value: batch norm's kernel moves its running statistics without bumping a version.
+    kept = {
+        i: x.detach().clone()
+        for i, x in enumerate(inputs)
+        if isinstance(x, torch.Tensor) and not x.requires_grad
+    }
+
+    def step(graph: Callable[..., Any]) -> Callable[[], Any]:
+        seeds: list[torch.Tensor] = []
+
+        def run() -> Any:
+            leaves = torch.utils._pytree.tree_leaves(graph(*inputs))
+            outs = [o for o in leaves if isinstance(o, torch.Tensor) and o.requires_grad]
+            if not seeds:
+                seeds.extend(torch.ones_like(o) for o in outs)
+            return torch.autograd.grad(outs, wrt, seeds, allow_unused=True)
+
+        return run
+
+    try:
+        with torch.enable_grad(), torch.random.fork_rng(devices=[]):
+            fns = {"eager": step(eager_graph), "kope": step(compiled)}
+            threads = {name: threads_now() for name in fns}
+            timed = measure_interleaved(fns, config, threads)
+    finally:
+        with torch.no_grad():
+            for index, value in kept.items():
+                if not torch.equal(inputs[index], value):
+                    inputs[index].copy_(value)
+    kope, eager = timed["kope"], timed["eager"]
+    speed = f"{eager.median_us / kope.median_us:.2f}x eager per step"
+    if not (kope.clean and eager.clean):
+        return False, (
+            f"dynamo's graph runs, with eager's autograd: the training step's timing was not "
+            f"clean ({speed}), and the next compile times it again"
+        )
+    if _beats(kope, eager):
+        return True, f"KOPE's forward runs, and ATen's backward as traced: {speed}"
+    return False, (
+        f"dynamo's graph runs, with eager's autograd: a step with KOPE's forward and "
+        f"aot_autograd's backward timed {speed}"
+    )
+
+
 class AtThreads:
     """A graph run with torch's intra-op thread count at `threads`; the caller's count is
     restored after each call (setting it costs well under a microsecond)."""

@@ -230,7 +230,29 @@ def test_a_graph_that_needs_gradients_runs_its_forward_on_kernels_and_trains_as_
     graphs = kope.report().graphs
     assert graphs and all(g.training for g in graphs)
     assert any(t.jit and t.calls for g in graphs for t in g.tasks), "the forward ran kernels"
-    assert "the forward of a graph that needs gradients" in str(kope.report())
+    assert "needs gradients: KOPE's forward runs, and ATen's backward" in str(kope.report())
+
+
+def test_timing_a_training_step_leaves_the_model_as_the_caller_left_it() -> None:
+    """The training-step check runs forward and backward many times: no gradient reaches
+    `.grad`, batch norm's running statistics are given back, and the random generator too."""
+    from kope.whole_graph import settle_training_step
+
+    bn = torch.nn.BatchNorm1d(4)  # train mode: every forward moves its running statistics
+
+    def graph(x, weight, bias, mean, var):
+        y = torch.nn.functional.batch_norm(x, mean, var, weight, bias, training=True)
+        return (torch.nn.functional.dropout(y, 0.5),)
+
+    inputs = [torch.randn(8, 4), bn.weight, bn.bias, bn.running_mean, bn.running_var]
+    before = [t.detach().clone() for t in inputs]
+    rng = torch.get_rng_state()
+    _, reason = settle_training_step(graph, graph, inputs)
+    assert "eager per step" in reason
+    for now, then in zip(inputs, before, strict=True):
+        assert torch.equal(now, then)
+    assert bn.weight.grad is None and bn.bias.grad is None
+    assert torch.equal(torch.get_rng_state(), rng)
 
 
 def test_dynamic_shapes_are_specialised() -> None:
