@@ -202,8 +202,14 @@ class Report:
             whole = graph.whole
             if whole is None:
                 continue
-            alone = " (its forward graph alone)" if graph.training else ""
-            footer.append(f"graph {index}{alone}: {graph_line(whole)}")
+            if graph.training:  # what runs is the line above; this is the forward's check
+                speed = speedup_text(whole.speedup, "clean" if whole.clean else "unknown")
+                footer.append(
+                    f"graph {index}: its forward graph alone, compiled, timed {speed} eager: "
+                    f"{whole.reason}"
+                )
+            else:
+                footer.append(f"graph {index}: {graph_line(whole)}")
         for line in footer:
             lines += textwrap.wrap(line, max(len(lines[1]), REASON_WIDTH), subsequent_indent="    ")
         return "\n".join(lines)
