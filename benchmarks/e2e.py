@@ -161,26 +161,16 @@ def run(
     repeat: int = 1,
 ) -> dict[str, Any]:
     import kope
-    from kope.compiler import store_at, target_for
-    from kope.optimize import Budget
-    from kope.precompile import precompile
-    from kope.targets.measure import MeasureConfig, measure_interleaved
+    from kope.targets.measure import MeasureConfig
 
     model, inputs = _model(name)
     row: dict[str, Any] = {"model": name}
     if budget:
         start = time.perf_counter()
-        report = precompile(
-            model,
-            inputs,
-            target=target_for("cpu", 1, 120.0),
-            store=store_at(store),
-            budget=Budget(attempts=budget),
-            progress=False,
-        )
+        summary = precompile_into(store, model, inputs, budget)
         row["precompile_s"] = time.perf_counter() - start
-        row["operators"] = report["summary"]["operators"]
-        row["agent_wins"] = report["summary"]["agent_wins"]
+        row["operators"] = summary["operators"]
+        row["agent_wins"] = summary["agent_wins"]
     options = {"store": str(store)}
     with torch.no_grad():
         want = model(*inputs)
@@ -221,25 +211,73 @@ def run(
             torch.testing.assert_close(ind(*inputs), want, rtol=1e-3, atol=1e-3)
             row["inductor_compile_s"] = time.perf_counter() - start
             fns["inductor"] = lambda: ind(*inputs)
-        threads = {n: torch.get_num_threads() for n in fns}
-        runs = [
-            measure_interleaved(fns, MeasureConfig(sample_s=sample_s), threads)
-            for _ in range(repeat)
-        ]
+        row.update(time_backends(fns, MeasureConfig(sample_s=sample_s), repeat))
+    return row
+
+
+def precompile_into(
+    store: Path, model: nn.Module, inputs: tuple[torch.Tensor, ...], budget: int
+) -> dict[str, Any]:
+    """`kope precompile` of the model into `store` (heuristic agent, CPU); its summary."""
+    from kope.compiler import store_at, target_for
+    from kope.optimize import Budget
+    from kope.precompile import precompile
+
+    report = precompile(
+        model,
+        inputs,
+        target=target_for("cpu", 1, 120.0),
+        store=store_at(store),
+        budget=Budget(attempts=budget),
+        progress=False,
+    )
+    summary: dict[str, Any] = report["summary"]
+    return summary
+
+
+def time_backends(fns: dict[str, Callable[[], Any]], config: Any, repeat: int) -> dict[str, Any]:
+    """The backends (`fns`, "eager" among them) timed against each other, interleaved,
+    `repeat` times in a row on the caller's threads: per backend the median of the runs'
+    medians (`<name>_us`), whether every run was clean, and eager's ratio over it in each run
+    (how far the figure moves between runs of one process)."""
+    from kope.targets.measure import measure_interleaved
+
+    threads = {n: torch.get_num_threads() for n in fns}
+    runs = [measure_interleaved(fns, config, threads) for _ in range(repeat)]
+    row: dict[str, Any] = {}
     for n in fns:
         row[f"{n}_us"] = statistics.median(r[n].median_us for r in runs)
         row[f"{n}_clean"] = all(r[n].clean for r in runs)
-        # The ratio in each run: how far the figure moves between runs of one process.
         row[f"{n}_ratios"] = [r["eager"].median_us / r[n].median_us for r in runs]
     return row
 
 
-def main() -> None:
+def model_parser(doc: str) -> argparse.ArgumentParser:
+    """The arguments every whole-model benchmark here takes: the precompile budget, the store
+    and whether inductor is timed too."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--precompile", type=int, default=8, help="agent budget (0: none)")
     parser.add_argument("--no-inductor", action="store_true", help="skip the inductor column")
+    parser.add_argument("--store", help="experience store (default: a fresh temporary one)")
+    return parser
+
+
+def store_and_header(args: argparse.Namespace, prefix: str) -> Path:
+    """The store `model_parser`'s arguments name (else a fresh temporary one), after printing
+    what the figures below were measured with."""
+    store = Path(args.store or tempfile.mkdtemp(prefix=prefix))
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{platform.processor() or platform.machine()}, store {store}, "
+        f"precompile budget {args.precompile}"
+    )
+    return store
+
+
+def main() -> None:
+    parser = model_parser(__doc__)
     parser.add_argument(
         "--models",
         default=",".join(MODELS),
@@ -253,7 +291,6 @@ def main() -> None:
         "figure is the median of the runs' medians, and the range of the runs' ratios is "
         "printed beside it (default 3)",
     )
-    parser.add_argument("--store", help="experience store (default: a fresh temporary one)")
     parser.add_argument("--json", help="write the rows here")
     parser.add_argument(
         "--sample-ms",
@@ -265,12 +302,7 @@ def main() -> None:
         "the other models left cold, which costs the compiled models' Python most)",
     )
     args = parser.parse_args()
-    store = Path(args.store or tempfile.mkdtemp(prefix="kope-e2e-"))
-    print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"{platform.processor() or platform.machine()}, store {store}, "
-        f"precompile budget {args.precompile}"
-    )
+    store = store_and_header(args, "kope-e2e-")
     rows = []
     for name in args.models.split(","):
         rows.append(

@@ -18,18 +18,22 @@ Run it on a quiet machine (`../shared/tools/quiet-check.sh`), with nothing else 
 
 from __future__ import annotations
 
-import argparse
 import copy
-import platform
-import statistics
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn as nn
-from e2e import MODELS, SAMPLE_MS, _model
+from e2e import (
+    MODELS,
+    SAMPLE_MS,
+    _model,
+    model_parser,
+    precompile_into,
+    store_and_header,
+    time_backends,
+)
 
 
 def _step(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], None]:
@@ -41,21 +45,11 @@ def _step(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[[], No
 
 def run(name: str, store: Path, budget: int, inductor: bool, repeat: int) -> dict[str, Any]:
     import kope
-    from kope.compiler import store_at, target_for
-    from kope.optimize import Budget
-    from kope.precompile import precompile
-    from kope.targets.measure import MeasureConfig, measure_interleaved
+    from kope.targets.measure import MeasureConfig
 
     model, inputs = _model(name)
     if budget:
-        precompile(
-            model,
-            inputs,
-            target=target_for("cpu", 1, 120.0),
-            store=store_at(store),
-            budget=Budget(attempts=budget),
-            progress=False,
-        )
+        precompile_into(store, model, inputs, budget)
     model.train()  # batch norm on the batch's statistics, as in training
     models = {"eager": model, "kope": copy.deepcopy(model), "dynamo": copy.deepcopy(model)}
     if inductor:
@@ -74,33 +68,17 @@ def run(name: str, store: Path, budget: int, inductor: bool, repeat: int) -> dic
             torch.testing.assert_close(mine.grad, want.grad, rtol=1e-3, atol=1e-4)
     row: dict[str, Any] = {"model": name}
     row["kope_runs"] = [g.training for g in kope.report().graphs]
-    threads = {n: torch.get_num_threads() for n in fns}
-    runs = [
-        measure_interleaved(fns, MeasureConfig(sample_s=SAMPLE_MS / 1e3, min_calls=5), threads)
-        for _ in range(repeat)
-    ]
-    for n in fns:
-        row[f"{n}_us"] = statistics.median(r[n].median_us for r in runs)
-        row[f"{n}_clean"] = all(r[n].clean for r in runs)
+    config = MeasureConfig(sample_s=SAMPLE_MS / 1e3, min_calls=5)
+    row.update(time_backends(fns, config, repeat))
     return row
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--precompile", type=int, default=8, help="agent budget (0: none)")
-    parser.add_argument("--no-inductor", action="store_true", help="skip the inductor column")
+    parser = model_parser(__doc__)
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated")
     parser.add_argument("--repeat", type=int, default=3, help="timings in a row (default 3)")
-    parser.add_argument("--store", help="experience store (default: a fresh temporary one)")
     args = parser.parse_args()
-    store = Path(args.store or tempfile.mkdtemp(prefix="kope-train-"))
-    print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-        f"{platform.processor() or platform.machine()}, store {store}, "
-        f"precompile budget {args.precompile}"
-    )
+    store = store_and_header(args, "kope-train-")
     for name in args.models.split(","):
         r = run(name, store, args.precompile, not args.no_inductor, args.repeat)
         cells = [f"eager {r['eager_us']:8.1f} µs"]
