@@ -76,6 +76,8 @@ MAX_GREEDY = 8
 # and the next 670-720 (its kernels' packed weights come back from memory), so samples of two
 # calls, as 2 ms gave, timed the switch rather than the graph.
 GRAPH_MIN_CALLS = 10
+# Each sample of a training step's timing loops it for about this long (`settle_training_step`).
+TRAINING_SAMPLE_S = 0.02
 
 
 class Switchable(Protocol):
@@ -299,8 +301,10 @@ def settle_training_step(
     inputs that do not need gradients and that the steps changed (batch norm's running
     statistics) get their values back after the timing, and the random generator its state,
     so the model is as the caller left it.
-    Not recorded: the next compile times it again."""
-    config = config or MeasureConfig(min_calls=GRAPH_MIN_CALLS)
+    Not recorded: the next compile times it again. Each sample is ~20 ms of steps: several
+    calls of a small step (the first after the other graph's pays for caches), one of a large
+    one, so a model whose step takes 0.2 s is timed in about 2 s, not in 10-call samples."""
+    config = config or MeasureConfig(sample_s=TRAINING_SAMPLE_S)
     wrt = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
     # By value: batch norm's kernel moves its running statistics without bumping a version.
     kept = {
