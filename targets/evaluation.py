@@ -264,6 +264,7 @@ def _measure(
     candidates = {"kernel": kernel}
     if oracle_kernel is not None:
         candidates["reference"] = oracle_kernel
+    eager_s = _one_call_s(fns["eager"]) if "eager" in fns else None
     for name, candidate in candidates.items():
         # A candidate this slow cannot win, and timing it would take several of its calls:
         # it stays verified, untimed (no speedup), and the loop goes on without it.
@@ -271,6 +272,16 @@ def _measure(
             result.notes.append(
                 f"{name} too slow to time: one call took {calls[name]:.3g} s "
                 f"(limit {job.config.max_call_s:g} s)"
+            )
+            continue
+        if (
+            eager_s is not None
+            and calls[name] > job.config.hopeless_s
+            and calls[name] > job.config.hopeless_factor * eager_s
+        ):
+            result.notes.append(
+                f"{name} too slow to time: one call took {calls[name]:.3g} s, eager's "
+                f"{eager_s:.3g} s (more than {job.config.hopeless_factor:g}x: it cannot win)"
             )
             continue
         fns[name], latest[name] = rotating(
@@ -301,6 +312,16 @@ def _measure(
             failure.trials = result.trials
             return failure
     return result
+
+
+def _one_call_s(fn: Callable[[], Any]) -> float:
+    """The faster of two calls of `fn`, in seconds (the first may pay for caches)."""
+    fastest = math.inf
+    for _ in range(2):
+        start = time.perf_counter()
+        fn()
+        fastest = min(fastest, time.perf_counter() - start)
+    return fastest
 
 
 def _share(share: float | None) -> str:

@@ -58,6 +58,11 @@ class MeasureConfig:
     # would need 2 + min_repeats calls, and eager-speed kernels of the largest operators
     # (a 2048x8192x4096 matmul: ~1.5 s here) must still be timed.
     max_call_s: float = 5.0
+    # ... and so is one slower than `hopeless_s` per call and more than `hopeless_factor` times
+    # eager: it cannot win, and its timing would take seconds (a naive 256x1024x1024 matmul
+    # reference, 1.9 s a call against eager's 7 ms, took 10 s of a model's first compile).
+    hopeless_s: float = 0.5
+    hopeless_factor: float = 20.0
     # A figure is clean with at least max(min_clean, repeats // 2) undisturbed rounds, or with
     # all planned rounds when a slow kernel gets fewer (it may get only `min_repeats`).
     min_clean: int = 5

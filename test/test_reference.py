@@ -66,6 +66,23 @@ def test_time_limit_scales_with_the_work() -> None:
     assert evaluation_limit_s(big, 4, False, config) > 8 * big.iterations / 1e9 > 60
 
 
+def test_a_reference_far_behind_eager_is_verified_but_not_timed(tmp_path: Path) -> None:
+    """A reference slower per call than `hopeless_s` and more than `hopeless_factor` times
+    eager's call cannot win, and timing it would cost seconds of a first compile: it stays
+    verified and untimed, and says why. (The limits are lowered here so that a small matmul,
+    naive loops against oneDNN, meets them in milliseconds.)"""
+    cpu = CpuTarget(workers=1, timeout_s=120)
+    cpu.measure_config = MeasureConfig(hopeless_s=0.0, hopeless_factor=1.0)
+    try:
+        task = _task(torch.mm, torch.randn(128, 128), torch.randn(128, 128))
+        reference = known_reference(task, cpu, ExperienceStore(tmp_path / "store"))
+    finally:
+        cpu.close()
+    assert reference.verdict == "verified", reference.error
+    assert reference.latency_us is None and "it cannot win" in reference.decision
+    assert reference.eager_us is not None  # eager is the baseline, always timed
+
+
 def test_untimed_reference_lets_the_agent_run_and_eager_stays_chosen(
     untimed_target: CpuTarget, tmp_path: Path
 ) -> None:
