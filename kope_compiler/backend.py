@@ -5,7 +5,8 @@ backend="kope")` works without importing kope. The dynamo graph goes through `ao
 to an aten inference graph; `kope.compiler` does the rest. A graph that needs gradients is
 split by `aot_autograd` into a forward graph, which KOPE compiles like an inference graph
 (its outputs include what the backward saves), and a backward graph, which ATen runs as
-traced.
+traced; that pair runs only where a whole training step beats dynamo's graph with eager's
+autograd (`_training`).
 """
 
 from __future__ import annotations
