@@ -14,6 +14,8 @@ import pytest
 # when the session ends (pytest_unconfigure).
 _SESSION_HOME = Path(tempfile.mkdtemp(prefix="kope-test-home-"))
 os.environ["KOPE_HOME"] = str(_SESSION_HOME)
+# A failure to compile a graph raises here; for users it runs the graph as dynamo traced it.
+os.environ["KOPE_STRICT"] = "1"
 
 import torch  # noqa: E402
 

@@ -255,6 +255,32 @@ def test_timing_a_training_step_leaves_the_model_as_the_caller_left_it() -> None
     assert torch.equal(torch.get_rng_state(), rng)
 
 
+def test_a_kope_bug_runs_the_graph_as_traced_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failure inside KOPE that is not meant for the user runs the graph as dynamo traced
+    it, logged as a bug with its traceback; under KOPE_STRICT=1 (as in this suite) it
+    raises."""
+    import kope.backend as backend
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("an internal invariant failed")
+
+    monkeypatch.setattr(backend, "_compile", broken)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match="an internal invariant failed"):
+            torch.compile(model, backend="kope")(x)
+        monkeypatch.delenv("KOPE_STRICT")
+        torch._dynamo.reset()
+        with caplog.at_level("ERROR", logger="kope.compiler"):
+            got = torch.compile(model, backend="kope")(x)
+    torch.testing.assert_close(got, model(x))
+    assert "KOPE bug" in caplog.text and "an internal invariant failed" in caplog.text
+
+
 def test_dynamic_shapes_are_specialised() -> None:
     def f(x):
         return torch.relu(x) + 1
