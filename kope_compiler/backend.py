@@ -24,13 +24,13 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import aot_export_joint_simple
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from kope.compiler import compile_graph, settle_graph
+from kope.compiler import compile_graph, settle_graph, without_dropped_kernels
 from kope.decompositions import traced_whole
 from kope.errors import KopeError
 from kope.options import Options
 from kope.report import GraphReport
 from kope.targets import target_class
-from kope.whole_graph import settle_training_step
+from kope.whole_graph import AtThreads, settle_training_step
 
 log = logging.getLogger("kope.compiler")
 
@@ -123,7 +123,18 @@ def _compile(
     # Under `auto`, the compiled graph must beat eager's as a whole, and either runs at the
     # thread count that runs it fastest; `reference` and `eager` force their choice.
     if opts.kernels == "auto":
-        return settle_graph(gm.forward, compiled, report, example_inputs, opts)
+        graph = settle_graph(gm.forward, compiled, report, example_inputs, opts)
+        threads = graph.threads if isinstance(graph, AtThreads) else None
+        runs = graph.graph if isinstance(graph, AtThreads) else graph
+        if getattr(runs, "__self__", None) is not compiled:
+            return graph  # eager's graph runs
+        rebuilt = without_dropped_kernels(
+            aten_inference_graph(gm, example_inputs), compiled, report, opts
+        )
+        if rebuilt is None:
+            return graph
+        log.debug("the graph is compiled again without the kernels it dropped")
+        return rebuilt.forward if threads is None else AtThreads(rebuilt.forward, threads)
     if not any(task.jit for task in report.tasks) and not report.rewrites:
         return gm.forward
     return compiled.forward

@@ -511,3 +511,36 @@ def test_kernels_switched_off_on_unclean_timings_are_set_aside_not_judged() -> N
     unsure, judged = calls
     assert unsure.report.kernel == SOURCE_EAGER and unsure.report.reason.startswith("set aside")
     assert judged.report.reason.startswith("dropped: the agent kernel did not pay")
+
+
+def test_a_kernel_the_graph_dropped_is_compiled_out_not_called_around(tmp_path: Path) -> None:
+    """Once the whole-graph check switches a kernel off, the graph is compiled again with its
+    operator left to ATen and made lean (here the product becomes one `linear` call), not
+    run through the kernel node's fallback; the kernels still on are the same calls, their
+    report entries with them, and the outputs do not change."""
+    from kope.backend import aten_inference_graph
+    from kope.compiler import KernelCall, compile_graph, without_dropped_kernels
+    from kope.options import Options
+
+    def f(x, w, b, y):
+        return ((torch.nn.functional.linear(x, w, b) * y).tanh() - x.sum(-1, keepdim=True),)
+
+    gm = torch.fx.symbolic_trace(f)
+    inputs = [torch.randn(4, 8), torch.randn(8, 8), torch.randn(8), torch.randn(4, 8)]
+    options = Options.parse({"kernels": "reference", "store": str(tmp_path / "store")})
+    with torch.no_grad():
+        compiled, report = compile_graph(aten_inference_graph(gm, inputs), options)
+        calls = [n.target for n in compiled.graph.nodes if isinstance(n.target, KernelCall)]
+        assert len(calls) == 2  # the product, and the fused elementwise ops after it
+        want = compiled(*inputs)
+        traced = aten_inference_graph(gm, inputs)
+        assert without_dropped_kernels(traced, compiled, report, options) is None  # all on
+        calls[0].enabled = False  # as the whole-graph check does
+        rebuilt = without_dropped_kernels(
+            aten_inference_graph(gm, inputs), compiled, report, options
+        )
+        assert rebuilt is not None
+        kept = [n.target for n in rebuilt.graph.nodes if isinstance(n.target, KernelCall)]
+        assert kept == [calls[1]]
+        assert "torch._C._nn.linear" in rebuilt.code
+        torch.testing.assert_close(rebuilt(*inputs), want)
