@@ -26,7 +26,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from kope.compiler import compile_graph, settle_graph, without_dropped_kernels
 from kope.decompositions import traced_whole
-from kope.errors import KopeError
+from kope.errors import KopeError, first_line
 from kope.options import Options
 from kope.report import GraphReport
 from kope.targets import target_class
@@ -64,7 +64,7 @@ def kope_backend(
             "compiling this graph failed (%s: %s); it runs as dynamo traced it. This is a "
             "KOPE bug: please report it with this log (%s=1 raises instead)",
             type(err).__name__,
-            _first_line(err),
+            first_line(err),
             STRICT_ENV,
             exc_info=True,
         )
@@ -74,11 +74,6 @@ def kope_backend(
 # Set (to anything but 0) to let a failure to compile a graph raise instead of running it as
 # dynamo traced it.
 STRICT_ENV = "KOPE_STRICT"
-
-
-def _first_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return lines[0][:300] if lines else ""
 
 
 def _backend(
@@ -344,7 +339,7 @@ class ShapeSpecializer:
             try:
                 fn = _compile(self.gm, list(args), self.opts)
             except KopeError:
-                raise  # meant for the user (a training graph, a target that cannot run)
+                raise  # meant for the user (a bad option, a target that cannot run)
             except Exception as err:
                 # A shape-generic graph may hold what its concrete values cannot trace (a
                 # float attribute turned tensor, read with `.item()`): it still runs.
@@ -353,7 +348,7 @@ class ShapeSpecializer:
                     "eagerly for them",
                     [s[0] if isinstance(s, tuple) else s for s in signature],
                     type(err).__name__,
-                    str(err).strip().splitlines()[0][:200] if str(err).strip() else "",
+                    first_line(err, 200),
                 )
                 fn = self.gm
             self.compiled[signature] = fn

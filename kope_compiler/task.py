@@ -31,6 +31,7 @@ from torch_mlir.extras.fx_importer import FxImporter
 
 from kope import decompositions
 from kope.decompositions import REFERENCE_DECOMPOSITIONS
+from kope.errors import first_line
 from kope.passes.keys import (
     EAGER_ATTR,
     KEY_ATTR,
@@ -266,7 +267,7 @@ def import_group(nodes: list[fx.Node], decomposed: bool = False) -> str:
         gm = exact_graph(group_graph(nodes), decomposed)
     except Exception as err:  # a decomposition can refuse arguments it does not handle
         raise LoweringError(
-            f"tracing the exact decomposition of {op_name(node.target)} failed: {_first_line(err)}"
+            f"tracing the exact decomposition of {op_name(node.target)} failed: {first_line(err)}"
         ) from None
     context = ir.Context()
     context.enable_multithreading(False)
@@ -275,7 +276,7 @@ def import_group(nodes: list[fx.Node], decomposed: bool = False) -> str:
     try:
         importer.import_stateless_graph(gm.graph, func_name="main")
     except Exception as err:  # the importer raises many kinds on unsupported nodes
-        raise LoweringError(f"FX import failed: {_first_line(err)}") from None
+        raise LoweringError(f"FX import failed: {first_line(err)}") from None
     module = importer.module
     try:
         run_pipeline(module, list(IMPORT_PIPELINE), description=f"import {op_name(node.target)}")
@@ -385,7 +386,7 @@ def _imported(group: list[fx.Node], decomposed: bool) -> str:
         raise LoweringError(
             f"its lowering is not plain linalg-on-tensors: {_unplaced(detail[1])[:200]}"
             if len(detail) > 1
-            else _first_line(err)
+            else first_line(err)
         ) from None
 
 
@@ -393,11 +394,6 @@ def _unplaced(diagnostic: str) -> str:
     """An MLIR diagnostic without its place in a module the user never sees
     (`error: "-":8:12: Dialect ...` -> `Dialect ...`)."""
     return re.sub(r'^\s*(?:error: )?"-":\d+:\d+:\s*', "", diagnostic).strip()
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip() or type(err).__name__
-    return text.splitlines()[0][:300]
 
 
 def task_function(task: Task, name: str, context: ir.Context) -> ir.Operation:
