@@ -264,7 +264,10 @@ def _measure(
     candidates = {"kernel": kernel}
     if oracle_kernel is not None:
         candidates["reference"] = oracle_kernel
-    eager_s = _one_call_s(fns["eager"]) if "eager" in fns else None
+    # Eager's one call is timed only where a candidate is slow enough to be hopeless against
+    # it: every other evaluation would pay two eager calls for nothing.
+    slow = any(calls[name] > job.config.hopeless_s for name in candidates)
+    eager_s = _one_call_s(fns["eager"]) if slow and "eager" in fns else None
     for name, candidate in candidates.items():
         # A candidate this slow cannot win, and timing it would take several of its calls:
         # it stays verified, untimed (no speedup), and the loop goes on without it.
