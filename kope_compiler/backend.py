@@ -119,16 +119,15 @@ def _compile(
     # thread count that runs it fastest; `reference` and `eager` force their choice.
     if opts.kernels == "auto":
         graph = settle_graph(gm.forward, compiled, report, example_inputs, opts)
-        threads = graph.threads if isinstance(graph, AtThreads) else None
-        runs = graph.graph if isinstance(graph, AtThreads) else graph
-        if getattr(runs, "__self__", None) is not compiled:
-            return graph  # eager's graph runs
+        if report.whole is None or not report.whole.compiled:
+            return graph  # eager's graph, or one compiled on fake inputs with every kernel
         rebuilt = without_dropped_kernels(
             aten_inference_graph(gm, example_inputs), compiled, report, opts
         )
         if rebuilt is None:
             return graph
         log.debug("the graph is compiled again without the kernels it dropped")
+        threads = report.whole.threads
         return rebuilt.forward if threads is None else AtThreads(rebuilt.forward, threads)
     if not any(task.jit for task in report.tasks) and not report.rewrites:
         return gm.forward
