@@ -24,6 +24,7 @@ from kope.rewrites import (
     FOLDED_BATCH_NORM,
     FUSED_ATTENTION,
     FUSED_CONVOLUTION,
+    POINTWISE_CONVOLUTION,
     FoldedBatchNorm,
 )
 from kope.targets.cpu import CpuTarget
@@ -84,7 +85,7 @@ CONVS = {
     "bias_free": lambda: ConvBn(nn.Conv2d(5, 7, 3, padding=1, bias=False)),
     "with_bias": lambda: ConvBn(nn.Conv2d(5, 7, 3, stride=2, padding=1)),
     "depthwise": lambda: ConvBn(nn.Conv2d(6, 6, 3, padding=1, groups=6, bias=False)),
-    "not_affine": lambda: ConvBn(nn.Conv2d(5, 7, 1), affine=False, relu=False),
+    "not_affine": lambda: ConvBn(nn.Conv2d(5, 7, (1, 3), padding=(0, 1)), affine=False, relu=False),
 }
 
 
@@ -240,6 +241,49 @@ class Residual(nn.Module):
 def _stack(blocks: int, channels: int = 5) -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(*[Residual(channels) for _ in range(blocks)]).eval()
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_pointwise_convolution_runs_as_a_matrix_product(
+    batch: int, bias: bool, tmp_path: Path
+) -> None:
+    """A 1x1 convolution (its batch norm folded in, then a ReLU) is the product of its weight
+    and each sample's channels x positions: one matmul Task at batch 1, a batched one with the
+    weight read for every sample beyond; eager's result on every road."""
+    torch.manual_seed(0)
+    model = ConvBn(nn.Conv2d(37, 11, 1, bias=bias)).eval()
+    x = torch.randn(batch, 37, 23, 29)  # oneDNN's size, where eager reorders it per call
+    tasks = trace_tasks(model, (x,), CpuTarget())
+    assert not any("convolution" in t.op for t in tasks), [t.label for t in tasks]
+    product = next(t for t in tasks if "mm" in t.op)
+    assert ("aten.bmm" in product.op) == (batch > 1), product.label
+    with torch.no_grad():
+        for kernels in ("eager", "reference"):
+            compiled = _compiled(model, tmp_path, kernels)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+            assert _rewrites() == [FOLDED_BATCH_NORM, POINTWISE_CONVOLUTION]
+
+
+@pytest.mark.parametrize(
+    "conv",
+    [
+        nn.Conv2d(37, 11, 1, stride=2),  # not every position
+        nn.Conv2d(37, 11, 1, padding=1),  # zeros around
+        nn.Conv2d(36, 12, 1, groups=3),  # three products
+        nn.Conv2d(37, 11, 3, padding=1),
+    ],
+    ids=["strided", "padded", "grouped", "3x3"],
+)
+def test_convolutions_that_are_no_single_product_stay_convolutions(
+    conv: nn.Conv2d, tmp_path: Path
+) -> None:
+    model = ConvBn(conv).eval()
+    x = torch.randn(2, conv.in_channels, 23, 29)
+    with torch.no_grad():
+        compiled = _compiled(model, tmp_path)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    assert POINTWISE_CONVOLUTION not in _rewrites()
 
 
 def test_a_stack_of_convolutions_is_computed_channels_last(tmp_path: Path) -> None:
