@@ -10,7 +10,9 @@ chain cost 270 µs per call over dynamo's graph before a single kernel ran. Two 
   (`torch.mm`, `Tensor.expand`: argument parsing in C++, as dynamo's graph calls them) where
   that binding, given the node's arguments, is checked at compile time (on the node's fake
   values) to dispatch exactly the node's overload; else the overload's C++ entry
-  (`OpOverload._op`), one Python frame less than `OpOverload.__call__`.
+  (`OpOverload._op`), one Python frame less than `OpOverload.__call__`. A shape goes to
+  `reshape`, `view` and `expand` as separate ints, which torch parses faster than one list
+  (hand-written attention's graph 1.6-2.6% faster, GPT-2's MLP 0.5-1.3%, interleaved).
 - **Copies only where needed**: a contiguous copy (`clone`, as `x.transpose(1, 2).reshape(…)`
   traces) of a value nothing else reads calls `Tensor.contiguous`, which returns a tensor
   that is contiguous already as it is. CPU flash attention lays its output out so that the
@@ -96,13 +98,31 @@ _LAYOUT_TOLERANT: dict[Any, Callable[..., Any]] = {
 }
 
 
+# Methods that take a shape as one sequence or as separate ints: torch's argument parser
+# reads separate ints ~1.2 µs faster (3.3 against 2.1 µs a reshape, 2-core AVX2), as it tries
+# no other signature first (`view(dtype)`); a transformer block's graph makes ten such calls.
+_SHAPE_METHODS = frozenset(
+    {torch._C.TensorBase.reshape, torch._C.TensorBase.view, torch._C.TensorBase.expand}
+)
+
+
 def fast_operators(graph: fx.Graph) -> None:
     """Each ATen node calls its torch binding where it is checked, else its raw entry; a view
-    calls `reshape`."""
+    calls `reshape`; a shape is passed as separate ints where the method takes them."""
     for node in graph.nodes:
         if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
             tolerant = _LAYOUT_TOLERANT.get(node.target)
             node.target = tolerant or torch_binding(node) or RawOp(node.target)
+            shape_as_ints(node)
+
+
+def shape_as_ints(node: fx.Node) -> None:
+    """`x.reshape([a, b])` as `x.reshape(a, b)`, the same call parsed faster."""
+    if node.target not in _SHAPE_METHODS or node.kwargs or len(node.args) != 2:
+        return
+    shape = node.args[1]
+    if isinstance(shape, (list, tuple)) and shape and all(type(d) is int for d in shape):
+        node.args = (node.args[0], *shape)
 
 
 def torch_binding(node: fx.Node) -> Callable[..., Any] | None:
