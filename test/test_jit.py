@@ -13,6 +13,7 @@ from torch_mlir import ir
 from kope.partition import partition
 from kope.targets.cpu import BuildError, CpuTarget, build_kernel
 from kope.targets.jit import JitKernel
+from kope.targets.stamp import Stamp
 from kope.vocabulary.kernels import Kernel
 
 KERNELS = Path(__file__).parent / "kernels"
@@ -80,6 +81,20 @@ def test_build_error_is_raised_for_a_kernel_that_does_not_parse() -> None:
     task = _task(torch.relu, torch.randn(3))
     with pytest.raises(BuildError, match="kernel.mlir:1:"):
         build_kernel(task.spec, Kernel("func.func @kope_kernel(%a: memref<3xf32>) { oops }"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.uint8, torch.int64])
+@pytest.mark.parametrize("numel", [1, 3, 32, 4609])
+def test_a_stamp_sees_writes_to_the_first_and_last_elements(dtype: torch.dtype, numel: int) -> None:
+    """Through `.data`, where no version counter moves: the sampled memory includes the first
+    and the last element whatever the size (no evenly spaced sample of 4609 elements lands on
+    the last, which is read apart)."""
+    t = torch.arange(numel).to(dtype)
+    for index in (0, -1):
+        stamp = Stamp(t)
+        assert stamp.holds(t)
+        t.data[index] = 5 if t[index] == 7 else 7
+        assert not stamp.holds(t)
 
 
 def test_packed_strided_input_follows_in_place_writes() -> None:
