@@ -441,6 +441,11 @@ def test_channels_last_weights_follow_writes_after_compiling(tmp_path: Path) -> 
         model[1].b.conv.weight.mul_(-2)  # written in place
         model[0].scale.add_(1)  # a broadcast operand, read each call
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+        # Folded and packed by one node: a write through .data to a batch norm's statistics
+        # (no version bump) must still reach the packed weight.
+        model[0].a.bn.running_var.data.mul_(4)
+        model[1].a.conv.weight.data.mul_(0.5)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
     assert _rewrites().count(CHANNELS_LAST) == 1
 
 
