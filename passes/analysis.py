@@ -143,6 +143,23 @@ def _linalg_ops(func: ir.Operation) -> list[ir.Operation]:
 def prepare_payload(text: str, *, approximate_math: bool = False, narrow_f64: bool = False) -> str:
     """The payload cleaned up (math approximated and f64 intermediates computed in f32, if
     asked) with every linalg op tagged."""
+    prepared = _prepared(text, CLEANUP, approximate_math, narrow_f64)
+    if _names(text) & CONTRACTIONS and not _names(prepared) & CONTRACTIONS:
+        # Elementwise fusion propagates a reshape by expanding the ops around it, and a
+        # per-row epilogue operand (a 1x1 convolution's bias, 64x1) had it expand the
+        # matmul into a 64x1x784 generic that no contraction schedule takes. Unfused, the
+        # epilogue stays a chain of generics over the product's M x N.
+        unfused = tuple(p for p in CLEANUP if p != "linalg-fuse-elementwise-ops")
+        prepared = _prepared(text, unfused, approximate_math, narrow_f64)
+    return prepared
+
+
+def _names(text: str) -> set[str]:
+    module = ir.Module.parse(text, ir.Context())  # held: its ops live as long as it does
+    return {op.name for op in _linalg_ops(_main(module))}
+
+
+def _prepared(text: str, cleanup: tuple[str, ...], approximate_math: bool, narrow_f64: bool) -> str:
     context = ir.Context()
     context.enable_multithreading(False)
     module = ir.Module.parse(text, context)
@@ -150,7 +167,7 @@ def prepare_payload(text: str, *, approximate_math: bool = False, narrow_f64: bo
 
     # Integer powers become multiplications before any schedule vectorizes them: a vector
     # `math.fpowi` has no valid lowering, and a multiply chain vectorizes with the rest.
-    elements: list[PipelineElement] = [ExpandPowers(), *CLEANUP]
+    elements: list[PipelineElement] = [ExpandPowers(), *cleanup]
     if approximate_math:
         from kope.passes.approximate_math import ApproximateMath
 

@@ -21,6 +21,7 @@ from kope.agents.base import Feedback, ProposalRequest
 from kope.agents.heuristic import HeuristicAgent
 from kope.optimize import task_view
 from kope.partition import partition
+from kope.passes.analysis import analyze, prepare_payload
 from kope.precompile import trace_tasks
 from kope.targets.cpu import CpuTarget
 from kope.task import Task
@@ -333,3 +334,22 @@ def test_ragged_rows_are_vectorized(name: str, target: CpuTarget) -> None:
             task.spec, Kernel(source), oracle=Kernel(task.payload), measure=False
         )
         assert result.verdict == "verified", f"{config}: {result.error}"
+
+
+def test_a_product_with_a_per_row_epilogue_operand_takes_contraction_schedules(
+    target: CpuTarget,
+) -> None:
+    """A 1x1 convolution as a product: W @ X + bias[F, 1], then ReLU. Elementwise fusion
+    would expand the matmul into a generic around the bias's unit dim; prepared without it,
+    the payload stays a matmul with its epilogue, and the contraction schedules verify."""
+
+    def product(w: torch.Tensor, x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.relu(torch.mm(w, x) + b)
+
+    args = (torch.randn(13, 7), torch.randn(7, 37), torch.randn(13, 1))
+    tasks = partition(make_fx(product, tracing_mode="fake")(*args), target).tasks
+    assert len(tasks) == 1, [t.label for t in tasks]
+    info = analyze(prepare_payload(tasks[0].payload))
+    assert info.kind == "contraction" and info.plain_matmul is not None
+    assert info.plain_matmul.epilogue == 2
+    _task_proposals_verify("per-row epilogue", tasks[0], target)
