@@ -420,11 +420,26 @@ def _operand_below(
     if tuple(val.shape) == shape and val.is_contiguous():
         return ("view", arg)
     # Broadcast along rows (a bias, a scale per feature): it broadcasts against the product
-    # alike, as the view keeps the last dim; one of a higher rank than the product's drops
-    # its leading ones.
-    if all(d == 1 for d in val.shape[:-1]) and val.dim() <= product.dim():
+    # alike where the view keeps the last dim; one of a higher rank than the product's drops
+    # its leading ones. A single number broadcasts alike against any shape.
+    rows = product.shape[-1:] == shape[-1:] or val.numel() == 1
+    if rows and all(d == 1 for d in val.shape[:-1]) and val.dim() <= product.dim():
         return ("same", arg)
     return None
+
+
+def _of_product(node: fx.Node) -> bool:
+    """Whether `node` is a contraction's product, or an elementwise op of one that nothing
+    else reads (`x @ w + b`, a bias added before the view), directly or through others."""
+    if _name(node) in _CONTRACTIONS or node.meta.get(_SUNK):
+        return True
+    target = node.target
+    return (
+        node.op == "call_function"
+        and isinstance(target, torch._ops.OpOverload)
+        and torch.Tag.pointwise in target.tags
+        and any(len(a.users) == 1 and _of_product(a) for a in node.all_input_nodes)
+    )
 
 
 def sink_views(graph: fx.Graph, within: set[fx.Node] | None = None) -> list[fx.Node]:
@@ -434,9 +449,11 @@ def sink_views(graph: fx.Graph, within: set[fx.Node] | None = None) -> list[fx.N
     A linear on a 3-D activation traces as `view(x)` → `addmm` → `view` → GELU ...: the view
     between the product and its activation keeps `fused_groups` from taking the addmm as the
     group's head. For an elementwise `f`, `f(view(p), y) = view(f(p, view⁻¹(y)))` exactly (the
-    same operations on the same numbers) when the view keeps the last dim and each other
-    operand is a scalar, a tensor broadcast along rows, or a contiguous tensor of the view's
-    shape (read through the inverse view). The view sinks below all its users at once, or not
+    same operations on the same numbers) when each other operand is a scalar, a contiguous
+    tensor of the view's shape (read through the inverse view) or, where the view keeps the
+    last dim, a tensor broadcast along rows: a 1x1 convolution's product (channels x
+    positions, `kope.rewrites`) viewed back to NCHW takes its ReLU as its epilogue. The view
+    sinks below all its users at once, or not
     at all, and keeps sinking below their users in turn. With `within`, only views of those
     nodes' products."""
     made: list[fx.Node] = []
@@ -448,12 +465,12 @@ def sink_views(graph: fx.Graph, within: set[fx.Node] | None = None) -> list[fx.N
         product = _reshaped(view)
         if product is None:
             continue
-        if not (_name(product) in _CONTRACTIONS or product.meta.get(_SUNK)):
+        if not _of_product(product):
             continue
         before, after = tensor_value(product), tensor_value(view)
         if before is None or after is None or not view.users or len(product.users) != 1:
             continue
-        if before.shape[-1:] != after.shape[-1:] or not before.is_contiguous():
+        if not before.is_contiguous():
             continue
         if all(_sinks_below(user, view, before, tuple(after.shape)) for user in view.users):
             new = _sink(graph, view, product)

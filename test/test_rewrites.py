@@ -250,14 +250,16 @@ def test_a_pointwise_convolution_runs_as_a_matrix_product(
 ) -> None:
     """A 1x1 convolution (its batch norm folded in, then a ReLU) is the product of its weight
     and each sample's channels x positions: one matmul Task at batch 1, a batched one with the
-    weight read for every sample beyond; eager's result on every road."""
+    weight read for every sample beyond, the bias and ReLU its epilogue (the view back to
+    NCHW sunk below them); eager's result on every road."""
     torch.manual_seed(0)
     model = ConvBn(nn.Conv2d(37, 11, 1, bias=bias)).eval()
     x = torch.randn(batch, 37, 23, 29)  # oneDNN's size, where eager reorders it per call
     tasks = trace_tasks(model, (x,), CpuTarget())
     assert not any("convolution" in t.op for t in tasks), [t.label for t in tasks]
-    product = next(t for t in tasks if "mm" in t.op)
+    (product,) = tasks  # its bias and ReLU are the product's epilogue
     assert ("aten.bmm" in product.op) == (batch > 1), product.label
+    assert "relu" in product.op, product.label
     with torch.no_grad():
         for kernels in ("eager", "reference"):
             compiled = _compiled(model, tmp_path, kernels)
