@@ -453,9 +453,8 @@ def sink_views(graph: fx.Graph, within: set[fx.Node] | None = None) -> list[fx.N
     tensor of the view's shape (read through the inverse view) or, where the view keeps the
     last dim, a tensor broadcast along rows: a 1x1 convolution's product (channels x
     positions, `kope.rewrites`) viewed back to NCHW takes its ReLU as its epilogue. The view
-    sinks below all its users at once, or not
-    at all, and keeps sinking below their users in turn. With `within`, only views of those
-    nodes' products."""
+    sinks below all its users at once, or not at all, and keeps sinking below their users in
+    turn. With `within`, only views of those nodes' products."""
     made: list[fx.Node] = []
     pending = deque(n for n in graph.nodes if within is None or n in within)
     while pending:

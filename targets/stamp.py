@@ -6,7 +6,7 @@ or packed copy (`kope.targets.jit`), batch norms folded into a convolution's wei
 it or a view of it, and a stamp compares that. Some writes bypass the counter: through
 `.data` (`p.data.mul_(0.5)`, old-style weight updates and EMA code) and through memory shared
 with numpy or DLPack. So a stamp of a CPU tensor also holds about `SAMPLES` words of its
-memory spread evenly over it, its last among them, read again on every check (one C call:
+memory spread evenly over it, its first and last among them, read again on every check (one C call:
 about 0.2 µs a tensor on a 2-core AVX2 machine, beside 0.3 µs for the version and address):
 a write that changes any of them (a rescale, a refill, a loaded checkpoint) is seen.
 A write through `.data` to a few elements between the samples is not; such code must bump the
@@ -58,8 +58,8 @@ _WORDS: tuple[tuple[_Format, int], ...] = (("Q", 8), ("I", 4), ("H", 2), ("B", 1
 
 
 def _sampler(storage: torch.UntypedStorage) -> Callable[[], bytes] | None:
-    """A call that reads about `SAMPLES` words spread evenly over `storage`'s memory, its last
-    among them, as one `bytes`: a strided memoryview copied in one C call (0.2 µs; an
+    """A call that reads about `SAMPLES` words spread evenly over `storage`'s memory, its first
+    and last among them, as one `bytes`: a strided memoryview copied in one C call (0.2 µs; an
     itemgetter making a Python int of each word took 0.67)."""
     size = storage.nbytes()
     if size == 0:
