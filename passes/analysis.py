@@ -143,26 +143,25 @@ def _linalg_ops(func: ir.Operation) -> list[ir.Operation]:
 def prepare_payload(text: str, *, approximate_math: bool = False, narrow_f64: bool = False) -> str:
     """The payload cleaned up (math approximated and f64 intermediates computed in f32, if
     asked) with every linalg op tagged."""
-    prepared = _prepared(text, CLEANUP, approximate_math, narrow_f64)
-    if _names(text) & CONTRACTIONS and not _names(prepared) & CONTRACTIONS:
+    prepared, lost_contraction = _prepared(text, CLEANUP, approximate_math, narrow_f64)
+    if lost_contraction:
         # Elementwise fusion propagates a reshape by expanding the ops around it, and a
         # per-row epilogue operand (a 1x1 convolution's bias, 64x1) had it expand the
         # matmul into a 64x1x784 generic that no contraction schedule takes. Unfused, the
         # epilogue stays a chain of generics over the product's M x N.
         unfused = tuple(p for p in CLEANUP if p != "linalg-fuse-elementwise-ops")
-        prepared = _prepared(text, unfused, approximate_math, narrow_f64)
+        prepared, _ = _prepared(text, unfused, approximate_math, narrow_f64)
     return prepared
 
 
-def _names(text: str) -> set[str]:
-    module = ir.Module.parse(text, ir.Context())  # held: its ops live as long as it does
-    return {op.name for op in _linalg_ops(_main(module))}
-
-
-def _prepared(text: str, cleanup: tuple[str, ...], approximate_math: bool, narrow_f64: bool) -> str:
+def _prepared(
+    text: str, cleanup: tuple[str, ...], approximate_math: bool, narrow_f64: bool
+) -> tuple[str, bool]:
+    """The payload prepared with `cleanup`, and whether that lost its named contractions."""
     context = ir.Context()
     context.enable_multithreading(False)
     module = ir.Module.parse(text, context)
+    contracted = any(op.name in CONTRACTIONS for op in _linalg_ops(_main(module)))
     from kope.passes.pipeline import build_pass_manager
 
     # Integer powers become multiplications before any schedule vectorizes them: a vector
@@ -179,9 +178,11 @@ def _prepared(text: str, cleanup: tuple[str, ...], approximate_math: bool, narro
         pm.run(module.operation)
         _split_shared_empties(_main(module))
         i64 = ir.IntegerType.get_signless(64)
-        for index, op in enumerate(_linalg_ops(_main(module))):
+        ops = _linalg_ops(_main(module))
+        for index, op in enumerate(ops):
             op.attributes[OP_ATTR] = ir.IntegerAttr.get(i64, index)
-    return module.operation.get_asm(enable_debug_info=False)
+    lost = contracted and not any(op.name in CONTRACTIONS for op in ops)
+    return module.operation.get_asm(enable_debug_info=False), lost
 
 
 def _split_shared_empties(func: ir.Operation) -> None:
