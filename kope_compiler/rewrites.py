@@ -794,34 +794,23 @@ def _region_agrees(
 
 
 def _pointwise_convolution(node: fx.Node) -> bool:
-    """A 2-D convolution with a 1x1 kernel, stride 1, no padding and one group, of a
-    contiguous float activation on the CPU that eager runs with oneDNN: a matrix product of
-    its weight and each sample's (channels x positions) view. 1-D ones stay convolutions:
-    over four shapes the product was 0.94-2.0x their convolution on two threads and
-    0.87-0.99x on one (eager's 1-D path is not oneDNN's NCHW reorder)."""
-    if node.op != "call_function" or node.target is not aten.convolution.default:
+    """An NCHW convolution eager runs with oneDNN (`_nchw_convolution`) with a 1x1 kernel,
+    stride 1, no padding and one group: a matrix product of its weight and each sample's
+    (channels x positions) view. 1-D ones stay convolutions: over four shapes the product was
+    0.94-2.0x their convolution on two threads and 0.87-0.99x on one (eager's 1-D path is not
+    oneDNN's NCHW reorder)."""
+    if not _nchw_convolution(node):
         return False
     args = _arguments(node)
-    x, weight, val = tensor_value(args["input"]), tensor_value(args["weight"]), tensor_value(node)
-    bias = args["bias"]
+    weight = tensor_value(args["weight"])
+    assert weight is not None  # `_nchw_convolution` checked it
     return (
-        x is not None
-        and weight is not None
-        and val is not None
-        and x.dim() == 4
-        and weight.dim() == 4
-        and all(k == 1 for k in weight.shape[2:])
+        all(k == 1 for k in weight.shape[2:])
         and all(s == 1 for s in args["stride"])
         and all(p == 0 for p in args["padding"])
-        and not args["transposed"]
         and args["groups"] == 1
-        and x.dtype.is_floating_point
-        and x.device.type == "cpu"
-        and x.is_contiguous()
         and weight.is_contiguous()
-        and val.is_contiguous()
-        and (bias is None or isinstance(bias, fx.Node))
-        and _eager_uses_onednn(x, weight, 1)
+        and (args["bias"] is None or isinstance(args["bias"], fx.Node))
     )
 
 
