@@ -245,7 +245,9 @@ class _StepDecidedAtFirstCall:
             try:
                 runs, reason = settle_training_step(self.eager, self.compiled, args)
             except Exception as err:  # the model must still run: eagerly, saying why
-                log.warning("timing the training step failed (%s: %s)", type(err).__name__, err)
+                log.warning(
+                    "timing the training step failed (%s: %s)", type(err).__name__, first_line(err)
+                )
                 runs, reason = False, "dynamo's graph runs, with eager's autograd: timing failed"
             self.report.training = f"needs gradients: {reason}"
             self.chosen = self.compiled if runs else self.eager
