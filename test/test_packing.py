@@ -191,17 +191,20 @@ def test_only_plain_matmuls_a_tile_large_get_packed_points(fn: Any, args: tuple)
 
 
 @pytest.mark.parametrize(
-    "m, n, rows, per_thread, columns",
+    "m, n, register, rows, per_thread, columns",
     [
-        (256, 208, 128, 13, 208),  # rows split evenly into register tiles
-        (255, 193, 128, 13, 208),  # one zero row, each thread padding its own
-        (100, 77, 52, 5, 80),  # 4 zero rows, not a sixth zero panel
-        (4, 64, 4, 2, 64),  # one register tile of rows: the panels split
+        (256, 208, 4, 128, 13, 208),  # rows split evenly into register tiles
+        (255, 193, 4, 128, 13, 208),  # one zero row, each thread padding its own
+        (100, 77, 4, 52, 5, 80),  # 4 zero rows, not a sixth zero panel
+        (252, 256, 4, 128, 16, 256),  # 4 zero rows although the panels split evenly
+        (256, 256, 6, 132, 16, 256),  # 8 zero rows, where one thread alone pads 2
+        (4, 64, 4, 4, 2, 64),  # one register tile of rows: the panels split
+        (16, 64, 6, 18, 2, 64),  # 24 rows (8 zero) in tiles of 6 per thread: the panels
     ],
 )
-def test_threads_split_where_fewer_zeros_are_computed(
-    m: int, n: int, rows: int, per_thread: int, columns: int
+def test_threads_split_the_rows_unless_that_adds_many_zero_rows(
+    m: int, n: int, register: int, rows: int, per_thread: int, columns: int
 ) -> None:
     plain = PlainMatmul(m=m, k=33, n=n, arguments=(), a=0, b=1)
-    shape = _panels(plain, _packed(2, [4, 16, 1]))
+    shape = _panels(plain, _packed(2, [register, 16, 1]))
     assert (shape.rows, shape.per_thread, shape.columns) == (rows, per_thread, columns)
