@@ -45,9 +45,9 @@ class KernelCall:
         report: TaskReport,
         eager: Callable[[Sequence[torch.Tensor]], tuple[torch.Tensor, ...]],
     ):
-        self.kernel = kernel
-        # A JIT kernel's call specialized to it (`JitKernel.call`), a layer less per call.
-        self._run = getattr(kernel, "call", kernel)
+        # A JIT kernel's call generated for it (`JitKernel.call`): a layer less per call. The
+        # whole-graph check swaps this attribute to see the inputs each kernel gets.
+        self.kernel = getattr(kernel, "call", kernel)
         self.single = single
         self.report = report
         self.eager = eager
@@ -57,7 +57,7 @@ class KernelCall:
     def __call__(self, *inputs: torch.Tensor) -> Any:
         if self.enabled:
             self.report.calls += 1
-            outputs = self._run(*inputs)
+            outputs = self.kernel(*inputs)
         else:
             outputs = self.eager(inputs)
         return outputs[0] if self.single else outputs

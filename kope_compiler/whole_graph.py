@@ -452,6 +452,26 @@ def _own_gains(
     """Per kernel (by id), the µs it saves per call against its own eager call, timed head to
     head in this process on the inputs one run of the graph gives it (0 when it does not beat
     eager beyond noise or its timing was not clean); and how many timings were disturbed."""
+    seen = inputs_seen(calls, compiled)
+    gains: dict[int, float] = {}
+    disturbed = 0
+    for call in calls:
+        inputs = seen.get(id(call))
+        if inputs is None:  # not reached on these inputs
+            gains[id(call)] = 0.0
+            continue
+        timed = _head_to_head(call, inputs, config, threads)
+        clean = timed["kernel"].clean and timed["eager"].clean
+        disturbed += not clean
+        wins = clean and _beats(timed["kernel"], timed["eager"])
+        gains[id(call)] = timed["eager"].median_us - timed["kernel"].median_us if wins else 0.0
+    return gains, disturbed
+
+
+def inputs_seen(
+    calls: Sequence[Switchable], compiled: Callable[[], Any]
+) -> dict[int, tuple[Any, ...]]:
+    """The inputs each of `calls` (by id) gets in one run of `compiled` with all of them on."""
     seen: dict[int, tuple[Any, ...]] = {}
     kernels = {id(c): c.kernel for c in calls}
 
@@ -470,19 +490,7 @@ def _own_gains(
     finally:
         for call in calls:
             call.kernel = kernels[id(call)]
-    gains: dict[int, float] = {}
-    disturbed = 0
-    for call in calls:
-        inputs = seen.get(id(call))
-        if inputs is None:  # not reached on these inputs
-            gains[id(call)] = 0.0
-            continue
-        timed = _head_to_head(call, inputs, config, threads)
-        clean = timed["kernel"].clean and timed["eager"].clean
-        disturbed += not clean
-        wins = clean and _beats(timed["kernel"], timed["eager"])
-        gains[id(call)] = timed["eager"].median_us - timed["kernel"].median_us if wins else 0.0
-    return gains, disturbed
+    return seen
 
 
 def _head_to_head(

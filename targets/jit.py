@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -86,6 +87,10 @@ def contiguous_descriptor(spec: TensorSpec) -> ctypes.Structure:
         desc.strides[dim] = stride
         stride *= max(spec.shape[dim], 1)
     return desc
+
+
+# A call site's copies of its strided parameters: input index -> (stamp, view, copy).
+PackedInputs = dict[int, tuple[Stamp, torch.Tensor, torch.Tensor]]
 
 
 class JitKernel:
@@ -175,7 +180,7 @@ class JitKernel:
         # Sizes as separate arguments: torch.empty parses them faster than one tuple (2.2
         # against 3.4 µs here); a 0-d output has none to pass.
         self._out_shapes = [(tuple(s.shape) or ((),), s.torch_dtype) for s in self.outputs]
-        self._packed_inputs: dict[int, tuple[Stamp, torch.Tensor, torch.Tensor]] = {}
+        self._packed_inputs: PackedInputs = {}
         self.call = self._specialized_call()
 
     def run(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
@@ -183,7 +188,7 @@ class JitKernel:
         another are converted here), writing into the contiguous destinations `outputs`."""
         if self._any_layout:
             inputs = [
-                t if layout is None else self._prepared(i, t, layout)
+                t if layout is None else prepared_input(self._packed_inputs, i, t, layout)
                 for i, (t, layout) in enumerate(zip(inputs, self._layouts, strict=True))
             ]
         if len(inputs) != len(self._in_desc) or len(outputs) != len(self._out_desc):
@@ -206,7 +211,7 @@ class JitKernel:
 
     def _specialized_call(self) -> Callable[..., tuple[torch.Tensor, ...]]:
         """What a call does, written out for this kernel's inputs, layouts and outputs: each
-        input made contiguous or laid out (`_prepared`), the outputs allocated, every data
+        input made contiguous or laid out (`prepared_input`), the outputs allocated, every data
         pointer written, the entry point entered.
 
         This runs on every call of every kernel, and the general loop over them cost a
@@ -215,8 +220,10 @@ class JitKernel:
         """
         names = [f"i{index}" for index in range(len(self.inputs))]
         outs = [f"o{index}" for index in range(len(self.outputs))]
+        # The function refers to this kernel's parts, not to the kernel: no reference cycle
+        # keeps an engine alive after its kernel is dropped (a worker loads hundreds).
         namespace: dict[str, Any] = {
-            "prepared": self._prepared,
+            "prepared": functools.partial(prepared_input, self._packed_inputs),
             "empty": torch.empty,
             "fn": self._fn,
             "packed": self._packed,
@@ -248,24 +255,27 @@ class JitKernel:
         site.call = site._specialized_call()
         return site
 
-    def _prepared(self, index: int, view: torch.Tensor, layout: str | None) -> torch.Tensor:
-        """A contiguous copy of a strided input, or a copy in the layout the kernel takes it
-        in, reused while a weight is unchanged.
 
-        A transposed weight arrives as a fresh view every call; copying it every call would
-        cost more than many kernels. The copy of a view of a parameter is reused while the
-        view's `Stamp` holds (its layout, version counter and sampled memory); the view is
-        kept alive with it, so no other tensor can take its storage's address meanwhile. Any
-        other input, an activation or a buffer the caller refills (from numpy, say, which no
-        version counter sees), and an inference tensor (which counts no writes), is copied on
-        every call.
-        """
-        base = view if view._base is None else view._base
-        if not isinstance(base, torch.nn.Parameter) or view.is_inference():
-            return lay_out(view, layout) if layout else view.contiguous()
-        cached = self._packed_inputs.get(index)
-        if cached is not None and cached[0].holds(view):
-            return cached[2]
-        packed = lay_out(view, layout) if layout else view.contiguous()
-        self._packed_inputs[index] = (Stamp(view, layout=True), view, packed)
-        return packed
+def prepared_input(
+    packed: PackedInputs, index: int, view: torch.Tensor, layout: str | None
+) -> torch.Tensor:
+    """Input `index` of a kernel contiguous, or copied into the layout the kernel takes it in;
+    for a parameter, the copy in `packed` (a call site's own) is reused while it is unchanged.
+
+    A transposed weight arrives as a fresh view every call; copying it every call would
+    cost more than many kernels. The copy of a view of a parameter is reused while the
+    view's `Stamp` holds (its layout, version counter and sampled memory); the view is
+    kept alive with it, so no other tensor can take its storage's address meanwhile. Any
+    other input, an activation or a buffer the caller refills (from numpy, say, which no
+    version counter sees), and an inference tensor (which counts no writes), is copied on
+    every call.
+    """
+    base = view if view._base is None else view._base
+    if not isinstance(base, torch.nn.Parameter) or view.is_inference():
+        return lay_out(view, layout) if layout else view.contiguous()
+    cached = packed.get(index)
+    if cached is not None and cached[0].holds(view):
+        return cached[2]
+    laid = lay_out(view, layout) if layout else view.contiguous()
+    packed[index] = (Stamp(view, layout=True), view, laid)
+    return laid

@@ -544,3 +544,31 @@ def test_a_kernel_the_graph_dropped_is_compiled_out_not_called_around(tmp_path: 
         assert kept == [calls[1]]
         assert "torch._C._nn.linear" in rebuilt.code
         torch.testing.assert_close(rebuilt(*inputs), want)
+
+
+def test_the_check_sees_the_inputs_each_compiled_kernel_gets(tmp_path: Path) -> None:
+    """Whether a kernel pays inside the graph is timed on the inputs one run of the graph
+    gives it: every JIT kernel's call is seen, with those inputs, and is its own again after
+    (a call that bypassed the swapped-in recorder had every kernel judged unreached, so none
+    was kept)."""
+    from kope.backend import aten_inference_graph
+    from kope.compiler import KernelCall, compile_graph
+    from kope.options import Options
+    from kope.whole_graph import inputs_seen
+
+    def f(x, w, y):
+        return (((x @ w) * y).tanh().sum(-1),)
+
+    gm = torch.fx.symbolic_trace(f)
+    inputs = [torch.randn(4, 8), torch.randn(8, 8), torch.randn(4, 8)]
+    options = Options.parse({"kernels": "reference", "store": str(tmp_path / "store")})
+    with torch.no_grad():
+        compiled, _ = compile_graph(aten_inference_graph(gm, inputs), options)
+        calls = [n.target for n in compiled.graph.nodes if isinstance(n.target, KernelCall)]
+        assert calls
+        before = [c.kernel for c in calls]
+        seen = inputs_seen(calls, lambda: compiled(*inputs))
+        assert sorted(seen) == sorted(id(c) for c in calls)
+        product = seen[id(calls[0])]
+        assert any(t is inputs[0] or torch.equal(t, inputs[0]) for t in product)
+        assert [c.kernel for c in calls] == before
