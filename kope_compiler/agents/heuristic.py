@@ -143,6 +143,8 @@ def _packed_points(
     lost 91 us that way between two eager operators; the packed kernel did not)."""
     found: list[tuple[Config, float, bool]] = []
     plain = info.plain_matmul
+    if plain is None:
+        return found
     # Register tiles of 12 accumulators (6 rows of two vectors: with two vectors of B and a
     # broadcast of A, 15 of AVX2's 16 registers) and of 8. The 12 hide the FMA's latency
     # better: 6x16 ran 1.05-1.25x faster than 4x16 at 255x129x193, 256^3 and 512^3 on AVX2,
@@ -153,16 +155,18 @@ def _packed_points(
     # (256, 256, 256): a thread's whole rows of a small product as one cache tile (255x129x193
     # on 2 threads: 0.76-0.78x -> 0.81-0.87x torch.mm; 1024^3 loses with it: not the default).
     more_caches = [(32, 128, 512), (64, 128, 128), (256, 256, 256)]
+    heights = tuple(mr for mr, _, _ in registers)
+    favoured = {t: _fewest_zero_rows(plain.m, t, heights) for t in threads}
     for (t, (mr, nr, kr), cache), wide in _grid(
         [threads, registers, caches], [[], more_registers, more_caches]
     ):
-        if plain is None or not packable(info, mr, nr):
+        if not packable(info, mr, nr):
             continue
         if k_unroll(plain, kr) != kr:
             continue  # it would render as the point that does not unroll k
         score = 1.0 + (2.0 if (t > 1) == big else 0.0)
-        if nr == 2 * lanes and mr in (4, 6):
-            score += 1.0 if mr == _fewest_zero_rows(plain.m, t, (6, 4)) else 0.5
+        if nr == 2 * lanes and mr in heights:
+            score += 1.0 if mr == favoured[t] else 0.5
         score += 0.5 if cache == (64, 256, 256) else 0.0
         config = {
             "family": "contraction",

@@ -169,25 +169,6 @@ class Script:
             ": !transform.any_op"
         )
 
-    def form_contractions(self) -> None:
-        """For a schedule that vectorizes each of its tiles itself (`vectorize_all` off):
-        what vectorizing the function's children would do besides, short of vectorizing the
-        slices that put tiles back. Reductions of products become contractions (for the
-        outer-product lowering), and slices fold into the transfers that read them."""
-        func = self.fresh("func")
-        self.emit(
-            f'{func} = transform.structured.match ops{{["func.func"]}} in %root '
-            ": (!transform.any_op) -> !transform.any_op"
-        )
-        self.emit(
-            f"transform.apply_patterns to {func} {{\n"
-            "    transform.apply_patterns.vector.reduction_to_contract\n"
-            "    transform.apply_patterns.vector.transfer_permutation_patterns\n"
-            "    transform.apply_patterns.tensor.fold_tensor_subset_ops_into_vector_transfers\n"
-            "    transform.apply_patterns.canonicalization\n"
-            "  } : !transform.any_op"
-        )
-
     def parent_function(self, handle: str) -> str:
         """The payload function around `handle` (the kernel module may hold other functions)."""
         func = self.fresh("func")
@@ -198,8 +179,18 @@ class Script:
         return func
 
     def vectorize_function(
-        self, contraction_lowering: str | None = None, *, drop_unit_dims: bool = False
+        self,
+        contraction_lowering: str | None = None,
+        *,
+        drop_unit_dims: bool = False,
+        form_contractions: bool = False,
     ) -> None:
+        """Vectorize the function's remaining ops (unless `vectorize_all` is off: its tiles
+        were vectorized one by one) and lower its vectors. `form_contractions`, with
+        `vectorize_all` off: first what vectorizing the children would do besides, short of
+        vectorizing the slices that put tiles back. Reductions of products become
+        contractions (for the outer-product lowering), and slices fold into the transfers
+        that read them."""
         func, vec = self.fresh("func"), self.fresh("vec")
         self.emit(
             f'{func} = transform.structured.match ops{{["func.func"]}} in %root '
@@ -218,6 +209,18 @@ class Script:
             )
         else:
             vec = func
+            if form_contractions:
+                forming = [
+                    "vector.reduction_to_contract",
+                    "vector.transfer_permutation_patterns",
+                    "tensor.fold_tensor_subset_ops_into_vector_transfers",
+                    "canonicalization",
+                ]
+                self.emit(
+                    f"transform.apply_patterns to {func} {{\n    "
+                    + "\n    ".join(f"transform.apply_patterns.{p}" for p in forming)
+                    + "\n  } : !transform.any_op"
+                )
         patterns = [
             "transform.apply_patterns.vector.lower_masked_transfers",
             "transform.apply_patterns.vector.transfer_permutation_patterns",
@@ -1088,6 +1091,5 @@ def _packed_schedule(plain: PlainMatmul, config: Config, shape: _Panels) -> str:
             op, _ = s.tile_forall(op, [plain.m // shape.threads, 0])
         tile, _ = s.tile_for(op, [1, nr])
         s.vectorize(tile, [1, nr])
-    s.form_contractions()
-    s.vectorize_function("outerproduct", drop_unit_dims=True)
+    s.vectorize_function("outerproduct", drop_unit_dims=True, form_contractions=True)
     return s.text()
