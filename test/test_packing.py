@@ -11,7 +11,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kope.agents.heuristic import schedule_space
-from kope.agents.schedules import _panels, kernel_source
+from kope.agents.schedules import _panels, k_tile, kernel_source
 from kope.partition import partition
 from kope.passes.analysis import PlainMatmul, analyze, prepare_payload
 from kope.targets.cpu import BuildError, CpuTarget, build_kernel
@@ -208,3 +208,31 @@ def test_threads_split_the_rows_unless_that_adds_many_zero_rows(
     plain = PlainMatmul(m=m, k=33, n=n, arguments=(), a=0, b=1)
     shape = _panels(plain, _packed(2, [register, 16, 1]))
     assert (shape.rows, shape.per_thread, shape.columns) == (rows, per_thread, columns)
+
+
+@pytest.mark.parametrize(
+    "k, unroll, tile",
+    [
+        (512, 1, 256),  # divides: the target
+        (129, 1, 129),  # under the target: whole
+        (257, 1, 257),  # a prime above it: whole, not one step at a time
+        (2 * 521, 1, 2 * 521),  # divisors 2 and 521: whole
+        (3 * 7 * 49, 1, 147),  # a divisor over half the target: taken
+        (257, 4, 256),  # the unroll does not divide k: the target (partial tiles, masked)
+    ],
+)
+def test_k_is_taken_whole_where_its_divisors_near_the_cache_tile_are_small(
+    k: int, unroll: int, tile: int
+) -> None:
+    assert k_tile(k, 256, unroll) == tile
+
+
+def test_a_prime_k_above_the_cache_tile_verifies(target: CpuTarget) -> None:
+    task = _task(torch.mm, torch.randn(7, 257, generator=_gen()), torch.randn(257, 20))
+    for config in (_packed(1, [6, 16, 1]), {**_packed(1, [4, 16, 1]), "pack": False}):
+        source = _source(task, config)
+        assert "257]" in source, "the k cache tile is not the whole of k"
+        result = target.evaluate(
+            task.spec, Kernel(source), oracle=Kernel(task.payload), measure=False
+        )
+        assert result.verdict == "verified", f"{config}: {result.error}"
