@@ -314,18 +314,58 @@ def _is_symbolic(value: Any) -> bool:
     return False
 
 
+def _read_as_scalars(gm: fx.GraphModule) -> set[int]:
+    """The inputs the graph reads only through `.item()`: under `dynamic=True` dynamo passes a
+    module's float attribute (a layer norm's eps) as a 0-d tensor read that way, which a
+    trace on fake tensors cannot read."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return {
+        index
+        for index, node in enumerate(placeholders)
+        if node.users
+        and all(user.op == "call_method" and user.target == "item" for user in node.users)
+    }
+
+
+def _with_scalars(gm: fx.GraphModule, values: dict[int, Any]) -> fx.GraphModule:
+    """A copy of `gm` in which each input of `values` (by position) read with `.item()` is
+    that value, a constant (the input stays, unused)."""
+    graph = copy.deepcopy(gm.graph)
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    for index, value in values.items():
+        for item in list(placeholders[index].users):
+            for user in list(item.users):
+                user.args = _replaced(user.args, item, value)
+                user.kwargs = _replaced(user.kwargs, item, value)
+            graph.erase_node(item)
+    graph.lint()
+    return fx.GraphModule(gm, graph)
+
+
+def _replaced(args: Any, node: fx.Node, value: Any) -> Any:
+    return fx.node.map_aggregate(args, lambda a: value if a is node else a)
+
+
 class ShapeSpecializer:
-    """Compiles a shape-generic dynamo graph once per concrete input signature."""
+    """Compiles a shape-generic dynamo graph once per concrete input signature: the inputs'
+    shapes, and the values of the inputs it reads only as scalars (`_read_as_scalars`),
+    compiled as constants."""
 
     def __init__(self, gm: fx.GraphModule, opts: Options):
         self.gm = gm
         self.opts = opts
+        self.scalars = _read_as_scalars(gm)
         self.compiled: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self._warned = False
 
     def __call__(self, *args: Any) -> Any:
         signature = tuple(
-            (tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args
+            ("scalar", a.item())
+            if index in self.scalars
+            else (tuple(a.shape), a.dtype, a.device)
+            if isinstance(a, torch.Tensor)
+            else a
+            for index, a in enumerate(args)
         )
         fn = self.compiled.get(signature)
         if fn is None:
@@ -338,7 +378,10 @@ class ShapeSpecializer:
                     self._warned = True
                 return self.gm(*args)
             try:
-                fn = _compile(self.gm, list(args), self.opts)
+                gm = self.gm
+                if self.scalars:
+                    gm = _with_scalars(gm, {i: args[i].item() for i in self.scalars})
+                fn = _compile(gm, list(args), self.opts)
             except KopeError:
                 raise  # meant for the user (a bad option, a target that cannot run)
             except Exception as err:
@@ -347,7 +390,7 @@ class ShapeSpecializer:
                 log.warning(
                     "compiling the graph for input shapes %s failed (%s: %s); running it "
                     "eagerly for them",
-                    [s[0] if isinstance(s, tuple) else s for s in signature],
+                    [s[0] if isinstance(s, tuple) and s[0] != "scalar" else s for s in signature],
                     type(err).__name__,
                     first_line(err, 200),
                 )

@@ -292,22 +292,41 @@ def test_dynamic_shapes_are_specialised() -> None:
             torch.testing.assert_close(compiled(x), f(x))
 
 
-def test_a_shape_generic_graph_that_cannot_be_specialised_runs_eagerly(
-    tmp_path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Under dynamic=True dynamo makes batch norm's float momentum a tensor read with
-    `.item()`, which tracing the graph on concrete values cannot: the model still runs."""
+def test_a_shape_generic_graph_reads_float_attributes_as_constants(tmp_path) -> None:
+    """Under dynamic=True dynamo passes a module's float attributes (batch norm's eps and
+    momentum, a layer norm's eps) as 0-d tensors read with `.item()`, which a trace on fake
+    tensors cannot read: each shape is compiled with their values as constants (it ran
+    eagerly before, so a transformer compiled with dynamic=True got no kernel)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU()
+        torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU(), torch.nn.LayerNorm(7)
     ).eval()
-    options = {"store": str(tmp_path / "store")}
+    options = {"store": str(tmp_path / "store"), "kernels": "reference"}
     compiled = torch.compile(model, backend="kope", dynamic=True, options=options)
-    with torch.no_grad(), caplog.at_level("WARNING", logger="kope.compiler"):
-        for shape in ((2, 3, 9, 9), (3, 3, 11, 11)):
-            x = torch.randn(*shape)
+    kope.reset_report()
+    with torch.no_grad():
+        for batch in (2, 3, 2):
+            x = torch.randn(batch, 3, 9, 9)
             torch.testing.assert_close(compiled(x), model(x))
-    assert "running it eagerly" in caplog.text
+    tasks = kope.report().tasks
+    assert tasks and all(task.jit for task in tasks), [(t.label, t.jit) for t in tasks]
+    assert any("1e-05" in task.label for task in tasks), "layer norm's eps is not a constant"
+
+
+def test_a_shape_that_fails_to_compile_runs_eagerly(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def fails(*args: object) -> None:
+        raise RuntimeError("cannot trace this shape")
+
+    monkeypatch.setattr(kope.backend, "_compile", fails)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+    compiled = torch.compile(model, backend="kope", dynamic=True)
+    with torch.no_grad(), caplog.at_level("WARNING", logger="kope.compiler"):
+        for batch in (2, 3):
+            x = torch.randn(batch, 4)
+            torch.testing.assert_close(compiled(x), model(x))
+    assert "cannot trace this shape" in caplog.text and "running it eagerly" in caplog.text
 
 
 def test_works_without_import_and_with_torch_logs(tmp_path) -> None:
