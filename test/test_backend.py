@@ -319,7 +319,7 @@ def test_a_shape_that_fails_to_compile_runs_eagerly(
     def fails(*args: object) -> None:
         raise RuntimeError("cannot trace this shape")
 
-    monkeypatch.setattr(kope.backend, "_compile", fails)
+    monkeypatch.setattr("kope.backend._compile", fails)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
     compiled = torch.compile(model, backend="kope", dynamic=True)
     with torch.no_grad(), caplog.at_level("WARNING", logger="kope.compiler"):
