@@ -177,7 +177,6 @@ def test_a_layout_that_does_not_fit_is_refused(layout: str, message: str) -> Non
     "fn, args",
     [
         (torch.bmm, (torch.randn(2, 8, 16), torch.randn(2, 16, 32))),  # B is an activation
-        (torch.mm, (torch.randn(1, 16), torch.randn(16, 40))),  # fewer rows than any tile
         (torch.mm, (torch.randn(8, 16), torch.randn(16, 7))),  # fewer columns than a panel
         # B read by more than the matmul: its packed copy could not serve the other reader
         (lambda a, b: (a @ b) * b, (torch.randn(16, 16), torch.randn(16, 16))),
@@ -236,3 +235,44 @@ def test_a_prime_k_above_the_cache_tile_verifies(target: CpuTarget) -> None:
             task.spec, Kernel(source), oracle=Kernel(task.payload), measure=False
         )
         assert result.verdict == "verified", f"{config}: {result.error}"
+
+
+ONE_ROW = {
+    "mm": (torch.mm, (torch.randn(1, 64, generator=_gen()), torch.randn(64, 80))),
+    # The bias and activation read the product through a reshape (its unit row dropped),
+    # which fusion cannot follow: on two threads each runs a parallel loop of its own.
+    "linear_relu": (
+        lambda x, w, b: torch.relu(torch.nn.functional.linear(x, w, b)),
+        (torch.randn(1, 37, generator=_gen()), torch.randn(70, 37), torch.randn(70)),
+    ),
+    "three_rows_residual": (
+        lambda x, w, r: r + x @ w,
+        (torch.randn(3, 40, generator=_gen()), torch.randn(40, 48), torch.randn(3, 48)),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ONE_ROW))
+def test_products_of_a_few_rows_take_tiles_of_their_rows_and_verify(
+    name: str, target: CpuTarget
+) -> None:
+    """A matrix-vector product (a linear layer at batch 1) took 4-row tiles, 3 rows of them
+    zeros (0.5x torch.mm), and its 2-thread points did not build (threads split the rows)."""
+    fn, args = ONE_ROW[name]
+    task = _task(fn, *args)
+    rows = args[0].shape[0]
+    info = analyze(prepare_payload(task.payload))
+    space = sorted(schedule_space(info, CAPABILITIES)[0], key=lambda point: -point[1])
+    firsts = [
+        next(c for c, _ in space if bool(c.get("pack")) == pack and c["threads"] == threads)
+        for pack in (False, True)
+        if any(bool(c.get("pack")) == pack for c, _ in space)
+        for threads in (2, 1)
+    ]
+    assert len(firsts) == (4 if name != "linear_relu" else 2), firsts
+    for config in firsts:
+        assert config["register"][0] == rows, config
+        result = target.evaluate(
+            task.spec, Kernel(_source(task, config)), oracle=Kernel(task.payload), measure=False
+        )
+        assert result.verdict == "verified", f"{task.label}, {config}: {result.error}"

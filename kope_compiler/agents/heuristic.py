@@ -73,13 +73,14 @@ from kope.agents.schedules import (
 )
 from kope.agents.triton_kernels import describe_config as describe_triton
 from kope.agents.triton_kernels import render_triton, triton_space, unsupported_reason
-from kope.passes.analysis import PayloadInfo, analyze, prepare_payload
+from kope.passes.analysis import CONTRACTIONS, PayloadInfo, analyze, prepare_payload
 from kope.vocabulary.kernels import FORM_MLIR, FORM_TRITON
 
 log = logging.getLogger("kope.agents.heuristic")
 
 APPROXIMABLE = {"math.exp", "math.erf", "math.tanh"}
 BIG_WORK = 1 << 16  # iterations above which threads are expected to pay off
+FEW_ROWS = 4  # a product of fewer rows than the shortest usual register tile
 # Prior points a widened grid point gives up while nothing is learned: more than the prior's
 # whole span plus the seeded jitter, so that with no experience the core grid is searched
 # first, in its own order. Under a fitted cost model it gives up only UNPROVEN, more than the
@@ -150,8 +151,14 @@ def _packed_points(
     # better: 6x16 ran 1.05-1.25x faster than 4x16 at 255x129x193, 256^3 and 512^3 on AVX2,
     # unless padding a few rows to sixes computes many zeros (8x256x1024: 0.85x).
     registers = [(6, 2 * lanes, 1), (4, 2 * lanes, 1)]
-    caches = [(64, 256, 256)]
     more_registers = [(8, lanes, 1), (6, 2 * lanes, 4), (4, 2 * lanes, 4), (2, 4 * lanes, 1)]
+    if plain.m < FEW_ROWS:
+        # Tiles of exactly its rows, as for the unpacked points: a 1x256x1024 product, bound
+        # by reading B, ran 1.17x torch.mm on 1 thread and 1.45x on 2 with 1x32, 0.88x and
+        # 1.35x with 1x16 (AVX2).
+        registers = [(plain.m, 4 * lanes, 1), (plain.m, 2 * lanes, 1)]
+        more_registers = [(plain.m, 8 * lanes, 1), (plain.m, 4 * lanes, 4)]
+    caches = [(64, 256, 256)]
     # (256, 256, 256): a thread's whole rows of a small product as one cache tile (255x129x193
     # on 2 threads: 0.76-0.78x -> 0.81-0.87x torch.mm; 1024^3 loses with it: not the default).
     more_caches = [(32, 128, 512), (64, 128, 128), (256, 256, 256)]
@@ -165,7 +172,7 @@ def _packed_points(
         if k_unroll(plain, kr) != kr:
             continue  # it would render as the point that does not unroll k
         score = 1.0 + (2.0 if (t > 1) == big else 0.0)
-        if nr == 2 * lanes and mr in heights:
+        if mr in heights and (nr == 2 * lanes or plain.m < FEW_ROWS):
             score += 1.0 if mr == favoured[t] else 0.5
         score += 0.5 if cache == (64, 256, 256) else 0.0
         config = {
@@ -210,12 +217,23 @@ def schedule_space(
             (2, 4 * lanes),
         ]
         more_caches = [(32, 128, 128), (64, 256, 256), (128, 64, 256), (16, 256, 512)]
+        contraction = info.find(CONTRACTIONS)
+        rows = contraction.ranges[-3] if contraction else 0
+        if 0 < rows < FEW_ROWS:
+            # A few rows (a matrix-vector product): tiles of exactly those rows, no zero rows
+            # (a 1x256x1024 linear took 4-row tiles, 3 of them zeros: 0.5x torch.mm).
+            registers = [(rows, 4 * lanes), (rows, 8 * lanes)] + registers
         for (t, (mr, nr), cache, kr), wide in _grid(
             [threads, registers, caches, [1]], [[], more_registers, more_caches, [2, 4]]
         ):
             score = 0.0
             score += 2.0 if (t > 1) == big else 0.0
-            score += 1.0 if (mr, nr) == (8, 2 * lanes) else 0.5 if mr * nr // lanes >= 8 else 0.0
+            if 0 < rows < FEW_ROWS:
+                score += 1.5 if mr == rows else 0.0
+            elif (mr, nr) == (8, 2 * lanes):
+                score += 1.0
+            elif mr * nr // lanes >= 8:
+                score += 0.5
             score += 0.5 if cache == (64, 128, 256) else 0.0
             # Tiles are recorded as chosen, not clipped to this shape, so that a configuration
             # means the same on every operator it is transferred to (render clips).

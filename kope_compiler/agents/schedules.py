@@ -383,16 +383,21 @@ def _contraction(info: PayloadInfo, config: Config) -> str:
     m, n, k = contraction.ranges[-3:]
     threads = config.get("threads", 1)
     split_batch = batch and contraction.ranges[0] >= threads
-    rows_multiple = mr * (1 if split_batch else threads)
+    # Threads split the rows, unless there are fewer than a register tile each (a
+    # matrix-vector product: one row), when they split the columns.
+    split_columns = threads > 1 and not split_batch and m < threads * mr
+    rows_multiple = mr * (1 if split_batch or split_columns else threads)
+    columns_multiple = nr * (threads if split_columns else 1)
     handles = {op.index: s.match_op(op.index) for op in info.ops}
     # Shapes the register tile does not divide are padded (with zeros, which add nothing to a
     # sum of products) so that every tile is static; a masked partial tile is several times
     # slower. Only when the contraction is the result: a consumer would read a padded slice.
-    if root.index == contraction.index and (m % rows_multiple or n % nr or k % kr):
+    if root.index == contraction.index and (m % rows_multiple or n % columns_multiple or k % kr):
         padded = s.fresh("padded")
         zeros = ", ".join(["0.0 : f32"] * 3)
         dims = "[1, 2, 3]" if batch else "[0, 1, 2]"
-        multiples = [rows_multiple, nr, kr]  # one per padded dimension, the batch unpadded
+        # One per padded dimension, the batch unpadded.
+        multiples = [rows_multiple, columns_multiple, kr]
         s.emit(
             f"{padded}, {s.fresh('pad')}, {s.fresh('copy')} = transform.structured.pad "
             f"{handles[contraction.index]} pad_to_multiple_of {_list(multiples)} "
@@ -400,25 +405,53 @@ def _contraction(info: PayloadInfo, config: Config) -> str:
             "(!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)"
         )
         handles[contraction.index] = padded
-        m, n, k = _ceil_to(m, rows_multiple), _ceil_to(n, nr), _ceil_to(k, kr)
+        m, n, k = _ceil_to(m, rows_multiple), _ceil_to(n, columns_multiple), _ceil_to(k, kr)
         contraction = replace(contraction, init_producers=[])  # the fill now feeds a pad
         root = contraction
         info = replace(info, ops=[op for op in info.ops if op.index == contraction.index])
-    if threads > 1 and not split_batch:
-        m = _chunk(m, threads, mr)  # each thread's rows: the extent the cache tile must divide
+    # Each thread's rows or columns: the extent the cache tile must divide.
+    if split_columns:
+        n = _chunk(n, threads, nr)
+    elif threads > 1 and not split_batch:
+        m = _chunk(m, threads, mr)
     mc = fit_tile(m, config["cache"][0], mr)
     nc = fit_tile(n, config["cache"][1], nr)
     kc = k_tile(k, config["cache"][2], kr)
     c_handle = handles[contraction.index]
     root_handle = handles[root.index]
     inits = set(contraction.init_producers)
-    if threads > 1:
+    # A consumer that reads the product through a reshape (its unit rows dropped: a
+    # matrix-vector product's bias and activation) cannot be fused into the product's loop.
+    reshaped = root.index != contraction.index and len(root.ranges) < len(contraction.ranges) - 1
+    if threads > 1 and reshaped:
+        sizes = [0] * len(contraction.ranges)  # [b,] m, n, k
+        if split_batch:
+            sizes[0] = _chunk(contraction.ranges[0], threads)
+        elif split_columns:
+            sizes[-2] = n
+        else:
+            sizes[-3] = m
+        c_handle, loop = s.tile_forall(c_handle, sizes)
+        for index in inits:
+            handles[index], loop = s.fuse_into(handles[index], loop)
+        if split_batch or split_columns:  # the same dim of the consumer: its first or last
+            sizes = [0] * len(root.ranges)
+            if split_batch:
+                sizes[0] = _chunk(root.ranges[0], threads)
+            else:
+                sizes[-1] = n
+            root_handle, loop = s.tile_forall(root_handle, sizes)
+            for op in reversed(info.ops):
+                if op.index not in (root.index, contraction.index, *inits):
+                    handles[op.index], loop = s.fuse_into(handles[op.index], loop)
+    elif threads > 1:
         sizes = [0] * len(root.ranges)
         if split_batch:
             sizes[0] = _chunk(root.ranges[0], threads)
+        elif split_columns:
+            sizes[-1] = n  # the columns: the last dim of the root (the product or its consumer)
         else:
-            m_dim = 1 if batch else 0
-            sizes[m_dim] = m
+            sizes[1 if batch else 0] = m
         tiled_root, loop = s.tile_forall(root_handle, sizes)
         if root.index == contraction.index:
             c_handle = tiled_root
