@@ -140,9 +140,12 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
 
 
 # Models outside the default set, for `--models`: a stack of convolutions deep enough that
-# KOPE computes it channels-last (`kope.rewrites.channels_last`; one block is not).
+# KOPE computes it channels-last (`kope.rewrites.channels_last`; one block is not), and a
+# decoding step.
 EXTRA_MODELS: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
     "resnet_stage": lambda: (nn.Sequential(ResNetBlock(), ResNetBlock()), _inputs(1, 32, 28, 28)),
+    # One token through the LLM block (decoding at batch 1): every product a matrix-vector one.
+    "llm_decode": lambda: (LlmBlock(), _inputs(1, 256)),
 }
 
 

@@ -314,15 +314,15 @@ def _plain_matmul(func: ir.Operation) -> PlainMatmul | None:
 
 
 def _is_epilogue(op: ir.Operation, m: int, n: int) -> bool:
-    """Whether `op` is elementwise over an M x N result (a schedule tiles it like the product)."""
+    """Whether `op` is elementwise over an M x N result (a schedule tiles it like the product),
+    or over N where M is 1 (its unit row dropped: a linear layer's bias at batch 1)."""
     if op.name != "linalg.generic" or len(op.results) != 1:
         return False
     iterators = [str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
     result = ir.RankedTensorType(op.results[0].type)
-    return (
-        all("parallel" in i for i in iterators)
-        and result.shape == [m, n]
-        and _maps(op)[-1] == "(d0, d1) -> (d0, d1)"
+    return all("parallel" in i for i in iterators) and (
+        (result.shape == [m, n] and _maps(op)[-1] == "(d0, d1) -> (d0, d1)")
+        or (m == 1 and result.shape == [n] and _maps(op)[-1] == "(d0) -> (d0)")
     )
 
 

@@ -1043,7 +1043,8 @@ def packed_kernel(payload: str, info: PayloadInfo, config: Config) -> str:
     if names[:2] != ["linalg.fill", "linalg.generic"] or len(ops) != 2 + plain.epilogue:
         raise ValueError(f"the packed payload's ops are not fill, product, epilogue: {names}")
     text = module.operation.get_asm(enable_debug_info=False)
-    return attach(text, _packed_schedule(plain, config, shape))
+    ranks = [len(ir.RankedTensorType(op.results[0].type).shape) for op in ops[2:]]
+    return attach(text, _packed_schedule(plain, config, shape, ranks))
 
 
 def _packed_product(plain: PlainMatmul, shape: _Panels) -> str:
@@ -1099,7 +1100,9 @@ def k_unroll(plain: PlainMatmul, kr: int) -> int:
     return kr if plain.k % kr == 0 else 1
 
 
-def _packed_schedule(plain: PlainMatmul, config: Config, shape: _Panels) -> str:
+def _packed_schedule(
+    plain: PlainMatmul, config: Config, shape: _Panels, epilogue_ranks: list[int]
+) -> str:
     mr, nr, kr = config["register"]
     kr = k_unroll(plain, kr)
     # Every tile is vectorized here, not by vectorizing the function's children: that also
@@ -1128,11 +1131,12 @@ def _packed_schedule(plain: PlainMatmul, config: Config, shape: _Panels) -> str:
     s.vectorize(registers, [mr, 1, nr, kr])
     # The epilogue, M x N: threads over rows where they divide them, then rows of nr columns;
     # a ragged last column tile is masked.
-    for index in range(2, 2 + plain.epilogue):
+    # An epilogue of one row is 1-D (its unit row dropped): N elements in vectors of nr.
+    for index, rank in enumerate(epilogue_ranks, start=2):
         op = s.match_op(index)
-        if shape.threads > 1 and plain.m % shape.threads == 0:
+        if rank == 2 and shape.threads > 1 and plain.m % shape.threads == 0:
             op, _ = s.tile_forall(op, [plain.m // shape.threads, 0])
-        tile, _ = s.tile_for(op, [1, nr])
-        s.vectorize(tile, [1, nr])
+        tile, _ = s.tile_for(op, [1, nr][-rank:])
+        s.vectorize(tile, [1, nr][-rank:])
     s.vectorize_function("outerproduct", drop_unit_dims=True, form_contractions=True)
     return s.text()
