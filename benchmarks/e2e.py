@@ -93,6 +93,26 @@ class Attention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, t, d))
 
 
+class Gpt2DecodeBlock(nn.Module):
+    """A GPT-2 block taking one token against a cache of earlier keys and values."""
+
+    def __init__(self, dim: int = 768, heads: int = 12):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.fc, self.out = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (y.view(b, t, self.heads, d // self.heads).transpose(1, 2) for y in (q, k, v))
+        k, v = torch.cat([keys, k], 2), torch.cat([values, v], 2)
+        y = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.proj(y)
+        return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+
 class ResNetBlock(nn.Module):
     def __init__(self, channels: int = 32):
         super().__init__()
@@ -140,12 +160,17 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
 
 
 # Models outside the default set, for `--models`: a stack of convolutions deep enough that
-# KOPE computes it channels-last (`kope.rewrites.channels_last`; one block is not), and a
-# decoding step.
+# KOPE computes it channels-last (`kope.rewrites.channels_last`; one block is not), and
+# decoding steps.
 EXTRA_MODELS: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
     "resnet_stage": lambda: (nn.Sequential(ResNetBlock(), ResNetBlock()), _inputs(1, 32, 28, 28)),
-    # One token through the LLM block (decoding at batch 1): every product a matrix-vector one.
+    # One token through the LLM block (decoding at batch 1): every product a matrix-vector one;
+    # and through a GPT-2-small block with 63 earlier tokens' keys and values.
     "llm_decode": lambda: (LlmBlock(), _inputs(1, 256)),
+    "gpt2_decode": lambda: (
+        Gpt2DecodeBlock(),
+        _inputs(1, 1, 768) + _inputs(1, 12, 63, 64) + _inputs(1, 12, 63, 64),
+    ),
 }
 
 
