@@ -178,6 +178,7 @@ def test_a_layout_that_does_not_fit_is_refused(layout: str, message: str) -> Non
     [
         (torch.bmm, (torch.randn(2, 8, 16), torch.randn(2, 16, 32))),  # B is an activation
         (torch.mm, (torch.randn(8, 16), torch.randn(16, 7))),  # fewer columns than a panel
+        (torch.mv, (torch.randn(8, 16), torch.randn(16))),  # m x k, no n: no contraction point
         # B read by more than the matmul: its packed copy could not serve the other reader
         (lambda a, b: (a @ b) * b, (torch.randn(16, 16), torch.randn(16, 16))),
     ],

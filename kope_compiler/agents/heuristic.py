@@ -198,6 +198,11 @@ def schedule_space(
     big = work(info) >= BIG_WORK
     found: list[tuple[Config, float, bool]] = []
     if info.kind == "contraction":
+        contraction = info.find(CONTRACTIONS)
+        if contraction is None or len(contraction.ranges) < 3:
+            # A matrix-vector or vector-matrix product (m x k, no n): the contraction
+            # schedules tile m, n and k and would fail to render it.
+            return [], set()
         registers = [
             (8, 2 * lanes),
             (4, 2 * lanes),
@@ -217,8 +222,7 @@ def schedule_space(
             (2, 4 * lanes),
         ]
         more_caches = [(32, 128, 128), (64, 256, 256), (128, 64, 256), (16, 256, 512)]
-        contraction = info.find(CONTRACTIONS)
-        rows = contraction.ranges[-3] if contraction else 0
+        rows = contraction.ranges[-3]
         if 0 < rows < FEW_ROWS:
             # A few rows (a matrix-vector product): tiles of exactly those rows, no zero rows
             # (a 1x256x1024 linear took 4-row tiles, 3 of them zeros: 0.5x torch.mm).
