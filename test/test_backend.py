@@ -323,10 +323,30 @@ def test_a_shape_that_fails_to_compile_runs_eagerly(
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
     compiled = torch.compile(model, backend="kope", dynamic=True)
     with torch.no_grad(), caplog.at_level("WARNING", logger="kope.compiler"):
-        for batch in (2, 3):
+        for batch in (2, 3, 2, 2):
             x = torch.randn(batch, 4)
             torch.testing.assert_close(compiled(x), model(x))
     assert "cannot trace this shape" in caplog.text and "running it eagerly" in caplog.text
+
+
+def test_a_shape_is_compiled_at_its_second_call(tmp_path) -> None:
+    """A decoding loop calls its graph with a new key and value length every step: compiling
+    each (a compile and a whole-graph timing for one call) stalled it for seconds a token."""
+
+    def attend(q, k, v):
+        return torch.softmax(q @ k.transpose(-1, -2), -1) @ v + 1
+
+    options = {"store": str(tmp_path / "store"), "kernels": "reference"}
+    compiled = torch.compile(attend, backend="kope", dynamic=True, options=options)
+    kope.reset_report()
+    q = torch.randn(2, 1, 8)
+    with torch.no_grad():
+        for length in (3, 4, 5, 6):
+            k, v = torch.randn(2, length, 8), torch.randn(2, length, 8)
+            torch.testing.assert_close(compiled(q, k, v), attend(q, k, v))
+        assert not kope.report().graphs, "a length called once was compiled"
+        torch.testing.assert_close(compiled(q, k, v), attend(q, k, v))
+    assert len(kope.report().graphs) == 1
 
 
 def test_works_without_import_and_with_torch_logs(tmp_path) -> None:
