@@ -34,9 +34,8 @@ from kope.whole_graph import AtThreads, settle_training_step
 
 log = logging.getLogger("kope.compiler")
 
-MAX_SPECIALIZATIONS = 16
-# Input signatures of a shape-generic graph remembered as called once (`ShapeSpecializer`).
-MAX_SEEN_ONCE = 1024
+# Input signatures a shape-generic graph is specialised for (`ShapeSpecializer`).
+MAX_SPECIALIZATIONS = 8
 
 
 def kope_backend(
@@ -357,7 +356,10 @@ class ShapeSpecializer:
     as dynamo traced it: a shape that comes once (the growing key and value cache of a
     decoding loop: every step a new length) would otherwise pay a compile and the
     whole-graph timing for one call, 3-4 s for a GPT-2-small block against a few ms; shapes
-    that repeat (a server's batch sizes) are compiled at their second call."""
+    that repeat (a server's batch sizes) are compiled at their second call. A graph called
+    with more than `MAX_SPECIALIZATIONS` signatures varies too much to be specialised: from
+    then on it runs as dynamo traced it for every signature not compiled yet (a second
+    decoding loop would otherwise compile every length the first one saw once)."""
 
     def __init__(self, gm: fx.GraphModule, opts: Options):
         self.gm = gm
@@ -378,20 +380,19 @@ class ShapeSpecializer:
         )
         fn = self.compiled.get(signature)
         if fn is None:
-            if signature not in self.seen_once:
-                if len(self.seen_once) >= MAX_SEEN_ONCE:
-                    self.seen_once.clear()  # a long run of new shapes: forget the oldest
-                self.seen_once.add(signature)
-                return self.gm(*args)
-            self.seen_once.discard(signature)
-            if len(self.compiled) >= MAX_SPECIALIZATIONS:
+            if len(self.seen_once) + len(self.compiled) >= MAX_SPECIALIZATIONS:
                 if not self._warned:
                     log.warning(
-                        "more than %d input shapes; running further shapes eagerly",
+                        "a graph called with more than %d input shapes; running its shapes "
+                        "not compiled yet as dynamo traced them",
                         MAX_SPECIALIZATIONS,
                     )
                     self._warned = True
                 return self.gm(*args)
+            if signature not in self.seen_once:
+                self.seen_once.add(signature)
+                return self.gm(*args)
+            self.seen_once.discard(signature)
             try:
                 gm = self.gm
                 if self.scalars:

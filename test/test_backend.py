@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import kope
+from kope.backend import MAX_SPECIALIZATIONS
 from kope.zoo import ZOO
 
 
@@ -346,7 +347,14 @@ def test_a_shape_is_compiled_at_its_second_call(tmp_path) -> None:
             torch.testing.assert_close(compiled(q, k, v), attend(q, k, v))
         assert not kope.report().graphs, "a length called once was compiled"
         torch.testing.assert_close(compiled(q, k, v), attend(q, k, v))
-    assert len(kope.report().graphs) == 1
+        assert len(kope.report().graphs) == 1
+        # A graph called with more lengths than it specialises runs the rest as traced: a
+        # second decoding loop does not compile each length the first one saw.
+        for length in range(7, 7 + MAX_SPECIALIZATIONS):
+            k, v = torch.randn(2, length, 8), torch.randn(2, length, 8)
+            for _ in range(2):
+                torch.testing.assert_close(compiled(q, k, v), attend(q, k, v))
+    assert len(kope.report().graphs) < MAX_SPECIALIZATIONS
 
 
 def test_works_without_import_and_with_torch_logs(tmp_path) -> None:
