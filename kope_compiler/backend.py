@@ -28,7 +28,7 @@ from kope.compiler import compile_graph, settle_graph, without_dropped_kernels
 from kope.decompositions import traced_whole
 from kope.errors import KopeError, first_line
 from kope.options import Options
-from kope.report import GraphReport
+from kope.report import GraphReport, drop_graph
 from kope.targets import target_class
 from kope.whole_graph import AtThreads, settle_training_step
 
@@ -83,9 +83,13 @@ def _backend(
     if _needs_gradients(example_inputs):
         return _training(gm, example_inputs, opts)
     if any(_is_symbolic(x) for x in example_inputs):
+        generic = GenericGraph.compile(gm, example_inputs, opts)
+        if generic is not None:
+            return generic
         log.info(
-            "the graph has symbolic shapes (dynamo's automatic dynamic shapes); KOPE "
-            "specialises it per static shape. torch.compile(..., dynamic=False) avoids this."
+            "the graph has symbolic shapes (dynamo's automatic dynamic shapes) and no operator "
+            "of static shape with a kernel; KOPE specialises it per static shape. "
+            "torch.compile(..., dynamic=False) avoids this."
         )
         return ShapeSpecializer(gm, opts)
     return _compile(gm, example_inputs, opts)
@@ -313,6 +317,84 @@ def _is_symbolic(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return any(isinstance(s, torch.SymInt) for s in value.shape)
     return False
+
+
+class GenericGraph:
+    """A shape-generic graph compiled once: its operators of static shape on their kernels,
+    those whose shapes move (a decoding step's key and value cache, its attention) on ATen, as
+    the partition leaves any operator of symbolic shape; the whole-graph check runs at the
+    first call, on its concrete inputs, and its choice serves every shape.
+
+    Compiled per shape instead (`ShapeSpecializer`), a decoding loop paid a compile and a
+    whole-graph timing for every new length (3-4 s each for a GPT-2-small block), or ran as
+    dynamo traced it. The graph is traced with dynamo's own symbolic inputs and its shape
+    environment's guards suppressed: reading a size while compiling must not specialise the
+    graph dynamo made generic (it would then recompile for every length)."""
+
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        compiled: fx.GraphModule,
+        report: GraphReport,
+        scalars: dict[int, Any],
+        opts: Options,
+    ):
+        self.gm = gm
+        self.compiled = compiled
+        self.report = report
+        self.scalars = scalars
+        self.opts = opts
+        self.chosen: Callable[..., Any] | None = None
+        self.specializer: ShapeSpecializer | None = None
+
+    @classmethod
+    def compile(
+        cls, gm: fx.GraphModule, example_inputs: Sequence[Any], opts: Options
+    ) -> GenericGraph | None:
+        """The graph compiled once, or None where no operator of static shape has a kernel
+        (or it cannot be traced generically): then it is specialised per shape."""
+        envs = [
+            s.node.shape_env
+            for x in example_inputs
+            for s in ([x] if isinstance(x, torch.SymInt) else list(getattr(x, "shape", ())))
+            if isinstance(s, torch.SymInt)
+        ]
+        if not envs:
+            return None
+        try:
+            scalars = {i: example_inputs[i].item() for i in _read_as_scalars(gm)}
+            with envs[0].suppress_guards():
+                traced = _with_scalars(gm, scalars) if scalars else gm
+                compiled, report = compile_graph(aten_inference_graph(traced, example_inputs), opts)
+        except KopeError:
+            raise
+        except Exception as err:
+            log.info(
+                "the shape-generic graph cannot be compiled once (%s: %s); it is specialised "
+                "per shape",
+                type(err).__name__,
+                first_line(err, 200),
+            )
+            return None
+        if not any(task.jit for task in report.tasks):
+            drop_graph(report)
+            return None  # every operator's shape moves: a compile per shape gives them kernels
+        return cls(gm, compiled, report, scalars, opts)
+
+    def __call__(self, *args: Any) -> Any:
+        if any(args[i].item() != value for i, value in self.scalars.items()):
+            # A float attribute changed since the graph was compiled with it as a constant.
+            if self.specializer is None:
+                self.specializer = ShapeSpecializer(self.gm, self.opts)
+            return self.specializer(*args)
+        if self.chosen is None:
+            if self.opts.kernels == "auto":
+                self.chosen = settle_graph(
+                    self.gm.forward, self.compiled, self.report, list(args), self.opts
+                )
+            else:
+                self.chosen = self.compiled.forward
+        return self.chosen(*args)
 
 
 def _read_as_scalars(gm: fx.GraphModule) -> set[int]:

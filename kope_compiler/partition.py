@@ -103,7 +103,9 @@ def eager_reason(node: fx.Node, target: Target) -> tuple[str, bool] | None:
     val = node.meta.get("val")
     if val is None:
         return f"{name} has no shape information", True
-    if _has_symbols(val) or _has_symbols(node.args) or _has_symbols(node.kwargs):
+    # Its inputs too: a sum of a tensor whose length moves has an output of static shape.
+    operands = fx.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+    if _has_symbols(val) or _has_symbols(operands):
         return f"{name} has symbolic shapes; KOPE specialises on static shapes", True
     outputs = list(val) if isinstance(val, (tuple, list)) else [val]
     if not outputs or not all(isinstance(v, torch.Tensor) for v in outputs):

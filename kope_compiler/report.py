@@ -319,3 +319,8 @@ def reset_report() -> None:
 
 def add_graph(graph: GraphReport) -> None:
     _REPORT.graphs.append(graph)
+
+
+def drop_graph(graph: GraphReport) -> None:
+    """Forget a graph compiled and then not used (a shape-generic try the backend set aside)."""
+    _REPORT.graphs[:] = [g for g in _REPORT.graphs if g is not graph]

@@ -330,6 +330,32 @@ def test_a_shape_that_fails_to_compile_runs_eagerly(
     assert "cannot trace this shape" in caplog.text and "running it eagerly" in caplog.text
 
 
+def test_a_decoding_step_is_compiled_once_for_every_cache_length(tmp_path) -> None:
+    """A graph whose cache grows every call is compiled once: the operators of static shape
+    (the projection, its activation) on kernels, those of the cache's length on ATen, with
+    no recompile per length (each cost a compile and a whole-graph timing)."""
+
+    def step(x, w, keys):
+        h = torch.tanh(x @ w)
+        keys = torch.cat([keys, h[:, None]], 1)
+        return torch.softmax(keys @ h[:, :, None], 1) * 2 + h.sum()
+
+    options = {"store": str(tmp_path / "store"), "kernels": "reference"}
+    compiled = torch.compile(step, backend="kope", options=options)
+    torch._dynamo.reset()
+    kope.reset_report()
+    x, w = torch.randn(2, 16), torch.randn(16, 16)
+    with torch.no_grad():
+        for length in (3, 4, 9, 5, 12):
+            keys = torch.randn(2, length, 16)
+            torch.testing.assert_close(compiled(x, w, keys), step(x, w, keys))
+    # The first length's static graph, then dynamo's generic one (the length symbolic).
+    static, generic = kope.report().graphs
+    assert any(task.jit and "mm" in task.label for task in generic.tasks), generic.tasks
+    assert not any("x3x16" in task.label for task in generic.tasks), generic.tasks
+    assert any("symbolic shapes" in entry.reason for entry in generic.eager), generic.eager
+
+
 def test_a_shape_is_compiled_at_its_second_call(tmp_path) -> None:
     """A decoding loop calls its graph with a new key and value length every step: compiling
     each (a compile and a whole-graph timing for one call) stalled it for seconds a token."""
