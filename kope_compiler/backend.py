@@ -379,6 +379,11 @@ class GenericGraph:
         if not any(task.jit for task in report.tasks):
             drop_graph(report)
             return None  # every operator's shape moves: a compile per shape gives them kernels
+        if _holds_symbols(compiled):
+            # A rewrite wrote a size of the trace into a node: right for that shape alone.
+            log.info("the shape-generic graph holds a traced size; it is specialised per shape")
+            drop_graph(report)
+            return None
         return cls(gm, compiled, report, scalars, opts)
 
     def __call__(self, *args: Any) -> Any:
@@ -395,6 +400,16 @@ class GenericGraph:
             else:
                 self.chosen = self.compiled.forward
         return self.chosen(*args)
+
+
+def _holds_symbols(gm: fx.GraphModule) -> bool:
+    """Whether a node of `gm` takes a symbolic value itself (not a node computing it)."""
+    symbolic = (torch.SymInt, torch.SymFloat, torch.SymBool)
+    for node in gm.graph.nodes:
+        leaves, _ = torch.utils._pytree.tree_flatten((node.args, node.kwargs))
+        if any(isinstance(leaf, symbolic) for leaf in leaves):
+            return True
+    return False
 
 
 def _read_as_scalars(gm: fx.GraphModule) -> set[int]:

@@ -208,6 +208,8 @@ def fold_constants(gm: fx.GraphModule) -> int:
             continue
         if op._opname in _ALLOCATIONS or not isinstance(node.meta.get("val"), torch.Tensor):
             continue
+        if _has_symbols(node.meta["val"]):
+            continue  # its shape moves with the inputs' (a shape-generic graph's mask)
         if all(arg in computable for arg in node.all_input_nodes):
             computable.add(node)
     # What the graph returns, or an operator writes into, stays computed on every call; what
