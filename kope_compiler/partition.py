@@ -473,8 +473,8 @@ def sink_views(graph: fx.Graph, within: set[fx.Node] | None = None) -> list[fx.N
         before, after = tensor_value(product), tensor_value(view)
         if before is None or after is None or not view.users or len(product.users) != 1:
             continue
-        if not before.is_contiguous():
-            continue
+        if not before.is_contiguous() or _has_symbols([before, after]):
+            continue  # a view of symbolic shape would be written with the trace's sizes
         if all(_sinks_below(user, view, before, tuple(after.shape)) for user in view.users):
             new = _sink(graph, view, product)
             made += new
