@@ -11,7 +11,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kope.agents.heuristic import schedule_space
-from kope.agents.schedules import _panels, k_tile, kernel_source
+from kope.agents.schedules import _panels, _thread_tiles, k_tile, kernel_source
 from kope.partition import partition
 from kope.passes.analysis import PlainMatmul, analyze, prepare_payload
 from kope.targets.cpu import BuildError, CpuTarget, build_kernel
@@ -278,3 +278,21 @@ def test_products_of_a_few_rows_take_tiles_of_their_rows_and_verify(
             task.spec, Kernel(_source(task, config)), oracle=Kernel(task.payload), measure=False
         )
         assert result.verdict == "verified", f"{task.label}, {config}: {result.error}"
+
+
+@pytest.mark.parametrize(
+    "rank, batch, batch_chunk, columns, sizes",
+    [
+        (3, False, 0, True, [0, 512, 0]),  # the product m, n, k: its columns, never k
+        (2, False, 0, True, [0, 512]),  # its consumer m, n
+        (3, False, 0, False, [4, 0, 0]),  # rows
+        (4, True, 2, False, [2, 0, 0, 0]),  # batches
+        (4, True, 0, True, [0, 0, 512, 0]),  # a batch too small to split: columns
+    ],
+)
+def test_threads_tile_the_dims_they_split(
+    rank: int, batch: bool, batch_chunk: int, columns: bool, sizes: list[int]
+) -> None:
+    """A product that was the result split its k, not its columns, on two threads (one
+    iteration: a serial kernel)."""
+    assert _thread_tiles(rank, batch, batch_chunk, columns, 4, 512) == sizes

@@ -423,35 +423,21 @@ def _contraction(info: PayloadInfo, config: Config) -> str:
     # A consumer that reads the product through a reshape (its unit rows dropped: a
     # matrix-vector product's bias and activation) cannot be fused into the product's loop.
     reshaped = root.index != contraction.index and len(root.ranges) < len(contraction.ranges) - 1
+    batch_chunk = _chunk(contraction.ranges[0], threads) if split_batch else 0
     if threads > 1 and reshaped:
-        sizes = [0] * len(contraction.ranges)  # [b,] m, n, k
-        if split_batch:
-            sizes[0] = _chunk(contraction.ranges[0], threads)
-        elif split_columns:
-            sizes[-2] = n
-        else:
-            sizes[-3] = m
+        sizes = _thread_tiles(len(contraction.ranges), batch, batch_chunk, split_columns, m, n)
         c_handle, loop = s.tile_forall(c_handle, sizes)
         for index in inits:
             handles[index], loop = s.fuse_into(handles[index], loop)
         if split_batch or split_columns:  # the same dim of the consumer: its first or last
-            sizes = [0] * len(root.ranges)
-            if split_batch:
-                sizes[0] = _chunk(root.ranges[0], threads)
-            else:
-                sizes[-1] = n
+            sizes = [0] * len(root.ranges)  # [b,] n
+            sizes[0 if split_batch else -1] = batch_chunk or n
             root_handle, loop = s.tile_forall(root_handle, sizes)
             for op in reversed(info.ops):
                 if op.index not in (root.index, contraction.index, *inits):
                     handles[op.index], loop = s.fuse_into(handles[op.index], loop)
     elif threads > 1:
-        sizes = [0] * len(root.ranges)
-        if split_batch:
-            sizes[0] = _chunk(root.ranges[0], threads)
-        elif split_columns:
-            sizes[-1] = n  # the columns: the last dim of the root (the product or its consumer)
-        else:
-            sizes[1 if batch else 0] = m
+        sizes = _thread_tiles(len(root.ranges), batch, batch_chunk, split_columns, m, n)
         tiled_root, loop = s.tile_forall(root_handle, sizes)
         if root.index == contraction.index:
             c_handle = tiled_root
@@ -474,6 +460,21 @@ def _contraction(info: PayloadInfo, config: Config) -> str:
         consumer, _ = s.tile_for(root_handle, _vector_tile(root, mr, nr))
     s.vectorize_function("outerproduct")
     return s.text()
+
+
+def _thread_tiles(
+    rank: int, batch: bool, batch_chunk: int, split_columns: bool, m: int, n: int
+) -> list[int]:
+    """The `scf.forall` tile sizes of an op whose dims begin [b,] m, n (a product, k after
+    them, or its elementwise consumer): each thread's batches, columns or rows."""
+    sizes = [0] * rank
+    if batch_chunk:
+        sizes[0] = batch_chunk
+    elif split_columns:
+        sizes[2 if batch else 1] = n
+    else:
+        sizes[1 if batch else 0] = m
+    return sizes
 
 
 def _vector_tile(op: OpInfo, rows: int, vector: int) -> list[int]:
