@@ -28,6 +28,7 @@ from kope.compiler import compile_graph, settle_graph, without_dropped_kernels
 from kope.decompositions import traced_whole
 from kope.errors import KopeError, first_line
 from kope.options import Options
+from kope.partition import has_symbols
 from kope.report import GraphReport, drop_graph
 from kope.targets import target_class
 from kope.whole_graph import AtThreads, settle_training_step
@@ -82,7 +83,7 @@ def _backend(
 ) -> Callable[..., Any]:
     if _needs_gradients(example_inputs):
         return _training(gm, example_inputs, opts)
-    if any(_is_symbolic(x) for x in example_inputs):
+    if has_symbols(list(example_inputs)):
         generic = GenericGraph.compile(gm, example_inputs, opts)
         if generic is not None:
             return generic
@@ -187,7 +188,7 @@ def _training(
     SwiGLU block's step took 1.34x eager's with four kernels that beat eager in its forward).
     Dynamo's graph runs unless the step beats it; so does a graph where no operator runs a
     kernel, or a shape-generic one."""
-    if any(_is_symbolic(x) for x in example_inputs):
+    if has_symbols(list(example_inputs)):
         log.info(
             "a training graph with symbolic shapes runs eagerly: KOPE specialises shapes for "
             "inference graphs only (torch.compile(..., dynamic=False) avoids this)"
@@ -275,7 +276,7 @@ def _output_layouts(gm: fx.GraphModule) -> list[tuple[Any, ...] | None]:
     layouts: list[tuple[Any, ...] | None] = []
     for arg in output.args[0]:
         val = arg.meta.get("val") if isinstance(arg, fx.Node) else None
-        if isinstance(val, torch.Tensor) and not _is_symbolic(val):
+        if isinstance(val, torch.Tensor) and not has_symbols(val):
             layouts.append((tuple(val.shape), val.stride()))
         else:
             layouts.append(None)
@@ -309,14 +310,6 @@ class _InLayouts:
                 fresh = torch.empty_strided(*layout, dtype=out.dtype, device=out.device)
                 fixed[index] = fresh.copy_(out)
         return type(outputs)(fixed)
-
-
-def _is_symbolic(value: Any) -> bool:
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return True
-    if isinstance(value, torch.Tensor):
-        return any(isinstance(s, torch.SymInt) for s in value.shape)
-    return False
 
 
 class GenericGraph:
@@ -379,7 +372,7 @@ class GenericGraph:
         if not any(task.jit for task in report.tasks):
             drop_graph(report)
             return None  # every operator's shape moves: a compile per shape gives them kernels
-        if _holds_symbols(compiled):
+        if any(has_symbols((n.args, n.kwargs)) for n in compiled.graph.nodes):
             # A rewrite wrote a size of the trace into a node: right for that shape alone.
             log.info("the shape-generic graph holds a traced size; it is specialised per shape")
             drop_graph(report)
@@ -400,16 +393,6 @@ class GenericGraph:
             else:
                 self.chosen = self.compiled.forward
         return self.chosen(*args)
-
-
-def _holds_symbols(gm: fx.GraphModule) -> bool:
-    """Whether a node of `gm` takes a symbolic value itself (not a node computing it)."""
-    symbolic = (torch.SymInt, torch.SymFloat, torch.SymBool)
-    for node in gm.graph.nodes:
-        leaves, _ = torch.utils._pytree.tree_flatten((node.args, node.kwargs))
-        if any(isinstance(leaf, symbolic) for leaf in leaves):
-            return True
-    return False
 
 
 def _read_as_scalars(gm: fx.GraphModule) -> set[int]:

@@ -73,7 +73,8 @@ def _is_aten_op(target: Any) -> bool:
     return isinstance(target, torch._ops.OpOverload)
 
 
-def _has_symbols(value: Any) -> bool:
+def has_symbols(value: Any) -> bool:
+    """Whether `value` (any nesting of values) holds a symbolic size or a tensor of one."""
     leaves, _ = tree_flatten(value)
     for leaf in leaves:
         if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
@@ -105,7 +106,7 @@ def eager_reason(node: fx.Node, target: Target) -> tuple[str, bool] | None:
         return f"{name} has no shape information", True
     # Its inputs too: a sum of a tensor whose length moves has an output of static shape.
     operands = fx.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
-    if _has_symbols(val) or _has_symbols(operands):
+    if has_symbols(val) or has_symbols(operands):
         return f"{name} has symbolic shapes; KOPE specialises on static shapes", True
     outputs = list(val) if isinstance(val, (tuple, list)) else [val]
     if not outputs or not all(isinstance(v, torch.Tensor) for v in outputs):
@@ -208,7 +209,7 @@ def fold_constants(gm: fx.GraphModule) -> int:
             continue
         if op._opname in _ALLOCATIONS or not isinstance(node.meta.get("val"), torch.Tensor):
             continue
-        if _has_symbols(node.meta["val"]):
+        if has_symbols(node.meta["val"]):
             continue  # its shape moves with the inputs' (a shape-generic graph's mask)
         if all(arg in computable for arg in node.all_input_nodes):
             computable.add(node)
@@ -473,7 +474,7 @@ def sink_views(graph: fx.Graph, within: set[fx.Node] | None = None) -> list[fx.N
         before, after = tensor_value(product), tensor_value(view)
         if before is None or after is None or not view.users or len(product.users) != 1:
             continue
-        if not before.is_contiguous() or _has_symbols([before, after]):
+        if not before.is_contiguous() or has_symbols([before, after]):
             continue  # a view of symbolic shape would be written with the trace's sizes
         if all(_sinks_below(user, view, before, tuple(after.shape)) for user in view.users):
             new = _sink(graph, view, product)
