@@ -43,6 +43,7 @@ from typing import Any, TypeGuard
 import torch
 import torch.fx as fx
 from torch._prims_common import is_non_overlapping_and_dense_or_false
+from torch.utils._pytree import tree_flatten
 
 _aten = torch.ops.aten
 # Ops whose output is a view of their first argument, and nothing else is a tensor.
@@ -322,6 +323,8 @@ def fold_view_chains(graph: fx.Graph) -> int:
         value, root_value = node.meta.get("val"), root.meta.get("val")
         if len(chain) < 2 or not readers or not _tensor(value) or not _tensor(root_value):
             continue
+        if has_symbols(value) or has_symbols(root_value):
+            continue  # a shape-generic graph's chain: one restride would hold one shape
         with graph.inserting_before(node):
             restride = graph.call_function(
                 _restrider(root_value, value, _replay(chain, root)), (root,)
@@ -332,6 +335,21 @@ def fold_view_chains(graph: fx.Graph) -> int:
         folded += 1
     graph.eliminate_dead_code()
     return folded
+
+
+def has_symbols(value: Any) -> bool:
+    """Whether `value` (any nesting of values) holds a symbolic size or a tensor of one (a
+    size, stride or offset)."""
+    leaves, _ = tree_flatten(value)
+    for leaf in leaves:
+        if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return True
+        if isinstance(leaf, torch.Tensor) and any(
+            isinstance(s, torch.SymInt)
+            for s in (*leaf.shape, *leaf.stride(), leaf.storage_offset())
+        ):
+            return True
+    return False
 
 
 def _tensor(value: Any) -> TypeGuard[torch.Tensor]:

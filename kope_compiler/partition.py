@@ -34,10 +34,10 @@ import torch
 import torch.fx as fx
 from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from kope.decompositions import FAST_PATHS, decomposition_table
-from kope.dispatch import RESHAPES, tensor_value
+from kope.dispatch import RESHAPES, has_symbols, tensor_value
 from kope.rewrites import REWRITE, fuse_attention, rewrite
 from kope.targets.base import Target
 from kope.task import LoweringError, Task, group_inputs, make_task, op_name
@@ -71,17 +71,6 @@ class Partition:
 
 def _is_aten_op(target: Any) -> bool:
     return isinstance(target, torch._ops.OpOverload)
-
-
-def has_symbols(value: Any) -> bool:
-    """Whether `value` (any nesting of values) holds a symbolic size or a tensor of one."""
-    leaves, _ = tree_flatten(value)
-    for leaf in leaves:
-        if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            return True
-        if isinstance(leaf, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in leaf.shape):
-            return True
-    return False
 
 
 def eager_reason(node: fx.Node, target: Target) -> tuple[str, bool] | None:

@@ -58,7 +58,7 @@ import torch.fx as fx
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from kope.dispatch import RESHAPES, VIEW_OPS, subgraph, tensor_value
+from kope.dispatch import RESHAPES, VIEW_OPS, has_symbols, subgraph, tensor_value
 from kope.targets import verify
 from kope.targets.stamp import Stamp
 from kope.vocabulary.specs import TensorSpec
@@ -382,6 +382,8 @@ def _nchw_convolution(node: fx.Node) -> bool:
         x is not None
         and weight is not None
         and val is not None
+        # Of a shape-generic graph's moving shape: the rewrites would write one shape's sizes
+        and not has_symbols([x, val])
         and not args["transposed"]
         and not (args["groups"] > 1 and args["groups"] == x.shape[1])
         and x.dim() == 4

@@ -356,6 +356,33 @@ def test_a_decoding_step_is_compiled_once_for_every_cache_length(tmp_path) -> No
     assert any("symbolic shapes" in entry.reason for entry in generic.eager), generic.eager
 
 
+def test_a_shape_generic_graph_keeps_its_moving_shapes_symbolic(tmp_path, recwarn) -> None:
+    """Where a size moves, nothing writes one shape's size into the generic graph: a chain of
+    views of a tensor of the batch's size (folded into one restride, it raised 'SymIntArrayRef
+    expected to contain only concrete integers' at the second batch) and a 1x1 convolution
+    (rewritten as a product, its reshapes named undefined symbols)."""
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pos = torch.nn.Parameter(torch.randn(16, 8))
+            self.conv = torch.nn.Conv2d(2, 3, 1)
+
+        def forward(self, x, image):
+            index = torch.arange(x.shape[0])[:, None, None]
+            return x * torch.tanh(self.pos) + index, self.conv(image)
+
+    torch.manual_seed(0)
+    model = Model().eval()
+    options = {"store": str(tmp_path / "store"), "kernels": "reference"}
+    compiled = torch.compile(model, backend="kope", options=options)
+    with torch.no_grad():
+        for batch in (2, 3, 4, 3):
+            inputs = torch.randn(batch, 16, 8), torch.randn(batch, 2, 5, 5)
+            torch.testing.assert_close(compiled(*inputs), model(*inputs))
+    assert not [w for w in recwarn if "SymInt" in str(w.message)]
+
+
 def test_a_shape_is_compiled_at_its_second_call(tmp_path) -> None:
     """A decoding loop calls its graph with a new key and value length every step: compiling
     each (a compile and a whole-graph timing for one call) stalled it for seconds a token."""
