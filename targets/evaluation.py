@@ -531,7 +531,13 @@ def _beyond_the_dtype(
     pairs = list(zip(wide, own, strict=True))
     if not any(w.dtype == torch.float64 and o.dtype != torch.float64 for w, o in pairs):
         return None  # no float64 oracle: nothing beyond the dtype to tell apart
-    return _compare_outputs(job, inputs, got, wide, precision, own)
+    spread = None
+    if job.reduction > 1:  # cancelling terms: another order than eager's may round otherwise
+        try:
+            spread = verify.rounding_spread(task.eager, inputs, job.seed, job.reduction)
+        except Exception:  # the oracle rejects the moved inputs: judged by eager alone
+            spread = None
+    return _compare_outputs(job, inputs, got, wide, precision, own, spread)
 
 
 def _compare_outputs(
@@ -541,11 +547,13 @@ def _compare_outputs(
     expected: Sequence[torch.Tensor],
     precision: torch.dtype | None,
     own: Sequence[torch.Tensor] | None = None,
+    spread: Sequence[torch.Tensor] | None = None,
 ) -> tuple[verify.Comparison | None, float, float]:
     """The first output of `got` that fails against `expected` (None if all pass), and the
     largest absolute and relative errors seen up to there; `precision`: what the outputs were
     computed through (`verify.computed_through`); `own`: eager's outputs in their own dtypes,
-    for an edge trial (`verify.compare`)."""
+    and `spread`, the float64 outputs' movement under input rounding, for an edge trial
+    (`verify.compare`)."""
     largest_input = max((math.prod(s.shape) for s in job.task.inputs), default=0)
     # An output smaller than the largest input summarizes it: a statistics output.
     statistics = [out.numel() < largest_input for out in got]
@@ -560,6 +568,7 @@ def _compare_outputs(
             statistic=statistic,
             terms=terms if statistic else 0.0,
             own=None if own is None else own[index].cpu(),
+            spread=None if spread is None else spread[index].cpu(),
             precision=precision,
         )
         max_abs, max_rel = max(max_abs, cmp.max_abs_err), max(max_rel, cmp.max_rel_err)

@@ -4,6 +4,7 @@ dtype, NaN never passes for a number, poison and canaries work."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import pytest
 import torch
@@ -311,6 +312,39 @@ def test_elements_beyond_the_dtype_are_judged_by_eagers_own_error() -> None:
         assert verify.compare(torch.tensor(special), exact, own=own).ok, special
     for wrong in ([math.inf, math.nan], [0.0, math.nan], [math.nan, math.inf], [-math.inf, 1.0]):
         assert not verify.compare(torch.tensor(wrong), exact, own=own).ok, wrong
+
+
+def test_a_reduction_in_another_order_than_eagers_is_judged_by_its_spread() -> None:
+    """A product whose terms of ±5359 (edge inputs of ±1e4) cancel to 0.87, clamped by a
+    hardtanh: summed in k's order it missed float64 by 4.2e-4 where eager's order missed by
+    1.4e-4 (within the tolerance), and the kernel was refused. Judged by how far float64's own
+    result moves under input rounding, the orders pass on 30 edge trials; an element 0.05
+    off fails wherever it lands."""
+
+    def fused(inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        a, b, c = inputs
+        return (torch.nn.functional.hardtanh(torch.bmm(a, b) + c, 0.0, 6.0),)
+
+    specs = [TensorSpec((2, 8, 16), "float32"), TensorSpec((2, 16, 64), "float32")]
+    specs.append(TensorSpec((8, 1), "float32"))
+    refused = 0
+    for seed in range(30):
+        inputs = verify.make_inputs(specs, verify.Trial("edge", seed))
+        a, b, c = inputs
+        exact = fused(verify.upcast(inputs))[0]
+        own = fused(inputs)[0]
+        spread = verify.rounding_spread(fused, inputs, seed, reduction=16)[0]
+        for order in (range(16), reversed(range(16))):
+            total = torch.zeros(2, 8, 64)
+            for k in order:
+                total = total + a[:, :, k : k + 1] * b[:, k : k + 1, :]
+            got = torch.nn.functional.hardtanh(total + c, 0.0, 6.0)
+            refused += not verify.compare(got, exact, reduction=16, own=own).ok
+            assert verify.compare(got, exact, reduction=16, own=own, spread=spread).ok, seed
+            wrong = got.clone()
+            wrong.view(-1)[seed * 31 % wrong.numel()] += 0.05
+            assert not verify.compare(wrong, exact, reduction=16, own=own, spread=spread).ok
+    assert refused, "no trial cancelled: the test shows nothing"
 
 
 def test_probabilities_are_drawn_in_the_unit_interval() -> None:
