@@ -245,7 +245,12 @@ def fold_constants(gm: fx.GraphModule) -> int:
 
 def _same_constant(a: torch.Tensor, b: torch.Tensor) -> bool:
     layout = (a.dtype, a.shape, a.stride(), a.storage_offset())
-    return layout == (b.dtype, b.shape, b.stride(), b.storage_offset()) and torch.equal(a, b)
+    if layout != (b.dtype, b.shape, b.stride(), b.storage_offset()):
+        return False
+    # Real tensors compared, whatever mode the caller traces under (aot_autograd's fake one
+    # for a training graph).
+    with torch.utils._python_dispatch._disable_current_modes():
+        return torch.equal(a, b)
 
 
 def _returned(graph: fx.Graph) -> set[fx.Node]:

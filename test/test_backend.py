@@ -234,6 +234,36 @@ def test_a_graph_that_needs_gradients_runs_its_forward_on_kernels_and_trains_as_
     assert "needs gradients: KOPE's forward runs, and ATen's backward" in str(kope.report())
 
 
+def test_a_training_graph_folds_equal_constants(tmp_path) -> None:
+    """Two 0-d constants of one layout (`torch.where(y > 0, 0.0, -inf)`) in a graph that needs
+    gradients: comparing them for one shared buffer ran under aot_autograd's fake mode and
+    raised, and the whole graph ran as dynamo traced it."""
+
+    class Masked(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            y = self.linear(x)
+            return torch.where(y > 0, 0.0, float("-inf")).exp() * y
+
+    torch.manual_seed(0)
+    model = Masked()
+    twin = copy.deepcopy(model)
+    options = {"store": str(tmp_path / "store"), "kernels": "reference"}
+    compiled = torch.compile(twin, backend="kope", options=options)
+    kope.reset_report()
+    x = torch.randn(4, 8)
+    want, got = model(x), compiled(x)
+    want.sum().backward()
+    got.sum().backward()
+    torch.testing.assert_close(got, want)
+    for mine, theirs in zip(twin.parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(mine.grad, theirs.grad)
+    assert any(t.jit and t.calls for g in kope.report().graphs for t in g.tasks)
+
+
 def test_timing_a_training_step_leaves_the_model_as_the_caller_left_it() -> None:
     """The training-step check runs forward and backward many times: no gradient reaches
     `.grad`, batch norm's running statistics are given back, and the random generator too."""
