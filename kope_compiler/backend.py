@@ -180,9 +180,9 @@ def _training(
     ATen runs its backward graph as traced, and autograd joins them as for any backend.
 
     The forward graph's extra outputs are what the backward saves; the backward was traced on
-    their traced layouts, so an output a kernel or rewrite gives in other strides is copied
-    into them. Under `auto` the forward is first timed against itself uncompiled (on the
-    dynamo graph's own inputs where it takes exactly those), then a whole training step
+    their traced layouts, which `compile_graph` keeps. Under `auto` the forward is first
+    timed against itself uncompiled (on the dynamo graph's own inputs where it takes exactly
+    those), then a whole training step
     (forward and backward) against dynamo's graph with eager's autograd: aot_autograd's
     wrappers and a backward run as an fx graph cost what small kernels may not win back (a
     SwiGLU block's step took 1.34x eager's with four kernels that beat eager in its forward).
@@ -198,7 +198,6 @@ def _training(
 
     def forward_compiler(fw_gm: fx.GraphModule, fw_inputs: Sequence[Any]) -> Callable[..., Any]:
         uncompiled = fx.GraphModule(fw_gm, copy.deepcopy(fw_gm.graph))
-        layouts = _output_layouts(fw_gm)
         compiled, report = compile_graph(fw_gm, opts)
         reports.append(report)
         graph: Callable[..., Any] = compiled.forward
@@ -206,7 +205,7 @@ def _training(
             timed = example_inputs if _same_layouts(example_inputs, fw_inputs) else fw_inputs
             with unset_fake_temporarily():  # aot compiles under its fake mode; timing is real
                 graph = settle_graph(uncompiled.forward, compiled, report, timed, opts)
-        return make_boxed_func(_InLayouts(graph, layouts))
+        return make_boxed_func(graph)
 
     def backward_compiler(bw_gm: fx.GraphModule, _inputs: Sequence[Any]) -> Callable[..., Any]:
         return make_boxed_func(bw_gm.forward)
@@ -270,19 +269,6 @@ def _needs_gradients(example_inputs: Sequence[Any]) -> bool:
     )
 
 
-def _output_layouts(gm: fx.GraphModule) -> list[tuple[Any, ...] | None]:
-    """Each output's traced (shape, strides), None where it is not a tensor or unknown."""
-    (output,) = [n for n in gm.graph.nodes if n.op == "output"]
-    layouts: list[tuple[Any, ...] | None] = []
-    for arg in output.args[0]:
-        val = arg.meta.get("val") if isinstance(arg, fx.Node) else None
-        if isinstance(val, torch.Tensor) and not has_symbols(val):
-            layouts.append((tuple(val.shape), val.stride()))
-        else:
-            layouts.append(None)
-    return layouts
-
-
 def _same_layouts(a: Sequence[Any], b: Sequence[Any]) -> bool:
     """Whether two input lists hold tensors of the same shapes, strides and dtypes in order."""
 
@@ -290,26 +276,6 @@ def _same_layouts(a: Sequence[Any], b: Sequence[Any]) -> bool:
         return (tuple(x.shape), x.stride(), x.dtype) if isinstance(x, torch.Tensor) else type(x)
 
     return len(a) == len(b) and all(layout(x) == layout(y) for x, y in zip(a, b, strict=True))
-
-
-class _InLayouts:
-    """A forward graph whose outputs are given in their traced strides (one comparison per
-    output per call; a copy only where a kernel or rewrite chose other strides)."""
-
-    def __init__(self, graph: Callable[..., Any], layouts: list[tuple[Any, ...] | None]):
-        self.graph = graph
-        self.layouts = layouts
-
-    def __call__(self, *args: Any) -> Any:
-        outputs = self.graph(*args)
-        if not isinstance(outputs, (tuple, list)):
-            return outputs
-        fixed = list(outputs)
-        for index, (out, layout) in enumerate(zip(fixed, self.layouts, strict=True)):
-            if layout is not None and isinstance(out, torch.Tensor) and out.stride() != layout[1]:
-                fresh = torch.empty_strided(*layout, dtype=out.dtype, device=out.device)
-                fixed[index] = fresh.copy_(out)
-        return type(outputs)(fixed)
 
 
 class GenericGraph:

@@ -17,12 +17,13 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
 
 from kope.dispatch import lean, subgraph
 from kope.measuring import recording, threads_now
 from kope.memory.store import ExperienceStore
 from kope.options import Options
-from kope.partition import Partition, has_fast_path, partition
+from kope.partition import Partition, has_fast_path, has_symbols, partition
 from kope.report import EagerReport, GraphReport, TaskReport, add_graph
 from kope.selection import choose
 from kope.targets import get_target
@@ -80,8 +81,11 @@ def store_at(path: Path) -> ExperienceStore:
 
 
 def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule, GraphReport]:
-    """Rewrite `gm` (an aten graph) in place to run the chosen kernels; returns it and a report."""
+    """Rewrite `gm` (an aten graph) in place to run the chosen kernels; returns it and a report.
+    Its outputs keep the strides the trace gave them (eager's), whatever layout a kernel or
+    rewrite chose (`InLayout`)."""
     start = time.perf_counter()
+    layouts = output_layouts(gm)
     target = target_for(options.target, options.workers, options.timeout_s)
     store = store_at(options.store_path)
     events = recording(store)
@@ -135,12 +139,66 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
             ChoiceMade(task.key, task.label, entry.kernel, entry.reason, None, entry.quality)
         )
         graph.tasks.append(entry)
+    if any(task.jit for task in graph.tasks) or graph.rewrites:
+        _outputs_in_layouts(gm, layouts)
     lean(gm)
     gm.graph.lint()
     gm.recompile()
     graph.compile_s = time.perf_counter() - start
     add_graph(graph)
     return gm, graph
+
+
+Layout = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+def output_layouts(gm: fx.GraphModule) -> list[Layout | None]:
+    """Each output's traced (shape, strides); None where it is no tensor or its shape moves."""
+    (output,) = [n for n in gm.graph.nodes if n.op == "output"]
+    layouts: list[Layout | None] = []
+    for arg in pytree.tree_leaves(output.args[0]):
+        val = arg.meta.get("val") if isinstance(arg, fx.Node) else None
+        if isinstance(val, torch.Tensor) and val.layout == torch.strided and not has_symbols(val):
+            layouts.append((tuple(val.shape), tuple(val.stride())))
+        else:
+            layouts.append(None)
+    return layouts
+
+
+class InLayout:
+    """An output given in the strides the trace gave it (eager's): a kernel writes its result
+    contiguous where eager's follows its input's layout (a channels-last convolution's output
+    permuted back is contiguous in eager and strided from a kernel, and `.view(-1)` of it
+    raised). One comparison per call; a copy only where the strides differ."""
+
+    def __init__(self, layout: Layout):
+        self.shape, self.stride = layout
+        # Strides of dims of size 1 say nothing: any is as good as eager's.
+        self.dims = [d for d, size in enumerate(self.shape) if size > 1]
+        self.__name__ = "kope_in_layout"
+
+    def __call__(self, value: torch.Tensor) -> torch.Tensor:
+        stride = value.stride()
+        if all(stride[d] == self.stride[d] for d in self.dims):
+            return value
+        fresh = torch.empty_strided(self.shape, self.stride, dtype=value.dtype, device=value.device)
+        return fresh.copy_(value)
+
+
+def _outputs_in_layouts(gm: fx.GraphModule, layouts: list[Layout | None]) -> None:
+    (output,) = [n for n in gm.graph.nodes if n.op == "output"]
+    leaves, spec = pytree.tree_flatten(output.args[0])
+    if len(leaves) != len(layouts):
+        return  # the partition's rewrites changed what the graph returns: nothing to match
+    fixed = []
+    for leaf, layout in zip(leaves, layouts, strict=True):
+        if isinstance(leaf, fx.Node) and layout is not None:
+            with gm.graph.inserting_before(output):
+                node = gm.graph.call_function(InLayout(layout), (leaf,))
+            node.meta = dict(leaf.meta)
+            leaf = node
+        fixed.append(leaf)
+    output.args = (pytree.tree_unflatten(fixed, spec),)
 
 
 def _install(gm: fx.GraphModule, task: Task, call: KernelCall) -> None:
@@ -170,6 +228,7 @@ def without_dropped_kernels(
     take_apart = options.kernels == "reference" or options.optimize
     if not take_apart and has_fast_path(gm):
         return None  # taken apart or not by what the store held then: not rebuilt
+    layouts = output_layouts(gm)
     part = partition(gm, target, fuse=options.fuse, fast_paths=take_apart)
     if [t.key for t in part.tasks] != [entry.key for entry in report.tasks]:
         return None
@@ -178,6 +237,7 @@ def without_dropped_kernels(
         call = installed.get(id(entry))
         if call is not None:
             _install(gm, task, call)
+    _outputs_in_layouts(gm, layouts)
     lean(gm)
     gm.graph.lint()
     gm.recompile()

@@ -234,6 +234,29 @@ def test_a_graph_that_needs_gradients_runs_its_forward_on_kernels_and_trains_as_
     assert "needs gradients: KOPE's forward runs, and ATen's backward" in str(kope.report())
 
 
+def test_outputs_keep_eagers_strides_whatever_layout_a_kernel_chose(tmp_path) -> None:
+    """A convolution of a channels-last input returns channels-last in eager, so its output
+    permuted to NHWC is contiguous and `.view(-1)` works; its kernel writes NCHW, and the
+    compiled graph returned the permuted view strided (the view raised)."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(4, 4, 3, padding=1).eval()
+    model = torch.nn.Sequential(conv, torch.nn.ReLU())
+    x = torch.randn(2, 4, 6, 6).contiguous(memory_format=torch.channels_last)
+
+    def f(x):
+        return model(x).permute(0, 2, 3, 1)
+
+    options = {"store": str(tmp_path / "store"), "kernels": "reference"}
+    compiled = torch.compile(f, backend="kope", options=options)
+    kope.reset_report()
+    with torch.no_grad():
+        want, got = f(x), compiled(x)
+    assert any(t.jit for t in kope.report().tasks)
+    torch.testing.assert_close(got, want)
+    assert got.stride() == want.stride()
+    torch.testing.assert_close(got.view(-1), want.view(-1))
+
+
 def test_a_training_graph_folds_equal_constants(tmp_path) -> None:
     """Two 0-d constants of one layout (`torch.where(y > 0, 0.0, -inf)`) in a graph that needs
     gradients: comparing them for one shared buffer ran under aot_autograd's fake mode and
