@@ -305,7 +305,14 @@ def settle_training_step(
     calls of a small step (the first after the other graph's pays for caches), one of a large
     one, so a model whose step takes 0.2 s is timed in about 2 s, not in 10-call samples."""
     config = config or MeasureConfig(sample_s=TRAINING_SAMPLE_S)
-    wrt = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
+    # The steps start from leaves of their own: an input with history (after a graph break,
+    # `h` and `s = (h * h).sum()`) would otherwise take the gradients back through the
+    # caller's graph and free it, and the caller's own backward then raised.
+    fresh = [
+        x.detach().requires_grad_() if isinstance(x, torch.Tensor) and x.requires_grad else x
+        for x in inputs
+    ]
+    wrt = [x for x in fresh if isinstance(x, torch.Tensor) and x.requires_grad]
     # By value: batch norm's kernel moves its running statistics without bumping a version.
     kept = {
         i: x.detach().clone()
@@ -317,7 +324,7 @@ def settle_training_step(
         seeds: list[torch.Tensor] = []
 
         def run() -> Any:
-            leaves = torch.utils._pytree.tree_leaves(graph(*inputs))
+            leaves = torch.utils._pytree.tree_leaves(graph(*fresh))
             outs = [o for o in leaves if isinstance(o, torch.Tensor) and o.requires_grad]
             if not seeds:
                 seeds.extend(torch.ones_like(o) for o in outs)

@@ -287,6 +287,35 @@ def test_a_training_graph_folds_equal_constants(tmp_path) -> None:
     assert any(t.jit and t.calls for g in kope.report().graphs for t in g.tasks)
 
 
+def test_timing_a_training_step_leaves_the_callers_graph_to_the_caller(tmp_path) -> None:
+    """After a graph break the next graph takes `h` and `s = (h * h).sum()`, both with
+    history: the step's timing took its gradients back through the caller's graph, freed it,
+    and the caller's own backward raised 'Trying to backward through the graph a second
+    time'."""
+
+    class Broken(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            h = torch.tanh(self.a(x))
+            s = (h * h).sum()
+            torch._dynamo.graph_break()
+            return s + torch.tanh(self.b(h)).sum()
+
+    torch.manual_seed(0)
+    model = Broken()
+    twin = copy.deepcopy(model)
+    compiled = torch.compile(twin, backend="kope", options={"store": str(tmp_path / "store")})
+    x = torch.randn(8, 16)
+    for _ in range(2):
+        model(x).backward()
+        compiled(x).backward()
+        for mine, theirs in zip(twin.parameters(), model.parameters(), strict=True):
+            torch.testing.assert_close(mine.grad, theirs.grad)
+
+
 def test_timing_a_training_step_leaves_the_model_as_the_caller_left_it() -> None:
     """The training-step check runs forward and backward many times: no gradient reaches
     `.grad`, batch norm's running statistics are given back, and the random generator too."""
