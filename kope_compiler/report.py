@@ -123,6 +123,8 @@ class GraphReport:
 @dataclass
 class Report:
     graphs: list[GraphReport] = field(default_factory=list)
+    # Graphs whose compile raised (a KOPE bug) and ran as dynamo traced them: why, one line each.
+    failed: list[str] = field(default_factory=list)
 
     @property
     def tasks(self) -> list[TaskReport]:
@@ -182,6 +184,8 @@ class Report:
             share = f"JIT share of compute operators that ran: {self.jit_share():.0%}"
         elif self.graphs:
             share = "no compute operator reached KOPE"
+        elif self.failed:
+            share = "no graph compiled"
         else:  # dynamo skipped the model (nn.LSTM, say): it ran eagerly, without a backend
             share = "dynamo compiled no graph (TORCH_LOGS=graph_breaks says why)"
         left = ""
@@ -192,6 +196,8 @@ class Report:
             f"{len(self.tasks)} tasks ({len(groups)} distinct){left}; "
             f"{counted(jit, 'task')} on JIT kernels; {share}"
         ]
+        for why in self.failed:
+            footer.append(f"a graph failed to compile and ran as dynamo traced it: {why}")
         for index, graph in enumerate(self.graphs):
             if graph.rewrites:
                 counts = Counter(graph.rewrites)
@@ -315,6 +321,11 @@ def report() -> Report:
 
 def reset_report() -> None:
     _REPORT.graphs.clear()
+    _REPORT.failed.clear()
+
+
+def add_failure(why: str) -> None:
+    _REPORT.failed.append(why)
 
 
 def add_graph(graph: GraphReport) -> None:

@@ -358,10 +358,14 @@ def test_a_kope_bug_runs_the_graph_as_traced_and_says_so(
             torch.compile(model, backend="kope")(x)
         monkeypatch.delenv("KOPE_STRICT")
         torch._dynamo.reset()
+        kope.reset_report()
         with caplog.at_level("ERROR", logger="kope.compiler"):
             got = torch.compile(model, backend="kope")(x)
     torch.testing.assert_close(got, model(x))
     assert "KOPE bug" in caplog.text and "an internal invariant failed" in caplog.text
+    # The report says so too, not that dynamo compiled no graph.
+    table = str(kope.report())
+    assert "failed to compile" in table and "an internal invariant failed" in table, table
 
 
 def test_dynamic_shapes_are_specialised() -> None:
