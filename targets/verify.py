@@ -138,9 +138,21 @@ class Domain:
     offsets: bool = False
     last: bool = False
     unit: bool = False
+    signed: bool = False  # integers in [-high, high): a dividend, whose sign floor and trunc see
+    nonzero: bool = False  # integers in ±[1, high]: an integer divisor (0 raises in eager)
 
 
 UNIT = Domain(1, unit=True)
+DIVIDEND = Domain(8, signed=True)
+DIVISOR = Domain(4, signed=True, nonzero=True)
+# Integer divisions by a tensor: a divisor drawn blind held zeros, eager's oracle raised
+# ZeroDivisionError on every trial, and the operator could never get a kernel.
+_DIVISIONS = {
+    "aten.div.Tensor_mode",
+    "aten.remainder.Tensor",
+    "aten.fmod.Tensor",
+    "aten.floor_divide.default",
+}
 
 
 # Ops that index a dim of one argument with another: op -> (index argument, indexed argument,
@@ -220,6 +232,12 @@ def _step_domains(step: OpCall, specs: Sequence[TensorSpec]) -> list[tuple[int, 
             out.append((target, Domain(sizes[1] if len(sizes) > 1 else sizes[0])))
     elif step.op == "aten.binary_cross_entropy.default":
         out.extend((i, UNIT) for i in (ref(0), ref(1)) if i is not None)
+    elif step.op in _DIVISIONS:
+        dividend, divisor = ref(0), ref(1)
+        if divisor is not None and not specs[divisor].torch_dtype.is_floating_point:
+            out.append((divisor, DIVISOR))
+            if dividend is not None and not specs[dividend].torch_dtype.is_floating_point:
+                out.append((dividend, DIVIDEND))
     elif step.op in _BAGS:
         weight, bag_indices, indices, offsets = shape(0), ref(1), shape(1), ref(2)
         if weight and bag_indices is not None:
@@ -267,6 +285,8 @@ def _make_one(
     if not dtype.is_floating_point:
         if domain is not None and domain.offsets:
             return _offsets(shape, dtype, kind, gen, domain)
+        if domain is not None and domain.signed:
+            return _signed(shape, dtype, kind, gen, domain)
         if kind == "edge":
             return torch.zeros(shape, dtype=dtype)
         # Small non-negative integers are valid indices, counts and class ids for most ops.
@@ -283,6 +303,23 @@ def _make_one(
         if kind == "nonfinite":
             values = _with_each(values, [math.nan, math.inf, -math.inf], gen)
     return values.to(dtype)
+
+
+def _signed(
+    shape: tuple[int, ...], dtype: torch.dtype, kind: str, gen: torch.Generator, domain: Domain
+) -> torch.Tensor:
+    """Integers of both signs (`Domain.signed`), none zero where `domain.nonzero`; an edge
+    trial's are the extremes (±1 and ±high for a divisor, zeros for the rest)."""
+    low = 0 if dtype == torch.uint8 else -domain.high  # an unsigned dtype has no negatives
+    if domain.nonzero:
+        magnitude = torch.randint(1, domain.high + 1, shape, generator=gen)
+        if kind == "edge":
+            magnitude = torch.where(torch.rand(shape, generator=gen) < 0.5, 1, domain.high)
+        negative = (torch.rand(shape, generator=gen) < 0.5) & (low < 0)
+        return torch.where(negative, -magnitude, magnitude).to(dtype)
+    if kind == "edge":
+        return torch.zeros(shape, dtype=dtype)
+    return torch.randint(low, domain.high, shape, generator=gen, dtype=dtype)
 
 
 def _sprinkled(values: torch.Tensor, specials: list[float], gen: torch.Generator) -> torch.Tensor:

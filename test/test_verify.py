@@ -347,6 +347,33 @@ def test_a_reduction_in_another_order_than_eagers_is_judged_by_its_spread() -> N
     assert refused, "no trial cancelled: the test shows nothing"
 
 
+@pytest.mark.parametrize(
+    "op, extra",
+    [
+        ("aten.div.Tensor_mode", (("rounding_mode", "floor"),)),
+        ("aten.div.Tensor_mode", (("rounding_mode", "trunc"),)),
+        ("aten.remainder.Tensor", ()),
+        ("aten.fmod.Tensor", ()),
+    ],
+)
+def test_integer_divisions_draw_divisors_of_both_signs_and_never_zero(
+    op: str, extra: tuple[tuple[str, str], ...]
+) -> None:
+    """Drawn blind in [0, 4), an integer divisor held zeros: eager's oracle raised on every
+    trial and the operator could never get a kernel. Dividends of both signs tell floor from
+    trunc."""
+    ref = [InputRef(i) for i in range(2)]
+    call = OpCall(op, (ref[0], ref[1]), extra)
+    specs = (TensorSpec((8, 16), "int64"), TensorSpec((8, 16), "int64"))
+    task = TaskSpec(op, specs, (), call)
+    for trial in verify.trials_for(0):
+        dividend, divisor = verify.task_inputs(task, trial)
+        assert bool((divisor != 0).all()) and bool((divisor < 0).any()), trial
+        if trial.kind == "random":
+            assert bool((dividend < 0).any()), trial
+        call.bind([dividend, divisor])()  # defined
+
+
 def test_probabilities_are_drawn_in_the_unit_interval() -> None:
     """Binary cross-entropy raises on any input or target outside [0, 1]."""
     ref = [InputRef(i) for i in range(2)]
