@@ -16,6 +16,7 @@ from kope.partition import partition
 from kope.passes.analysis import PlainMatmul, analyze, prepare_payload
 from kope.targets.cpu import BuildError, CpuTarget, build_kernel
 from kope.vocabulary.kernels import Kernel
+from kope.vocabulary.layouts import lay_out, panel_geometry
 
 CAPABILITIES = {"vector_bits": 256, "threads": 2, "openmp": True}
 
@@ -155,6 +156,24 @@ def test_a_weight_written_in_place_is_packed_again() -> None:
     with torch.inference_mode():  # inference tensors count no writes: packed every call
         frozen = torch.randn(32, 24)
         torch.testing.assert_close(kernel(b, x, frozen.t())[0], torch.addmm(b, x, frozen.t()))
+
+
+@pytest.mark.parametrize(
+    "k, n, layout",
+    [(24, 32, "panels:16"), (24, 20, "panels:8:3"), (24, 20, "panels:8:4"), (5, 16, "panels:8:4")],
+)
+@pytest.mark.parametrize("transposed", [False, True])
+def test_panels_hold_the_columns_in_order_and_zeros_past_them(
+    k: int, n: int, layout: str, transposed: bool
+) -> None:
+    b = torch.randn(n, k).t() if transposed else torch.randn(k, n)
+    packed = lay_out(b, layout)
+    width, count = panel_geometry(layout)
+    count = count or n // width
+    assert packed.shape == (count, k, width) and packed.is_contiguous()
+    columns = packed.permute(1, 0, 2).reshape(k, count * width)
+    assert torch.equal(columns[:, :n], b)
+    assert not columns[:, n:].any()
 
 
 @pytest.mark.parametrize(

