@@ -26,9 +26,9 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from kope.compiler import compile_graph, settle_graph, without_dropped_kernels
 from kope.decompositions import traced_whole
+from kope.dispatch import has_symbols
 from kope.errors import KopeError, first_line
 from kope.options import Options
-from kope.partition import has_symbols
 from kope.report import GraphReport, add_failure, drop_graph
 from kope.targets import target_class
 from kope.whole_graph import AtThreads, settle_training_step

@@ -19,11 +19,11 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from kope.dispatch import lean, subgraph
+from kope.dispatch import has_symbols, lean, subgraph
 from kope.measuring import recording, threads_now
 from kope.memory.store import ExperienceStore
 from kope.options import Options
-from kope.partition import Partition, has_fast_path, has_symbols, partition
+from kope.partition import Partition, has_fast_path, partition
 from kope.report import EagerReport, GraphReport, TaskReport, add_graph
 from kope.selection import choose
 from kope.targets import get_target
