@@ -148,6 +148,15 @@ def aten_inference_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> f
     with traced_whole():
         aten_gm = aot_export_joint_simple(gm, tuple(example_inputs), trace_joint=False)
     assert isinstance(aten_gm, fx.GraphModule)  # typed as a callable; a graph in fact
+    placeholders = [n for n in aten_gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(example_inputs):
+        # An operator with a side effect (linalg.cholesky's error check) threads an effect
+        # token through the graph: another calling convention, which aot_autograd's wrappers
+        # handle and a direct call does not.
+        raise ValueError(
+            f"the exported graph takes {len(placeholders)} inputs for the dynamo graph's "
+            f"{len(example_inputs)} (an effect token)"
+        )
     return aten_gm
 
 

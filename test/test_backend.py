@@ -257,6 +257,23 @@ def test_outputs_keep_eagers_strides_whatever_layout_a_kernel_chose(tmp_path) ->
     torch.testing.assert_close(got.view(-1), want.view(-1))
 
 
+def test_a_graph_with_a_side_effect_keeps_its_calling_convention(tmp_path) -> None:
+    """`torch.linalg.cholesky` checks its result for errors, an effect the export threads
+    through the graph as a token input: the graph called directly then missed an argument
+    (a TypeError that escaped the model's call under kernels=reference)."""
+
+    def f(x):
+        return torch.linalg.cholesky(x @ x.T + 3)
+
+    x = torch.randn(6, 6)
+    options = {"store": str(tmp_path / "store"), "kernels": "reference"}
+    compiled = torch.compile(f, backend="kope", options=options)
+    kope.reset_report()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), f(x))
+    assert any(t.jit and t.calls for t in kope.report().tasks)
+
+
 def test_a_training_graph_folds_equal_constants(tmp_path) -> None:
     """Two 0-d constants of one layout (`torch.where(y > 0, 0.0, -inf)`) in a graph that needs
     gradients: comparing them for one shared buffer ran under aot_autograd's fake mode and
