@@ -287,6 +287,8 @@ def _make_one(
             return _offsets(shape, dtype, kind, gen, domain)
         if domain is not None and domain.signed:
             return _signed(shape, dtype, kind, gen, domain)
+        if domain is None and dtype in _DATA_INTEGERS:
+            return _data_integers(shape, dtype, kind, gen)
         if kind == "edge":
             return torch.zeros(shape, dtype=dtype)
         # Small non-negative integers are valid indices, counts and class ids for most ops.
@@ -303,6 +305,27 @@ def _make_one(
         if kind == "nonfinite":
             values = _with_each(values, [math.nan, math.inf, -math.inf], gen)
     return values.to(dtype)
+
+
+# Integers that are data, not indices: an image's bytes, quantized values. Drawn in [0, 4)
+# like indices, `(img > 128).sum()` of a uint8 image was verified on inputs where no element
+# passed 128, and a kernel that counted wrongly ran.
+_DATA_INTEGERS = (torch.uint8, torch.int8, torch.int16)
+
+
+def _data_integers(
+    shape: tuple[int, ...], dtype: torch.dtype, kind: str, gen: torch.Generator
+) -> torch.Tensor:
+    """The whole range of the dtype; an edge trial's are its extremes and their neighbours."""
+    info = torch.iinfo(dtype)
+    if kind != "edge":
+        return torch.randint(info.min, info.max + 1, shape, generator=gen, dtype=dtype)
+    middle = (info.max + info.min + 1) // 2  # 128 for uint8, 0 for the signed ones
+    specials = torch.tensor(
+        [info.min, info.min + 1, middle - 1, middle, middle + 1, info.max - 1, info.max]
+    )
+    picks = torch.randint(0, len(specials), shape, generator=gen)
+    return specials[picks].to(dtype)
 
 
 def _signed(

@@ -374,6 +374,23 @@ def test_integer_divisions_draw_divisors_of_both_signs_and_never_zero(
         call.bind([dividend, divisor])()  # defined
 
 
+def test_integer_data_is_drawn_across_its_dtype() -> None:
+    """An image's bytes are data, not indices: drawn in [0, 4), `(img > 128).sum()` of a uint8
+    image verified a lowering that counted wrongly (no element passed 128 in any trial)."""
+    for dtype in (torch.uint8, torch.int8, torch.int16):
+        info = torch.iinfo(dtype)
+        for trial in verify.trials_for(0):
+            (drawn,) = verify.make_inputs([TensorSpec((64, 64), str(dtype).split(".")[1])], trial)
+            low, high = int(drawn.min()), int(drawn.max())
+            if trial.kind == "random":
+                assert high - low > (info.max - info.min) // 2, (dtype, trial)
+            else:  # the extremes, and both sides of the middle (128 for a byte)
+                assert (low, high) == (info.min, info.max), (dtype, trial)
+    # Indices keep their small non-negative draws.
+    (index,) = verify.make_inputs([TensorSpec((64,), "int64")], verify.trials_for(0)[0])
+    assert 0 <= int(index.min()) and int(index.max()) < 4
+
+
 def test_probabilities_are_drawn_in_the_unit_interval() -> None:
     """Binary cross-entropy raises on any input or target outside [0, 1]."""
     ref = [InputRef(i) for i in range(2)]
