@@ -20,7 +20,7 @@ from kope.targets.jit import ENTRY, JitKernel, openmp_library, set_openmp_thread
 from kope.targets.kernel_cache import load_kernel
 from kope.vocabulary.kernels import FORM_MLIR, Kernel
 from kope.vocabulary.layouts import LayoutError, laid_out
-from kope.vocabulary.specs import MLIR_ELEMENTS, TaskSpec, TensorSpec
+from kope.vocabulary.specs import MLIR_ELEMENTS, TaskSpec, TensorSpec, dtype_name
 
 log = logging.getLogger("kope.targets.cpu")
 
@@ -157,6 +157,13 @@ def build_kernel(task: TaskSpec, kernel: Kernel) -> JitKernel:
 # -- the target -----------------------------------------------------------------------------------
 
 
+# torch-mlir's linalg lowering of 8-bit integers kills the process that runs it on a scalar
+# operand or a reduction's initial value (uint8 and int8 `x * 2`, `x // 3`, `x.max()`:
+# SIGSEGV in the import, which runs in the compiling process), and lowers uint8 as signed
+# (`(img > 128).sum()` wrong): their operators run eagerly.
+EIGHT_BIT = frozenset({"int8", "uint8"})
+
+
 class CpuTarget(Target):
     """MLIR on the host CPU: lowered by `kope-lower-cpu`, JIT-compiled at opt_level 3.
 
@@ -165,7 +172,15 @@ class CpuTarget(Target):
 
     name = "cpu"
     kernel_forms = (FORM_MLIR,)
-    dtypes: ClassVar[frozenset[str]] = frozenset(MLIR_ELEMENTS)
+    dtypes: ClassVar[frozenset[str]] = frozenset(MLIR_ELEMENTS) - EIGHT_BIT
+
+    def refuses(self, tensor: torch.Tensor) -> str | None:
+        if dtype_name(tensor.dtype) in EIGHT_BIT:
+            return (
+                f"uses dtype {tensor.dtype}: torch-mlir's lowering of 8-bit integers crashes "
+                "the process on some operators and reads uint8 as signed on others"
+            )
+        return super().refuses(tensor)
 
     def key(self) -> str:
         return cpu_target_key()

@@ -257,6 +257,28 @@ def test_outputs_keep_eagers_strides_whatever_layout_a_kernel_chose(tmp_path) ->
     torch.testing.assert_close(got.view(-1), want.view(-1))
 
 
+def test_eight_bit_integer_operators_run_eagerly_and_do_not_crash(tmp_path) -> None:
+    """torch-mlir's lowering of `x * 2`, `x // 3` and `x.max()` on uint8 and int8 killed the
+    compiling process (SIGSEGV in the import); run in a process of its own here, so that a
+    regression fails this test instead of the suite."""
+    script = f"""
+import torch, kope
+ops = [lambda x: x * 2, lambda x: x // 3, lambda x: x.max()]
+for dtype in (torch.uint8, torch.int8):
+    x = torch.arange(100, dtype=dtype)
+    for op in ops:
+        compiled = torch.compile(op, backend="kope", options={{
+            "store": {str(tmp_path / "store")!r}, "kernels": "reference"}})
+        with torch.no_grad():
+            assert torch.equal(compiled(x), op(x))
+        torch._dynamo.reset()
+assert all("8-bit integers" in e.reason for e in kope.report().eager if e.compute)
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0 and "ok" in done.stdout, (done.returncode, done.stderr[-2000:])
+
+
 def test_bytes_counted_over_a_threshold_are_right(tmp_path) -> None:
     """A uint8 image's pixels over 128, counted: torch-mlir's lowering counts wrongly, and
     verified on bytes drawn in [0, 4) it ran (729 pixels came out 739)."""
