@@ -279,6 +279,22 @@ print("ok")
     assert done.returncode == 0 and "ok" in done.stdout, (done.returncode, done.stderr[-2000:])
 
 
+def test_a_lowering_that_always_fails_its_own_check_is_not_run(tmp_path) -> None:
+    """torch-mlir lowers an adaptive pool whose windows vary in size to `cf.assert false,
+    "unimplemented: ..."`: every worker that ran it was killed (SIGABRT) and the pool ran
+    eagerly. Refused at import, the operator is lowered through its decomposition."""
+
+    def pool(x):
+        return torch.nn.functional.adaptive_avg_pool1d(x, 10)
+
+    x = torch.randn(2, 8, 299)
+    options = {"store": str(tmp_path / "store"), "kernels": "reference"}
+    kope.reset_report()
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(pool, backend="kope", options=options)(x), pool(x))
+    assert all(t.jit and "crash" not in t.reason for t in kope.report().tasks)
+
+
 def test_bytes_counted_over_a_threshold_are_right(tmp_path) -> None:
     """A uint8 image's pixels over 128, counted: torch-mlir's lowering counts wrongly, and
     verified on bytes drawn in [0, 4) it ran (729 pixels came out 739)."""
