@@ -207,6 +207,9 @@ class Report:
                 footer.append(f"graph {index}: {graph.training}")
             whole = graph.whole
             if whole is None:
+                if graph.policy != "auto" and not graph.training:
+                    # Forced: nothing was timed, and the line must not read as another graph's.
+                    footer.append(f"graph {index}: kernels={graph.policy}: runs as forced, untimed")
                 continue
             if graph.training:  # what runs is the line above; this is the forward's check
                 speed = speedup_text(whole.speedup, "clean" if whole.clean else "unknown")

@@ -252,6 +252,8 @@ def test_outputs_keep_eagers_strides_whatever_layout_a_kernel_chose(tmp_path) ->
     with torch.no_grad():
         want, got = f(x), compiled(x)
     assert any(t.jit for t in kope.report().tasks)
+    # Forced, the graph's line says so (without one, an earlier graph's line read as its own).
+    assert "graph 0: kernels=reference: runs as forced, untimed" in str(kope.report())
     torch.testing.assert_close(got, want)
     assert got.stride() == want.stride()
     torch.testing.assert_close(got.view(-1), want.view(-1))
