@@ -344,10 +344,11 @@ def has_symbols(value: Any) -> bool:
     for leaf in leaves:
         if isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             return True
-        if isinstance(leaf, torch.Tensor) and any(
-            isinstance(s, torch.SymInt)
-            for s in (*leaf.shape, *leaf.stride(), leaf.storage_offset())
-        ):
+        if not isinstance(leaf, torch.Tensor):
+            continue
+        # Only a strided tensor has strides and an offset (a CSR one raises when asked).
+        placed = (*leaf.stride(), leaf.storage_offset()) if leaf.layout == torch.strided else ()
+        if any(isinstance(s, torch.SymInt) for s in (*leaf.shape, *placed)):
             return True
     return False
 

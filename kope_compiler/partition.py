@@ -34,8 +34,7 @@ import torch
 import torch.fx as fx
 from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.utils._pytree import tree_leaves as pytree_leaves
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from kope.decompositions import FAST_PATHS, decomposition_table
 from kope.dispatch import RESHAPES, has_symbols, tensor_value
@@ -98,7 +97,7 @@ def eager_reason(node: fx.Node, target: Target) -> tuple[str, bool] | None:
     operands = fx.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
     if has_symbols(val) or has_symbols(operands):
         # A size read (aten.sym_size.int) returns no tensor: no compute operator.
-        computes = any(isinstance(v, torch.Tensor) for v in pytree_leaves(val))
+        computes = any(isinstance(v, torch.Tensor) for v in tree_leaves(val))
         return f"{name} has symbolic shapes; KOPE specialises on static shapes", computes
     outputs = list(val) if isinstance(val, (tuple, list)) else [val]
     if not outputs or not all(isinstance(v, torch.Tensor) for v in outputs):

@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 import torch.fx as fx
 from torch._functorch.aot_autograd import aot_export_joint_simple
 from torch._subclasses import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kope.dispatch import copy_only_where_needed, fold_view_chains, lean, torch_binding
+from kope.dispatch import (
+    copy_only_where_needed,
+    fold_view_chains,
+    has_symbols,
+    lean,
+    torch_binding,
+)
 
 
 def _attention(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -226,3 +234,16 @@ def test_linears_are_one_call_each_and_compute_exactly_what_eager_does() -> None
     strided = torch.randn(5, 2, 16).transpose(0, 1)
     for got, want in zip(leaned(strided, *weights), _linears(strided, *weights), strict=True):
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+def test_symbols_are_looked_for_in_sizes_and_where_there_are_strides() -> None:
+    """A tensor of any layout is asked only what it has: a CSR tensor has no strides (asking
+    raised), a strided one's strides and offset may be symbolic too."""
+    dense = torch.randn(3, 3)
+    assert not has_symbols([dense, dense.to_sparse(), dense.to_sparse_csr(), 2, (1.0,)])
+    gm = make_fx(lambda x: x.t()[1:], tracing_mode="symbolic")(torch.randn(4, 3))
+    values = [n.meta["val"] for n in gm.graph.nodes if n.op != "output"]
+    x, view = values[0], values[-1]  # the input, and its view with a symbolic offset
+    assert isinstance(x.shape[0], torch.SymInt)
+    assert has_symbols(x) and has_symbols([dense, (x,)]) and has_symbols(view)
