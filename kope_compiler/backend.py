@@ -21,6 +21,7 @@ import torch
 import torch.fx as fx
 from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.exc import RestartAnalysis
 from torch._functorch.aot_autograd import aot_export_joint_simple
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -48,7 +49,9 @@ def kope_backend(
     """Compile a dynamo graph; `options` are `kope.options.Options` fields.
 
     Errors meant for the user (`KopeError`: a bad option, a target that cannot run here)
-    propagate. Any other failure is a KOPE bug: the graph runs as dynamo traced it and the
+    propagate, and so do dynamo's requests to trace the frame again (`RestartAnalysis`:
+    under `dynamic=True`, aot_autograd asks for a float it could not turn into a tensor to be
+    specialised). Any other failure is a KOPE bug: the graph runs as dynamo traced it and the
     error is logged with its traceback, so a model never breaks on it; `KOPE_STRICT=1` (the
     test suite sets it) raises instead."""
     opts = Options.parse(options)
@@ -57,7 +60,7 @@ def kope_backend(
         log.info("torch.compile mode=%r has no effect on the kope backend", mode)
     try:
         return _backend(gm, example_inputs, opts)
-    except KopeError:
+    except (KopeError, RestartAnalysis):
         raise
     except Exception as err:
         if os.environ.get(STRICT_ENV, "").strip() not in ("", "0"):
@@ -335,7 +338,7 @@ class GenericGraph:
             with envs[0].suppress_guards():
                 traced = _with_scalars(gm, scalars) if scalars else gm
                 compiled, report = compile_graph(aten_inference_graph(traced, example_inputs), opts)
-        except KopeError:
+        except (KopeError, RestartAnalysis):
             raise
         except Exception as err:
             log.info(
