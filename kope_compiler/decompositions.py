@@ -11,7 +11,8 @@ picks the index of argmax, argmin, max.dim and min.dim with an ordered compare a
 running extreme (`arith.cmpf ogt`/`olt`), which a NaN never wins and which nothing wins once
 the extreme is NaN, so a row with a NaN gets the index of its extreme before the first NaN;
 eager takes a NaN for the extreme and returns the first NaN's index. Its clamp, hardtanh (relu6),
-threshold, maximum and minimum turn a NaN into a number; eager keeps it.
+threshold, maximum and minimum turn a NaN into a number; eager keeps it. Its ELU computes
+`exp(x) - 1`, which loses what eager's `expm1` keeps for x near 0.
 
 Interpolations (`F.interpolate`) are native kernels in eager, but PyTorch's tracer takes them
 apart: Python kernels registered at the Autograd and CompositeImplicitAutograd keys, which run
@@ -214,6 +215,18 @@ def minimum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 # Operators whose torch-mlir lowering computes something else than eager: their reference
 # lowering is imported from these (see the module docstring).
+def elu(x: torch.Tensor, alpha: float = 1.0, scale: float = 1.0, input_scale: float = 1.0) -> Any:
+    """`aten.elu` (SELU and CELU are made of it) with `expm1`, as eager computes it: torch-mlir
+    computes `exp(x) - 1`, which is 0 for x = -1e-8 (see `REFERENCE_DECOMPOSITIONS`)."""
+    negative = torch.expm1(x * input_scale) * (alpha * scale)
+    return torch.where(x > 0, x * scale, negative)
+
+
+def celu(x: torch.Tensor, alpha: float = 1.0) -> Any:
+    """`aten.celu`, as eager computes it: an ELU whose input is scaled by 1 / alpha."""
+    return elu(x, alpha, 1.0, 1.0 / alpha)
+
+
 REFERENCE_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten.argmax.default: argmax,
     aten.argmin.default: argmin,
@@ -230,6 +243,8 @@ REFERENCE_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten.threshold.default: threshold,
     aten.maximum.default: maximum,
     aten.minimum.default: minimum,
+    aten.elu.default: elu,  # torch-mlir's exp(x) - 1 loses what expm1 keeps near 0
+    aten.celu.default: celu,
 }
 
 

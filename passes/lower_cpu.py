@@ -8,10 +8,11 @@ results cross the boundary, and empty-tensor elimination computes them in place)
 the stack inside loops and overflows it). Two legalizations make vectorized forms lower
 correctly: integer powers become multiplications (`kope-expand-powers`: a vector
 `math.fpowi` lowers to invalid `llvm.intr.powi`), and vectors of i1 are stored one byte per
-element (`kope-bool-vector-memory`: LLVM packs them in bits). bf16 arithmetic is computed in f32
-(`kope-emulate-bf16`): LLVM would round each result with `__truncsfbf2`, which the JIT lacks;
-and it rounds a bfloat it merely holds in a register too, so bf16 values move as i16
-(`kope-bf16-bits`).
+element (`kope-bool-vector-memory`: LLVM packs them in bits). `log1p` and `expm1` keep their
+digits near zero (`kope-expand-log1p-expm1`: math-to-llvm computes `log(1 + x)`). bf16
+arithmetic is computed in f32 (`kope-emulate-bf16`): LLVM would round each result with
+`__truncsfbf2`, which the JIT lacks; and it rounds a bfloat it merely holds in a register
+too, so bf16 values move as i16 (`kope-bf16-bits`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from kope.passes.hoist_allocs import HoistAllocs
 from kope.passes.integer_powers import ExpandPowers
 from kope.passes.memref_copy import MemrefCopyToLinalg
 from kope.passes.schedule import ApplySchedule
+from kope.passes.small_arguments import ExpandLog1pExpm1
 
 BUFFERIZE = (
     "one-shot-bufferize{bufferize-function-boundaries "
@@ -76,6 +78,7 @@ class LowerCpu(PipelinePass):
         return [
             ApplySchedule(),  # a kernel's own schedule, on its tensor payload
             ExpandPowers(),  # before math-to-llvm: powi takes no vector exponent
+            ExpandLog1pExpm1(),  # math-to-llvm would compute log(1 + x), exp(x) - 1
             EmulateBf16(),  # bf16 computed in f32: LLVM's bf16 rounding is a libcall
             DestinationAbi(),
             "inline",

@@ -182,7 +182,8 @@ def test_kope_opt_dump_pass_pipeline_expands_kope_pipelines() -> None:
     assert proc.returncode == 0, proc.stderr
     dumped = proc.stderr.splitlines()[0]
     assert dumped.startswith(
-        "builtin.module(kope-apply-schedule,kope-expand-powers,kope-emulate-bf16,"
+        "builtin.module(kope-apply-schedule,kope-expand-powers,kope-expand-log1p-expm1,"
+        "kope-emulate-bf16,"
         "kope-destination-abi,inline,"
     )
     assert dumped.endswith(",kope-bool-vector-memory)")
