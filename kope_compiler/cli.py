@@ -14,6 +14,7 @@ from typing import Any
 from kope.errors import KopeError
 from kope.options import KERNEL_POLICIES, Options, check_options
 from kope.report import PASS_RATE
+from kope.vocabulary.arguments import int_list, positive
 
 DEFAULT_MODEL = "transformer_block"
 ABLATION_BUDGET = 4  # small on purpose: the ablation measures how fast memory gets there
@@ -65,6 +66,7 @@ def _import_command(args: argparse.Namespace) -> int:
     from kope.compiler import target_for
     from kope.models import load_model
 
+    _check_output(args.output)
     model, inputs = load_model(args.model)
     if args.torch_mlir:
         text = _torch_mlir_import(model, inputs, args.model)
@@ -110,9 +112,18 @@ def _torch_mlir_import(model: Any, inputs: Any, name: str) -> str | None:
     return str(module)
 
 
+def _check_output(path: str | None) -> None:
+    """Refuse an output whose folder is missing before the work that would fill it."""
+    if path and not Path(path).expanduser().parent.is_dir():
+        raise KopeError(f"cannot write {path}: its folder does not exist (create it first)")
+
+
 def _write(text: str, output: str | None) -> int:
     if output:
-        Path(output).write_text(text)
+        try:
+            Path(output).write_text(text)
+        except OSError as err:
+            raise KopeError(f"cannot write {output}: {err.strerror}") from None
     else:
         sys.stdout.write(text)
     return 0
@@ -240,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_option(compile_p, name)
     compile_p.add_argument(
         "--repeat",
-        type=int,
+        type=positive(int),
         default=100,
         help="calls timed for the end-to-end comparison (default: 100)",
     )
@@ -423,8 +434,8 @@ def _add_precompile(sub: Any) -> None:
     _add_model(p)
     for name in ("target", "agent", "budget"):
         _add_option(p, name)
-    p.add_argument("--wall-s", type=float, help="wall-clock limit per operator, seconds")
-    p.add_argument("--tokens", type=int, help="LLM token limit per operator")
+    p.add_argument("--wall-s", type=positive(float), help="wall-clock limit per operator, seconds")
+    p.add_argument("--tokens", type=positive(int), help="LLM token limit per operator")
     p.add_argument("--report", help="write the JSON report here")
     _add_option(p, "store")
     _add_option(p, "workers", "operators optimized at once, each with its own worker")
@@ -446,7 +457,7 @@ def _add_precompile(sub: Any) -> None:
     )
     p.add_argument(
         "--task-threads",
-        type=int,
+        type=positive(int),
         help="with --cluster: threads each operator's task requests and measures with "
         "(default: this process's torch thread count)",
     )
@@ -484,11 +495,13 @@ def _add_bench(sub: Any) -> None:
         _add_option(p, name)
     p.add_argument(
         "--budget",
-        type=int,
+        type=positive(int),
         help=f"attempts per operator (default: {_default('budget')}; with --ablate "
         f"{ABLATION_BUDGET})",
     )
-    p.add_argument("--seeds", help="comma-separated seeds (default: 0; with --ablate 0,1,2)")
+    p.add_argument(
+        "--seeds", type=int_list, help="comma-separated seeds (default: 0; with --ablate 0,1,2)"
+    )
     p.add_argument("--ops", help="only these suite operators, comma-separated (default: all)")
     p.add_argument(
         "--flat-prior",
@@ -549,15 +562,26 @@ def _bench_command(args: argparse.Namespace) -> int:
             )
         suite = {n: suite[n] for n in wanted}
     check_options({"target": args.target, "agent": args.agent, "timeout_s": args.timeout_s})
+    _check_output(args.report)
+    if args.plot:
+        from kope.plots import require_matplotlib
+
+        require_matplotlib()
+    if ablate == "context" and args.agent != "llm":
+        raise KopeError(
+            "--ablate context compares what the LLM agent is sent under ACMI and passive "
+            "context; the heuristic agent reads no prompt: add --agent llm"
+        )
     agent_config: dict[str, Any] = {}
     if args.flat_prior:
         agent_config["prior_weight"] = 0.0
     if args.agent == "llm":
         agent_config.update(base_url=args.llm_base_url, model=args.llm_model)
-    seeds = [int(s) for s in (args.seeds or ("0,1,2" if ablate else "0")).split(",")]
+    seeds = args.seeds or ([0, 1, 2] if ablate else [0])
+    budget = args.budget or (ABLATION_BUDGET if ablate else _default("budget"))  # None: default
     config = bench.BenchConfig(
         target_for(args.target, 1, args.timeout_s),
-        args.budget or (ABLATION_BUDGET if ablate else _default("budget")),
+        budget,
         seeds=seeds,
         ablate=ablate,
         agent=args.agent,
@@ -608,6 +632,7 @@ def _precompile_command(args: argparse.Namespace) -> int:
             "timeout_s": args.timeout_s,
         }
     )
+    _check_output(args.report)
     model, inputs = load_model(args.model)
     store = store_at(Path(args.store) if args.store else kope_home())
     target = target_for(args.target, max(1, args.workers), args.timeout_s)
@@ -662,15 +687,17 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(
             f"untimed: the {s['target']} target has no device here, so its kernels were verified "
             "under Triton's interpreter and nothing was timed; `kope export --target "
-            f"{s['target']} -o PACK` takes them to the device (benchmarks/gpu_check.sh)"
+            f"{s['target']} -o PACK` takes them to the device "
+            f"(benchmarks/{'npu' if s['target'] == 'ascend' else 'gpu'}_check.sh)"
         )
     elif any(op.get("timing_quality") != "clean" for op in report["operators"]):
         lines.append(
             "~: a figure that is not clean (measured under load, or before KOPE judged timings); "
             "it pins no kernel until `kope precompile --remeasure` times it cleanly"
         )
+    rate = "-" if s["pass_rate"] is None else f"{s['pass_rate']:.0%}"
     lines.append(
-        f"{s['operators']} operators; pass rate {s['pass_rate']:.0%} ({PASS_RATE}); geomean "
+        f"{s['operators']} operators; pass rate {rate} ({PASS_RATE}); geomean "
         f"speedup {_x(s['geomean_speedup_vs_eager'])} vs eager, "
         f"{_x(s['geomean_speedup_vs_reference'])} vs reference; agent wins {s['agent_wins']}; "
         f"tokens {s['tokens']}; {s['wall_s']:.0f} s"
@@ -711,9 +738,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.run(args)
         return code
-    except KopeError as err:
-        print(f"kope: error: {err}", file=sys.stderr)
+    except KeyboardInterrupt:
+        # Every attempt is durable once made: a rerun resumes where this one stopped.
+        print(
+            "kope: interrupted; what was recorded is kept, and running the command again "
+            "resumes from it",
+            file=sys.stderr,
+        )
+        return 130
+    except BrokenPipeError:  # `kope memory stats | head`: the reader has what it wanted
+        sys.stderr.close()  # nothing more can be said; keep Python from complaining at exit
+        return 0
+    except Exception as err:
+        meant = _meant_for_the_user(err)
+        if meant is None:
+            raise
+        print(f"kope: error: {meant}", file=sys.stderr)
         return 2
+
+
+def _meant_for_the_user(err: BaseException) -> BaseException | None:
+    """The `KopeError` (or store error) `err` is or wraps: torch.compile hands a backend's
+    errors on inside its own (`BackendCompilerFailed`), traceback and all."""
+    from kope.memory.store import StoreError
+
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, (KopeError, StoreError)):
+            return seen
+        inner = getattr(seen, "inner_exception", None)
+        seen = inner if isinstance(inner, BaseException) else seen.__cause__
+    return None
 
 
 if __name__ == "__main__":

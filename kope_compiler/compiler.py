@@ -20,8 +20,9 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from kope.dispatch import has_symbols, lean, subgraph
+from kope.errors import KopeError
 from kope.measuring import recording, threads_now
-from kope.memory.store import ExperienceStore
+from kope.memory.store import ExperienceStore, StoreError
 from kope.options import Options
 from kope.partition import Partition, has_fast_path, partition
 from kope.report import EagerReport, GraphReport, TaskReport, add_graph
@@ -76,7 +77,10 @@ _STORES: dict[Path, ExperienceStore] = {}
 def store_at(path: Path) -> ExperienceStore:
     path = path.expanduser().resolve()
     if path not in _STORES:
-        _STORES[path] = ExperienceStore(path)
+        try:
+            _STORES[path] = ExperienceStore(path)
+        except StoreError as err:
+            raise KopeError(str(err)) from None
     return _STORES[path]
 
 

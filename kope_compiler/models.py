@@ -63,19 +63,40 @@ def _from_file(path: Path, seed: int | None = None) -> tuple[torch.nn.Module, tu
             f"{path}: does not define {', '.join(missing)} "
             "(expected Model, get_inputs() and, if Model takes arguments, get_init_inputs())"
         )
-    init = getattr(module, "get_init_inputs", list)
+    init = getattr(module, "get_init_inputs", None)
     try:
         if seed is not None:
             torch.manual_seed(seed)
-        model = module.Model(*init())
+        model = module.Model(*_arguments(path, "get_init_inputs", init() if init else []))
+    except ModelLoadError:
+        raise
+    except Exception as err:
+        hint = (
+            "; Model takes arguments? define get_init_inputs() returning them as a list"
+            if init is None and isinstance(err, TypeError)
+            else ""
+        )
+        raise ModelLoadError(f"{path}: building the model failed: {_where(err)}{hint}") from err
+    try:
         if seed is not None:
             torch.manual_seed(seed)
-        inputs = tuple(module.get_inputs())
+        inputs = _arguments(path, "get_inputs", module.get_inputs())
+    except ModelLoadError:
+        raise
     except Exception as err:
-        raise ModelLoadError(
-            f"{path}: building the model or its inputs failed: {_where(err)}"
-        ) from err
+        raise ModelLoadError(f"{path}: get_inputs() failed: {_where(err)}") from err
     return _checked(str(path), model, inputs)
+
+
+def _arguments(path: Path, function: str, value: Any) -> tuple[Any, ...]:
+    """The list or tuple `function` returned, as a tuple; anything else is refused (a tensor
+    would be split along its first dimension into as many arguments)."""
+    if not isinstance(value, (list, tuple)):
+        raise ModelLoadError(
+            f"{path}: {function}() must return a list of the arguments, not a "
+            f"{type(value).__name__}: return [x] for one argument"
+        )
+    return tuple(value)
 
 
 def _from_factory(spec: str) -> tuple[torch.nn.Module, tuple[Any, ...]]:

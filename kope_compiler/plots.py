@@ -341,13 +341,21 @@ def plot_report(
     return paths
 
 
-def _figure(width: float, height: float) -> Figure:
+def require_matplotlib() -> None:
+    """Raise the install hint where matplotlib is missing (`kope bench --plot` asks before
+    its run, not after it)."""
     try:
-        from matplotlib.figure import Figure
+        import matplotlib  # noqa: F401
     except ImportError as err:
         raise KopeError(
             "the plots of `kope bench` need matplotlib: pip install 'kope[bench]'"
         ) from err
+
+
+def _figure(width: float, height: float) -> Figure:
+    require_matplotlib()
+    from matplotlib.figure import Figure
+
     return Figure(figsize=(width, height), layout="constrained")
 
 

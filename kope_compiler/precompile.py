@@ -357,7 +357,7 @@ def report_json(
             "operators": len(summaries),
             "pass_rate": (sum(1 for s in summaries if s.verified) / len(summaries))
             if summaries
-            else 0.0,
+            else None,  # no compute operator: nothing passed or failed
             "geomean_speedup_vs_eager": geomean([s.speedup_vs_eager or 0 for s in summaries]),
             "geomean_speedup_vs_reference": geomean(
                 [s.speedup_vs_reference or 0 for s in summaries]

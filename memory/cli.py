@@ -15,7 +15,8 @@ from typing import Any
 
 from kope.memory.merge import MergeError, MergeReport, check_sources, merge_stores
 from kope.memory.schema import AttemptRecord, TaskRecord
-from kope.memory.store import LOG_NAME, TASK, ExperienceStore
+from kope.memory.store import LOG_NAME, TASK, ExperienceStore, StoreError
+from kope.vocabulary.arguments import at_least_zero, positive
 from kope.vocabulary.evidence import SOURCE_GRAPH, TIMING_CLEAN
 from kope.vocabulary.home import kope_home
 
@@ -63,7 +64,9 @@ def add_commands(subparsers: Any) -> Any:
         "and best speedup over eager (keys for `show` and `context`)",
         _tasks,
     )
-    tasks.add_argument("--limit", type=int, default=50, help="tasks per page (default 50)")
+    tasks.add_argument(
+        "--limit", type=positive(int), default=50, help="tasks per page (default 50)"
+    )
     tasks.add_argument(
         "--offset", type=int, default=0, help="tasks to skip before the page (default 0)"
     )
@@ -74,7 +77,9 @@ def add_commands(subparsers: Any) -> Any:
         "context", "exactly the context ACMI would inject for a task, with scores", _context
     )
     context.add_argument("key", help="task key, or a unique prefix of one")
-    context.add_argument("--budget", type=int, default=4000, help="token budget (default 4000)")
+    context.add_argument(
+        "--budget", type=positive(int), default=4000, help="token budget (default 4000)"
+    )
     context.add_argument(
         "--counter",
         choices=["estimate", "bpe"],
@@ -95,7 +100,7 @@ def add_commands(subparsers: Any) -> Any:
     )
     prune.add_argument(
         "--older-than",
-        type=float,
+        type=at_least_zero(float),
         default=30.0,
         metavar="DAYS",
         help="only attempts recorded more than DAYS ago (default 30)",
@@ -155,7 +160,7 @@ def _guarded(run: Any, args: argparse.Namespace) -> int:
     try:
         code: int = run(args, ExperienceStore(root))
         return code
-    except MemoryCommandError as err:
+    except (MemoryCommandError, StoreError) as err:
         print(f"kope memory: error: {err}", file=sys.stderr)
         return 2
 
@@ -310,7 +315,11 @@ def _export(args: argparse.Namespace, store: ExperienceStore) -> int:
     if args.output is None:
         export(store, args.format, sys.stdout)
         return 0
-    with open(args.output, "w") as out:
+    try:
+        out = open(args.output, "w")
+    except OSError as err:
+        raise MemoryCommandError(f"cannot write {args.output}: {err.strerror}") from None
+    with out:
         export(store, args.format, out)
     print(f"wrote {args.output} ({args.format})", file=sys.stderr)
     return 0
@@ -334,7 +343,7 @@ def _merge(args: argparse.Namespace) -> int:
         # Checked before DST is opened: opening a store may write a snapshot into it.
         sources = check_sources(args.sources, into)
         report = merge_stores(sources, ExperienceStore(into))
-    except MergeError as err:
+    except (MergeError, StoreError) as err:
         print(f"kope memory: error: {err}", file=sys.stderr)
         return 2
     _print_merge(report)

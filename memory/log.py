@@ -45,6 +45,7 @@ class RecordLog:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fd: int | None = None
         self._rfd: int | None = None
+        self.damaged = 0  # damaged lines skipped by this reader
 
     def _writer(self) -> int:
         if self._fd is None:
@@ -113,6 +114,7 @@ class RecordLog:
                 try:
                     entries.append((offset + start, stop - start, decode(data[start:stop])))
                 except (ValueError, json.JSONDecodeError) as err:
+                    self.damaged += 1
                     log.warning(
                         "%s: skipping a damaged record at byte %d (%s)",
                         self.path,

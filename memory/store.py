@@ -93,6 +93,13 @@ _KIND_CODE = {k: i for i, k in enumerate(EDGE_KINDS)}
 _CACHE_LIMIT = 200_000
 
 
+class StoreError(Exception):
+    """The store's directory cannot serve: it is a file, or cannot be created or written."""
+
+
+_WHERE = "give a directory you can write to (--store, options={'store': ...} or $KOPE_HOME)"
+
+
 class ExperienceStore:
     """Tasks, attempts, insights and their edges on one directory.
 
@@ -102,7 +109,14 @@ class ExperienceStore:
 
     def __init__(self, root: Path | str, *, compact_after: int = 50_000):
         self.root = Path(root).expanduser()
-        self.root.mkdir(parents=True, exist_ok=True)
+        if self.root.exists() and not self.root.is_dir():
+            raise StoreError(f"the store {self.root} is a file, not a directory: {_WHERE}")
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise StoreError(
+                f"cannot create the store directory {self.root} ({err.strerror}): {_WHERE}"
+            ) from err
         self.log = RecordLog(self.root / LOG_NAME)
         self.compact_after = compact_after
         self._offset = 0
@@ -261,7 +275,7 @@ class ExperienceStore:
             "tasks": self._counts["tasks"],
             "attempts": self._counts["attempts"],
             "verified": self._counts["verified"],
-            "skipped_records": self._skipped,
+            "skipped_records": self._skipped + self.log.damaged,
         }
 
     def summary(self) -> dict[str, Any]:
@@ -420,7 +434,14 @@ class ExperienceStore:
             os.sync()  # one flush for all of them instead of one fsync each
         self._write(records)
 
+    def _check_writable(self) -> None:
+        # Said before the first write fails deep in it (a read-only mount, another user's
+        # directory): the records this process would add are what is lost, nothing recorded.
+        if not os.access(self.root, os.W_OK):
+            raise StoreError(f"the store {self.root} is not writable: {_WHERE}")
+
     def _write(self, records: Iterable[Any]) -> None:
+        self._check_writable()
         self.log.append(to_json(r) for r in records)
         self.refresh()  # applies ours and anything another process appended meanwhile
 
@@ -697,6 +718,7 @@ class ExperienceStore:
         path = self.artifact_path(digest)
         if path.exists():
             return digest
+        self._check_writable()
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         try:

@@ -108,7 +108,15 @@ class DestinationAbi(ModulePass):
             return
         payload = find_func(module, PAYLOAD)
         if payload is None:
-            raise PassError(f"module has neither @{ENTRY} nor a @{PAYLOAD} payload function")
+            names = [
+                "@" + ir.StringAttr(op.attributes["sym_name"]).value
+                for op in module.regions[0].blocks[0].operations
+                if op.operation.name == "func.func"
+            ]
+            raise PassError(
+                f"module has neither @{ENTRY} nor a @{PAYLOAD} payload function (it has "
+                f"{', '.join(names) or 'no function'}): name the function to lower @{PAYLOAD}"
+            )
         ftype = function_type(payload)
         ins = [str(t) for t in ftype.inputs]
         outs = [str(t) for t in ftype.results]

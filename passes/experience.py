@@ -39,8 +39,9 @@ def open_store(path: str, pass_name: str) -> ExperienceStore:
     """
     root = Path(path).expanduser() if path else kope_home()
     if not root.is_dir():
+        what = "the path is a file" if root.exists() else "the directory does not exist"
         raise PassError(
-            f"no experience store at {root}: the directory does not exist; give "
+            f"no experience store at {root}: {what}; give "
             f"{pass_name}{{store=DIR}} a store that `kope compile` or `kope precompile` filled, "
             f"or set KOPE_HOME"
         )

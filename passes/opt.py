@@ -241,6 +241,9 @@ def run(inv: Invocation, out: TextIO, err: TextIO) -> int:
     except OSError as e:
         err.write(f"kope-opt: cannot read {name}: {e.strerror}\n")
         return 1
+    except UnicodeDecodeError as e:
+        err.write(f"kope-opt: {name} is not MLIR text (not UTF-8 at byte {e.start})\n")
+        return 1
     if inv.dump_pipeline:
         err.write(pipeline_text(_expanded(inv.pipeline or [])) + "\n")
     results: list[str] = []
@@ -259,7 +262,11 @@ def run(inv: Invocation, out: TextIO, err: TextIO) -> int:
             results.append(produced)
     output = "// -----\n".join(results)
     if inv.output and inv.output != "-":
-        Path(inv.output).write_text(output)
+        try:
+            Path(inv.output).write_text(output)
+        except OSError as e:
+            err.write(f"kope-opt: cannot write {inv.output}: {e.strerror}\n")
+            return 1
     else:
         out.write(output)
     return status

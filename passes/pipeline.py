@@ -90,6 +90,8 @@ def parse_pipeline(text: str) -> list[PipelineElement]:
     from kope.passes import pass_names
 
     body = text.strip()
+    if body.count("(") != body.count(")") or body.count("{") != body.count("}"):
+        raise PipelineError(f"unbalanced parentheses or braces in the pipeline {body!r}")
     if body.startswith("builtin.module(") and body.endswith(")"):
         body = body[len("builtin.module(") : -1]
     elements: list[PipelineElement] = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -193,3 +194,109 @@ def test_memory_commands_on_a_store_that_is_not_there_say_so(tmp_path: Path) -> 
     missing = tmp_path / "typo_store"
     assert main(["memory", "stats", "--store", str(missing)]) == 2
     assert not missing.exists()  # nor is an empty one made
+
+
+def test_a_newcomers_mistakes_in_model_files_name_the_fix(tmp_path: Path) -> None:
+    """A tensor from get_inputs() was split into as many arguments as it has rows, and a
+    Model that takes arguments without get_init_inputs said only 'missing 1 required
+    positional argument'."""
+    from kope.errors import ModelLoadError
+    from kope.models import load_model
+
+    one_tensor = tmp_path / "one_tensor.py"
+    one_tensor.write_text(
+        MODEL_FILE.replace("return [torch.randn(5, 4)]", "return torch.randn(5, 4)")
+    )
+    with pytest.raises(ModelLoadError, match=r"must return a list .* not a Tensor: return \[x\]"):
+        load_model(str(one_tensor))
+    no_init = tmp_path / "no_init.py"
+    no_init.write_text(MODEL_FILE.split("def get_init_inputs")[0])
+    with pytest.raises(ModelLoadError, match="define get_init_inputs"):
+        load_model(str(no_init))
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["compile", "--repeat", "0"], "argument --repeat: must be above 0, not 0"),
+        (["precompile", "--wall-s", "-1"], "argument --wall-s: must be above 0"),
+        (["bench", "--budget", "0"], "argument --budget: must be above 0, not 0"),
+        (["bench", "--seeds", "a,b"], "'a,b' is not a comma-separated list of whole numbers"),
+        (["memory", "context", "k", "--budget", "-5"], "argument --budget: must be above 0"),
+    ],
+)
+def test_bad_numbers_are_refused_before_any_work(
+    args: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kope.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_a_store_that_cannot_serve_is_an_error_that_names_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store path that is a file raised FileExistsError (and inside torch.compile ran the
+    graph eagerly as 'a KOPE bug'); a store that cannot be written failed deep in a write."""
+    from kope.cli import main
+    from kope.errors import KopeError
+    from kope.memory.store import ExperienceStore, StoreError
+
+    a_file = tmp_path / "store_file"
+    a_file.write_text("not a store")
+    assert main(["precompile", "mlp", "--budget", "1", "--store", str(a_file)]) == 2
+    assert "is a file, not a directory" in capsys.readouterr().err
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+    compiled = torch.compile(model, backend="kope", options={"store": str(a_file)})
+    with pytest.raises(Exception) as raised, torch.no_grad():
+        compiled(torch.randn(2, 4))
+    assert "is a file, not a directory" in str(raised.value)
+    assert isinstance(raised.value, KopeError) or isinstance(
+        getattr(raised.value, "inner_exception", None), KopeError
+    )
+    store = ExperienceStore(tmp_path / "read_only")
+    store.root.chmod(0o555)
+    try:
+        if not os.access(store.root, os.W_OK):  # root may write anywhere
+            with pytest.raises(StoreError, match="is not writable"):
+                store.put_artifact("text")
+    finally:
+        store.root.chmod(0o755)
+
+
+def test_output_paths_and_input_files_that_cannot_serve_are_said_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kope.cli import main
+    from kope.passes.opt import main as kope_opt
+
+    missing = tmp_path / "no_such_folder" / "out.mlir"
+    assert main(["import", "mlp", "-o", str(missing)]) == 2
+    assert "its folder does not exist" in capsys.readouterr().err
+    binary = tmp_path / "binary.mlir"
+    binary.write_bytes(b"\xff\xfe\x00junk")
+    assert kope_opt(["--kope-outline-operators", str(binary)]) == 1
+    assert "is not MLIR text" in capsys.readouterr().err
+    assert kope_opt(["--pass-pipeline=builtin.module(kope-outline-operators", str(binary)]) != 0
+    assert "unbalanced parentheses" in capsys.readouterr().err
+
+
+def test_a_backend_error_inside_torch_compile_reaches_the_command_line_as_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """torch.compile wraps a backend's errors in BackendCompilerFailed: `kope compile
+    --target cuda` printed dynamo's whole traceback around KOPE's one line."""
+    from kope.cli import _meant_for_the_user
+    from kope.errors import KopeError
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+    compiled = torch.compile(model, backend="kope", options={"target": "cuda"})
+    with pytest.raises(Exception) as raised, torch.no_grad():
+        compiled(torch.randn(2, 4))
+    if torch.cuda.is_available():
+        pytest.skip("this machine can run the cuda target")
+    meant = _meant_for_the_user(raised.value)
+    assert isinstance(meant, KopeError) and "cannot run a compiled model here" in str(meant)
+    assert _meant_for_the_user(RuntimeError("a bug")) is None
