@@ -64,9 +64,7 @@ def add_commands(subparsers: Any) -> Any:
         "and best speedup over eager (keys for `show` and `context`)",
         _tasks,
     )
-    tasks.add_argument(
-        "--limit", type=positive(int), default=50, help="tasks per page (default 50)"
-    )
+    tasks.add_argument("--limit", type=int, default=50, help="tasks per page (default 50)")
     tasks.add_argument(
         "--offset", type=int, default=0, help="tasks to skip before the page (default 0)"
     )
