@@ -166,23 +166,34 @@ def aten_inference_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> f
 def _aot(gm: fx.GraphModule, example_inputs: Sequence[Any], opts: Options) -> Callable[..., Any]:
     """aot_autograd to an aten inference graph, compiled by `compile_graph`.
 
-    When no operator got a JIT kernel and nothing was rewritten, the dynamo graph itself runs:
-    it computes the same ATen calls without aot_autograd's runtime wrappers, so such a graph
-    costs nothing over eager.
+    The graphs that come this way write into their inputs (a cache updated in place, batch
+    norm's running statistics in train mode) or return views of them. aot_autograd hands KOPE
+    a functional graph, which returns the new values instead of writing them, so under `auto`
+    it is timed against itself uncompiled like any graph (`settle_graph`) without touching the
+    caller's tensors. When no operator got a JIT kernel and nothing was rewritten, or the
+    compiled graph lost, the dynamo graph itself runs: it computes the same ATen calls without
+    aot_autograd's runtime wrappers.
     """
-    uses_kernels = False
+    report: GraphReport | None = None
 
-    def forward_compiler(aten_gm: fx.GraphModule, _inputs: Sequence[Any]) -> Callable[..., Any]:
-        nonlocal uses_kernels
+    def forward_compiler(aten_gm: fx.GraphModule, fw_inputs: Sequence[Any]) -> Callable[..., Any]:
+        nonlocal report
+        uncompiled = fx.GraphModule(aten_gm, copy.deepcopy(aten_gm.graph))
         compiled, report = compile_graph(aten_gm, opts)
-        uses_kernels = _uses_kernels(report)
-        return make_boxed_func(compiled.forward)
+        graph: Callable[..., Any] = compiled.forward
+        if opts.kernels == "auto" and _uses_kernels(report):
+            timed = example_inputs if _same_layouts(example_inputs, fw_inputs) else fw_inputs
+            with unset_fake_temporarily():  # aot compiles under its fake mode; timing is real
+                graph = settle_graph(uncompiled.forward, compiled, report, timed, opts)
+        return make_boxed_func(graph)
 
     with traced_whole():  # as `aten_inference_graph` traces
         compiled = aot_autograd(fw_compiler=forward_compiler)(gm, example_inputs)
-    if not uses_kernels:
+    if report is None or not _uses_kernels(report):
         log.debug("no operator of this graph runs a JIT kernel: running the graph eagerly")
         return gm.forward
+    if report.whole is not None and not report.whole.compiled:
+        return gm.forward  # eager's graph won: without aot_autograd's wrappers
     return compiled
 
 

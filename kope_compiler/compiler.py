@@ -98,7 +98,12 @@ def compile_graph(gm: fx.GraphModule, options: Options) -> tuple[fx.GraphModule,
     if not take_apart and options.kernels == "auto" and has_fast_path(gm):
         gm, part = _fast_paths_taken_apart(gm, target, store, options)
     if part is None:
-        part = partition(gm, target, fuse=options.fuse, fast_paths=take_apart)
+        # Under `reference` every operator is to run its reference lowering: no library call
+        # (oneDNN's fused convolutions, one attention call) stands in for operators.
+        library = options.kernels != "reference"
+        part = partition(
+            gm, target, fuse=options.fuse, fast_paths=take_apart, onednn=library, attention=library
+        )
     graph = GraphReport(
         views=part.views,
         rewrites=part.rewrites,

@@ -649,6 +649,7 @@ def partition(
     fuse: bool = True,
     fast_paths: bool = True,
     onednn: bool = True,
+    attention: bool = True,
 ) -> Partition:
     """Make Tasks of `gm`'s compute nodes for `target`: connected groups of elementwise and
     row-reduction nodes (elementwise ones with the contraction they read as their head) fused
@@ -656,14 +657,15 @@ def partition(
     decomposing nodes torch-mlir cannot lower. With `fast_paths` False, a fused eager fast
     path (e.g. nn.TransformerEncoderLayer's) is not decomposed: one native kernel beats its
     parts run one by one, so it runs eagerly whole. With `onednn` False, no op is fused into
-    a oneDNN library call (`kope.rewrites.rewrite`)."""
+    a oneDNN library call (`kope.rewrites.rewrite`); with `attention` False, attention
+    written out is not fused into one ATen call."""
     result = Partition()
     table = decomposition_table(fast_paths)
     drop_metadata_checks(gm)
     fold_constants(gm)
     drop_unused_outputs(gm)
     if fuse:
-        result.rewrites = rewrite(gm, onednn)
+        result.rewrites = rewrite(gm, onednn, attention)
         expand_inexact_lowerings(gm)  # alone, such a node runs eagerly; fused, exactly
         sink_views(gm.graph)  # a 3-D linear's activation becomes its matmul's epilogue
     target_key = target.key()
@@ -746,7 +748,7 @@ def partition(
             len(replacement),
         )
         if fuse:  # a decomposition may write attention out (nn.TransformerEncoderLayer's does)
-            fused_attention = fuse_attention(gm.graph, set(replacement))
+            fused_attention = fuse_attention(gm.graph, set(replacement)) if attention else []
             result.rewrites += [n.meta[REWRITE] for n in fused_attention]
             # ... and calls of its own that the whole graph's clean-up did not see.
             made = drop_unused_outputs(gm, set(replacement))
@@ -805,7 +807,10 @@ def _take_rewritten(node: fx.Node, made_by: str, target: Target, result: Partiti
             return
         except LoweringError:
             pass
-    result.eager.append(EagerNode(node, name, f"{made_by}: ATen runs it", False))
+    # A fused kernel computes (the report counts it among the operators ATen runs); a layout
+    # copy only moves.
+    compute = node.target is not aten.clone.default
+    result.eager.append(EagerNode(node, name, f"{made_by}: ATen runs it", compute))
 
 
 def decompose_in_place(

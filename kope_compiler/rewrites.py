@@ -77,12 +77,14 @@ FUSED_CONVOLUTION = "elementwise ops fused into the convolution before them (one
 POINTWISE_CONVOLUTION = "1x1 convolution as a matrix product"
 
 
-def rewrite(gm: fx.GraphModule, onednn: bool = True) -> list[str]:
+def rewrite(gm: fx.GraphModule, onednn: bool = True, attention: bool = True) -> list[str]:
     """Apply every rewrite to `gm`'s graph in place; the names of those made, one per site.
     `onednn` False leaves out the fusions into oneDNN's library calls, which only run (a
-    module that must lower to MLIR whole cannot hold them)."""
+    module that must lower to MLIR whole cannot hold them); `attention` False, attention
+    written out as one ATen attention call."""
     made = fold_batch_norms(gm.graph) + channels_last(gm.graph, fuse=onednn)
-    made += pointwise_convolutions_as_matmuls(gm.graph) + fuse_attention(gm.graph)
+    made += pointwise_convolutions_as_matmuls(gm.graph)
+    made += fuse_attention(gm.graph) if attention else []
     return [node.meta[REWRITE] for node in made]
 
 

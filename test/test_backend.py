@@ -689,3 +689,27 @@ def test_functions_of_small_arguments_keep_their_digits(tmp_path) -> None:
         exact = got == want
         error = ((got - want).double().abs() / want.double().abs())[normal & ~exact]
         assert error.numel() == 0 or float(error.max()) < 1e-6, (name, float(error.max()))
+
+
+def test_a_graph_that_writes_its_inputs_is_timed_without_writing_them(tmp_path) -> None:
+    """Batch norm in train mode under no_grad updates its running statistics: such a graph
+    goes through aot_autograd, which used to skip the whole-graph check (and its report
+    line). It is checked on aot_autograd's functional graph, so the timing's many calls leave
+    the statistics as three calls of eager's leave them."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.BatchNorm1d(64), torch.nn.GELU(), torch.nn.Linear(64, 8)
+    ).train()
+    twin = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="kope", options={"store": str(tmp_path / "store")})
+    kope.reset_report()
+    x = torch.randn(16, 32)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), twin(x))
+    norm, twin_norm = model[1], twin[1]
+    assert int(norm.num_batches_tracked) == int(twin_norm.num_batches_tracked) == 3
+    torch.testing.assert_close(norm.running_mean, twin_norm.running_mean)
+    torch.testing.assert_close(norm.running_var, twin_norm.running_var)
+    (graph,) = kope.report().graphs
+    assert graph.whole is not None, "no whole-graph check"

@@ -177,19 +177,27 @@ def test_attention_written_by_hand_runs_as_one_kernel(scale: str, tmp_path: Path
         torch.testing.assert_close(compiled(q, k, v), model(q, k, v), rtol=1e-4, atol=1e-5)
     assert _rewrites() == [FUSED_ATTENTION]
     (graph,) = kope.report().graphs
-    assert any("scaled_dot_product_attention" in e.op for e in graph.eager)
+    # ATen computes it: the report lists it among the operators ATen runs
+    assert any("scaled_dot_product_attention" in e.op and e.compute for e in graph.eager)
     assert not any("bmm" in t.op or "softmax" in t.op for t in graph.tasks)
+    assert graph.jit_share() < 1.0
 
 
 def test_attention_inside_a_transformer_encoder_layer_taken_apart(tmp_path: Path) -> None:
-    """KOPE's decomposition of the fused fast path writes attention out; it is fused again."""
+    """KOPE's decomposition of the fused fast path writes attention out; it is fused again
+    (`kope precompile` finds no softmax to optimize), except under kernels="reference", where
+    every operator runs its reference lowering and no library call stands in for them."""
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True).eval()
     x = torch.randn(2, 11, 32)
+    tasks = trace_tasks(layer, (x,), CpuTarget())
+    assert tasks and not any("softmax" in t.op for t in tasks), [t.op for t in tasks]
     with torch.no_grad():
         compiled = _compiled(layer, tmp_path, "reference")  # takes the fast path apart
         torch.testing.assert_close(compiled(x), layer(x), rtol=1e-4, atol=1e-4)
-    assert FUSED_ATTENTION in _rewrites()
+    assert FUSED_ATTENTION not in _rewrites()
+    (graph,) = kope.report().graphs
+    assert any("softmax" in t.op for t in graph.tasks) and graph.jit_share() == 1.0
 
 
 def test_a_softmax_that_is_no_attention_is_left_alone(tmp_path: Path) -> None:
