@@ -216,6 +216,7 @@ def _greedy(
         if rewritten:
             fns["rewritten"] = _without(calls, compiled)
         timed = measure_interleaved(fns, config, {n: threads["kope"] for n in fns})
+        disturbed += not all(t.clean for t in timed.values())
         if (
             all(t.clean for t in timed.values())
             and _beats(timed["kope"], timed["eager"])
@@ -260,9 +261,14 @@ def _greedy(
         timed = measure_interleaved({"eager": eager, "kope": compiled}, config, threads)
         for call in calls:
             call.enabled = False
-        decision = GraphDecision(
-            False, "no kernel pays inside the graph", timed["kope"], timed["eager"]
+        # A search that was disturbed may have dropped kernels on noise: said so, not that
+        # none pays (the figure of the graph with every kernel may then read as a win).
+        reason = (
+            "a step of its search was not timed cleanly; eager runs until it is"
+            if disturbed
+            else "no kernel pays inside the graph"
         )
+        decision = GraphDecision(False, reason, timed["kope"], timed["eager"])
         decision.disturbed = bool(disturbed)
         return decision
     final = measure_interleaved({"eager": eager, "kope": compiled}, config, threads)

@@ -573,3 +573,40 @@ def test_the_check_sees_the_inputs_each_compiled_kernel_gets(tmp_path: Path) -> 
         product = seen[id(calls[0])]
         assert any(t is inputs[0] or torch.equal(t, inputs[0]) for t in product)
         assert [c.kernel for c in calls] == before
+
+
+def test_a_search_that_was_not_timed_cleanly_says_so(monkeypatch) -> None:
+    """The graph with its kernel timed unclean (a loaded machine), then every step of the
+    search: eager runs, the decision is not kept, and the reason says the timing was not
+    clean. It said 'no kernel pays inside the graph' beside a figure of 2.22x eager, while the
+    operator's row said it was set aside for an unclean timing. Timings are given."""
+    import kope.whole_graph as whole_graph
+
+    def timing(us: float, clean: bool) -> Timing:
+        quality = TIMING_CLEAN if clean else "contaminated"
+        return Timing(us, 1.0, 15, 2, rounds=15, clean_rounds=15 if clean else 3, quality=quality)
+
+    graph_us = {"eager": 480.0, "kope": 216.0, "with": 216.0, "without": 480.0}
+
+    def measured(fns, config=None, threads=None):
+        return {name: timing(graph_us[name], name == "eager") for name in fns}
+
+    monkeypatch.setattr(whole_graph, "measure_interleaved", measured)
+    monkeypatch.setattr(
+        whole_graph,
+        "_head_to_head",
+        lambda call, inputs, config, threads: {
+            "kernel": timing(10.0, True),
+            "eager": timing(26.0, True),
+        },
+    )
+    x = torch.ones(4)
+    call = _Call(lambda t: (t,), lambda ins: ins)
+    call.report = TaskReport("kernel", "key", "op", "agent", "chosen")
+
+    def graph() -> torch.Tensor:
+        return call(x)[0]
+
+    decision = _greedy([call], graph, graph, MeasureConfig(), {"eager": 2, "kope": 2})
+    assert not decision.compiled and decision.disturbed
+    assert "not timed cleanly" in decision.reason, decision.reason
