@@ -619,7 +619,8 @@ def _precompile_command(args: argparse.Namespace) -> int:
     from kope.compiler import store_at, target_for
     from kope.models import load_model
     from kope.optimize import Budget
-    from kope.precompile import precompile, write_report
+    from kope.precompile import Interrupted, precompile, write_report
+    from kope.report import counted
     from kope.vocabulary.home import kope_home
 
     # The same checks and messages as the backend's options, before the model is traced.
@@ -640,20 +641,32 @@ def _precompile_command(args: argparse.Namespace) -> int:
     if args.agent == "llm":
         agent_config = {"base_url": args.llm_base_url, "model": args.llm_model}
     budget = Budget(attempts=args.budget, wall_s=args.wall_s, tokens=args.tokens)
-    report = precompile(
-        model,
-        inputs,
-        target=target,
-        store=store,
-        agent_name=args.agent,
-        agent_config=agent_config,
-        budget=budget,
-        workers=args.workers,
-        seed=args.seed,
-        remeasure=args.remeasure,
-        cluster=args.cluster,
-        task_threads=args.task_threads,
-    )
+    try:
+        report = precompile(
+            model,
+            inputs,
+            target=target,
+            store=store,
+            agent_name=args.agent,
+            agent_config=agent_config,
+            budget=budget,
+            workers=args.workers,
+            seed=args.seed,
+            remeasure=args.remeasure,
+            cluster=args.cluster,
+            task_threads=args.task_threads,
+        )
+    except Interrupted as stop:
+        if args.report:
+            write_report(stop.report, Path(args.report))
+        print(format_report(stop.report))
+        done = len(stop.report["operators"])
+        print(
+            f"kope: interrupted after {counted(done, 'operator')}; every attempt made is in the "
+            "store, and running the command again resumes from it",
+            file=sys.stderr,
+        )
+        return 130
     if args.report:
         write_report(report, Path(args.report))
     print(format_report(report))

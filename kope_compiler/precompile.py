@@ -216,39 +216,56 @@ def precompile(
             agent.close()
         finish(task, summary)
 
+    def made(done: list[Task]) -> dict[str, Any]:
+        ordered = [summaries[t.key] for t in done]
+        report = report_json(ordered, time.monotonic() - start, agent_name, target, budget)
+        for row in report["operators"]:
+            row["repro"] = repro.get(row["key"], [])
+        # What is left out is part of the answer: a model whose operators all run eagerly
+        # should say why rather than report "0 operators".
+        report["eager"] = [
+            {"op": op, "reason": reason, "sites": sites} for (op, reason), sites in eager.items()
+        ]
+        report["complete"] = len(done) == len(tasks)
+        return report
+
     before: dict[str, set[str]] = {}
-    if cluster is not None:
-        todo = [task for task in tasks if prepare(task)]
-        _run_on_cluster(
-            cluster,
-            todo,
-            target,
-            store,
-            agent_name,
-            agent_config,
-            budget,
-            seed,
-            task_threads,
-            bar,
-            finish,
-        )
-    elif workers > 1:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            list(pool.map(run, tasks))
-    else:
-        for task in tasks:
-            run(task)
+    try:
+        if cluster is not None:
+            todo = [task for task in tasks if prepare(task)]
+            _run_on_cluster(
+                cluster,
+                todo,
+                target,
+                store,
+                agent_name,
+                agent_config,
+                budget,
+                seed,
+                task_threads,
+                bar,
+                finish,
+            )
+        elif workers > 1:
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                list(pool.map(run, tasks))
+        else:
+            for task in tasks:
+                run(task)
+    except KeyboardInterrupt:
+        bar.close()
+        raise Interrupted(made([t for t in tasks if t.key in summaries])) from None
     bar.close()
-    ordered = [summaries[t.key] for t in tasks]
-    report = report_json(ordered, time.monotonic() - start, agent_name, target, budget)
-    for row in report["operators"]:
-        row["repro"] = repro.get(row["key"], [])
-    # What is left out is part of the answer: a model whose operators all run eagerly should
-    # say why rather than report "0 operators".
-    report["eager"] = [
-        {"op": op, "reason": reason, "sites": sites} for (op, reason), sites in eager.items()
-    ]
-    return report
+    return made(tasks)
+
+
+class Interrupted(KeyboardInterrupt):
+    """`precompile` stopped by Ctrl-C; `report` covers the operators it finished (`complete`
+    false). Every attempt made is in the store already, so a rerun resumes."""
+
+    def __init__(self, report: dict[str, Any]):
+        super().__init__("interrupted")
+        self.report = report
 
 
 def _progress(

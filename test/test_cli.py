@@ -300,3 +300,32 @@ def test_a_backend_error_inside_torch_compile_reaches_the_command_line_as_one_li
     meant = _meant_for_the_user(raised.value)
     assert isinstance(meant, KopeError) and "cannot run a compiled model here" in str(meant)
     assert _meant_for_the_user(RuntimeError("a bug")) is None
+
+
+def test_an_interrupted_precompile_reports_what_it_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C during the second operator: the report holds the first, marked incomplete, and
+    the command says that a rerun resumes (it printed a KeyboardInterrupt traceback and wrote
+    no report)."""
+    import json
+
+    import kope.precompile as precompile
+    from kope.cli import main
+
+    optimized: list[str] = []
+
+    def optimize(task, target, store, agent, budget, seed=0, events=None):
+        optimized.append(task.key)
+        if len(optimized) > 1:
+            raise KeyboardInterrupt
+        return precompile.summarize(task, store, stopped="optimized")
+
+    monkeypatch.setattr(precompile, "optimize_task", optimize)
+    report = tmp_path / "report.json"
+    store = tmp_path / "store"
+    args = ["precompile", "mlp", "--budget", "1", "--store", str(store), "--report", str(report)]
+    assert main(args) == 130
+    written = json.loads(report.read_text())
+    assert written["complete"] is False and len(written["operators"]) == 1
+    assert "running the command again resumes" in capsys.readouterr().err
