@@ -94,12 +94,14 @@ UNARY = {
     "math.exp2": "tl.exp2({0})",
     # expm1 and log1p with the corrections that keep their digits near 0 (Kahan's, Goldberg's;
     # see kope.passes.small_arguments): exp(x) - 1 and log(1 + x) lose them all.
+    # (the denominators where the other branch is taken are 1: no 0/0 computed and discarded)
     "math.expm1": "tl.where({0} > 80.0, tl.exp({0}), tl.where({0} < -20.0, tl.exp({0}) - 1.0, "
-    "tl.where(tl.exp({0}) == 1.0, {0}, (tl.exp({0}) - 1.0) * ({0} / tl.log(tl.exp({0}))))))",
+    "tl.where(tl.exp({0}) == 1.0, {0}, (tl.exp({0}) - 1.0) * "
+    "({0} / tl.where(tl.exp({0}) == 1.0, 1.0, tl.log(tl.exp({0})))))))",
     "math.log": "tl.log({0})",
     "math.log2": "tl.log2({0})",
     "math.log1p": "tl.where({0} > 1e30, tl.log({0}), tl.where((1.0 + {0}) == 1.0, {0}, "
-    "tl.log(1.0 + {0}) * ({0} / ((1.0 + {0}) - 1.0))))",
+    "tl.log(1.0 + {0}) * ({0} / tl.where((1.0 + {0}) == 1.0, 1.0, (1.0 + {0}) - 1.0))))",
     "math.sqrt": "tl.sqrt({0})",
     "math.rsqrt": "tl.rsqrt({0})",
     "math.erf": "tl.erf({0})",
