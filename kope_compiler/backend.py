@@ -178,13 +178,7 @@ def _aot(gm: fx.GraphModule, example_inputs: Sequence[Any], opts: Options) -> Ca
 
     def forward_compiler(aten_gm: fx.GraphModule, fw_inputs: Sequence[Any]) -> Callable[..., Any]:
         nonlocal report
-        uncompiled = fx.GraphModule(aten_gm, copy.deepcopy(aten_gm.graph))
-        compiled, report = compile_graph(aten_gm, opts)
-        graph: Callable[..., Any] = compiled.forward
-        if opts.kernels == "auto" and _uses_kernels(report):
-            timed = example_inputs if _same_layouts(example_inputs, fw_inputs) else fw_inputs
-            with unset_fake_temporarily():  # aot compiles under its fake mode; timing is real
-                graph = settle_graph(uncompiled.forward, compiled, report, timed, opts)
+        graph, report = _settled_forward(aten_gm, fw_inputs, example_inputs, opts)
         return make_boxed_func(graph)
 
     with traced_whole():  # as `aten_inference_graph` traces
@@ -195,6 +189,25 @@ def _aot(gm: fx.GraphModule, example_inputs: Sequence[Any], opts: Options) -> Ca
     if report.whole is not None and not report.whole.compiled:
         return gm.forward  # eager's graph won: without aot_autograd's wrappers
     return compiled
+
+
+def _settled_forward(
+    fw_gm: fx.GraphModule,
+    fw_inputs: Sequence[Any],
+    example_inputs: Sequence[Any],
+    opts: Options,
+) -> tuple[Callable[..., Any], GraphReport]:
+    """aot_autograd's forward graph compiled, and what runs of it: under `auto`, the compiled
+    graph or the graph uncompiled, whichever is faster (`settle_graph`), timed on the dynamo
+    graph's own inputs where the forward takes exactly those."""
+    uncompiled = fx.GraphModule(fw_gm, copy.deepcopy(fw_gm.graph))
+    compiled, report = compile_graph(fw_gm, opts)
+    graph: Callable[..., Any] = compiled.forward
+    if opts.kernels == "auto" and _uses_kernels(report):
+        timed = example_inputs if _same_layouts(example_inputs, fw_inputs) else fw_inputs
+        with unset_fake_temporarily():  # aot compiles under its fake mode; timing is real
+            graph = settle_graph(uncompiled.forward, compiled, report, timed, opts)
+    return graph, report
 
 
 def _training(
@@ -221,14 +234,8 @@ def _training(
     reports: list[GraphReport] = []
 
     def forward_compiler(fw_gm: fx.GraphModule, fw_inputs: Sequence[Any]) -> Callable[..., Any]:
-        uncompiled = fx.GraphModule(fw_gm, copy.deepcopy(fw_gm.graph))
-        compiled, report = compile_graph(fw_gm, opts)
+        graph, report = _settled_forward(fw_gm, fw_inputs, example_inputs, opts)
         reports.append(report)
-        graph: Callable[..., Any] = compiled.forward
-        if opts.kernels == "auto" and _uses_kernels(report):
-            timed = example_inputs if _same_layouts(example_inputs, fw_inputs) else fw_inputs
-            with unset_fake_temporarily():  # aot compiles under its fake mode; timing is real
-                graph = settle_graph(uncompiled.forward, compiled, report, timed, opts)
         return make_boxed_func(graph)
 
     def backward_compiler(bw_gm: fx.GraphModule, _inputs: Sequence[Any]) -> Callable[..., Any]:
