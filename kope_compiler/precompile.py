@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from filelock import Timeout
 from functorch.compile import make_boxed_func
 from torch._dynamo.backends.common import aot_autograd
 from tqdm import tqdm
@@ -206,15 +207,29 @@ def precompile(
         )
 
     def run(task: Task) -> None:
-        if not prepare(task):
-            return
-        agent = make_agent(agent_name, seed=seed, **(agent_config or {}))
+        # One process at a time optimizes an operator into a store: a second (the same
+        # command twice, or another model sharing the operator) waits, then finds the budget
+        # spent; side by side, both made the same proposals.
+        lock = store.task_lock(task.key)
         try:
-            events = Events(Recorder(store), _progress(bar, task, store, agent_name, budget))
-            summary = optimize_task(task, target, store, agent, budget, seed=seed, events=events)
+            lock.acquire(timeout=0)
+        except Timeout:
+            bar.update(task.label, "waiting: another process is optimizing it")
+            lock.acquire()
+        try:
+            if not prepare(task):
+                return
+            agent = make_agent(agent_name, seed=seed, **(agent_config or {}))
+            try:
+                events = Events(Recorder(store), _progress(bar, task, store, agent_name, budget))
+                summary = optimize_task(
+                    task, target, store, agent, budget, seed=seed, events=events
+                )
+            finally:
+                agent.close()
+            finish(task, summary)
         finally:
-            agent.close()
-        finish(task, summary)
+            lock.release()
 
     def made(done: list[Task]) -> dict[str, Any]:
         ordered = [summaries[t.key] for t in done]

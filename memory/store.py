@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import rustworkx as rx
+from filelock import FileLock
 
 from kope.memory import snapshot
 from kope.memory.log import RecordLog
@@ -708,6 +709,15 @@ class ExperienceStore:
         )
 
     # -- artifacts ---------------------------------------------------------------------------
+    def task_lock(self, key: str) -> FileLock:
+        """The lock a process holds while it optimizes task `key` into this store (`kope
+        precompile`): another that reaches the task waits, then reads what the first
+        recorded, instead of making the same proposals beside it."""
+        self._check_writable()
+        directory = self.root / "locks"
+        directory.mkdir(exist_ok=True)
+        return FileLock(str(directory / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.lock"))
+
     def artifact_path(self, digest: str) -> Path:
         return self.root / "artifacts" / digest[:2] / f"{digest}.mlir"
 

@@ -252,3 +252,41 @@ def test_precompile_optimizes_a_fast_paths_parts() -> None:
     ((op, reason),) = eager
     assert op == "aten._transformer_encoder_layer_fwd.default"
     assert "fused eager fast path" in reason and "kope precompile optimizes them" in reason
+
+
+def test_an_operator_another_process_is_optimizing_is_waited_for(tmp_path) -> None:
+    """Two precompiles into one store made the same proposals side by side (an operator got 4
+    agent attempts at budget 2). While another process holds an operator's lock, precompile
+    waits for it, records nothing meanwhile, and then optimizes (or finds the work done)."""
+    import threading
+
+    from kope.memory.store import ExperienceStore
+    from kope.optimize import Budget
+    from kope.precompile import precompile, trace_tasks
+    from kope.targets.cpu import CpuTarget
+
+    model, inputs = torch.nn.ReLU(), (torch.randn(32, 64),)
+    (task,) = trace_tasks(model, inputs, CpuTarget())
+    store = ExperienceStore(tmp_path / "store")
+    other = ExperienceStore(tmp_path / "store").task_lock(task.key)  # another process's
+    other.acquire()
+    done: list[dict] = []
+    run = threading.Thread(
+        target=lambda: done.append(
+            precompile(
+                model,
+                inputs,
+                target=CpuTarget(),
+                store=store,
+                budget=Budget(attempts=1),
+                progress=False,
+            )
+        )
+    )
+    run.start()
+    run.join(timeout=10.0)  # unlocked, it records its first attempts in about 2 s
+    store.refresh()
+    assert run.is_alive() and not store.attempts(task.key), "it did not wait"
+    other.release()
+    run.join(timeout=300)
+    assert done and done[0]["complete"] and store.attempts(task.key)
