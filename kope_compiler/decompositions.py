@@ -213,8 +213,6 @@ def minimum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.where(a != a, a, torch.where((b != b) | (b < a), b, a))
 
 
-# Operators whose torch-mlir lowering computes something else than eager: their reference
-# lowering is imported from these (see the module docstring).
 def elu(x: torch.Tensor, alpha: float = 1.0, scale: float = 1.0, input_scale: float = 1.0) -> Any:
     """`aten.elu` (SELU and CELU are made of it) with `expm1`, as eager computes it: torch-mlir
     computes `exp(x) - 1`, which is 0 for x = -1e-8 (see `REFERENCE_DECOMPOSITIONS`)."""
@@ -227,6 +225,8 @@ def celu(x: torch.Tensor, alpha: float = 1.0) -> Any:
     return elu(x, alpha, 1.0, 1.0 / alpha)
 
 
+# Operators whose torch-mlir lowering computes something else than eager: their reference
+# lowering is imported from these (see the module docstring).
 REFERENCE_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten.argmax.default: argmax,
     aten.argmin.default: argmin,

@@ -216,9 +216,10 @@ def _greedy(
         if rewritten:
             fns["rewritten"] = _without(calls, compiled)
         timed = measure_interleaved(fns, config, {n: threads["kope"] for n in fns})
-        disturbed += not all(t.clean for t in timed.values())
+        clean = all(t.clean for t in timed.values())
+        disturbed += not clean
         if (
-            all(t.clean for t in timed.values())
+            clean
             and _beats(timed["kope"], timed["eager"])
             and not (rewritten and _beats(timed["rewritten"], timed["kope"]))
         ):

@@ -26,14 +26,17 @@ ENTRY = "kope_kernel"
 PAYLOAD = "main"
 
 
+def _functions(module: ir.Operation) -> dict[str, ir.Operation]:
+    """The module's top-level functions by name, in order."""
+    return {
+        ir.StringAttr(op.attributes["sym_name"]).value: op.operation
+        for op in module.regions[0].blocks[0].operations
+        if op.operation.name == "func.func"
+    }
+
+
 def find_func(module: ir.Operation, name: str) -> ir.Operation | None:
-    for op in module.regions[0].blocks[0].operations:
-        if (
-            op.operation.name == "func.func"
-            and ir.StringAttr(op.attributes["sym_name"]).value == name
-        ):
-            return op.operation
-    return None
+    return _functions(module).get(name)
 
 
 def function_type(func: ir.Operation) -> ir.FunctionType:
@@ -108,11 +111,7 @@ class DestinationAbi(ModulePass):
             return
         payload = find_func(module, PAYLOAD)
         if payload is None:
-            names = [
-                "@" + ir.StringAttr(op.attributes["sym_name"]).value
-                for op in module.regions[0].blocks[0].operations
-                if op.operation.name == "func.func"
-            ]
+            names = ["@" + name for name in _functions(module)]
             raise PassError(
                 f"module has neither @{ENTRY} nor a @{PAYLOAD} payload function (it has "
                 f"{', '.join(names) or 'no function'}): name the function to lower @{PAYLOAD}"

@@ -17,30 +17,27 @@ def _number(kind: type, text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
 
 
-def positive(kind: type) -> Callable[[str], float]:
-    """A number above 0 (`kind`: int or float)."""
-
+def _bounded(
+    kind: type, allowed: Callable[[float], bool], rule: str, name: str
+) -> Callable[[str], float]:
     def parse(text: str) -> float:
         value = _number(kind, text)
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be above 0, not {text}")
+        if not allowed(value):  # NaN is allowed by no rule
+            raise argparse.ArgumentTypeError(f"must be {rule}, not {text}")
         return value
 
-    parse.__name__ = f"positive {kind.__name__}"  # argparse names the type in its errors
+    parse.__name__ = f"{name} {kind.__name__}"  # argparse names the type in its errors
     return parse
+
+
+def positive(kind: type) -> Callable[[str], float]:
+    """A number above 0 (`kind`: int or float)."""
+    return _bounded(kind, lambda v: v > 0, "above 0", "positive")
 
 
 def at_least_zero(kind: type) -> Callable[[str], float]:
     """A number of 0 or more."""
-
-    def parse(text: str) -> float:
-        value = _number(kind, text)
-        if not value >= 0:
-            raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
-        return value
-
-    parse.__name__ = f"non-negative {kind.__name__}"
-    return parse
+    return _bounded(kind, lambda v: v >= 0, "0 or more", "non-negative")
 
 
 def int_list(text: str) -> list[int]:
