@@ -19,7 +19,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith
 from torch_mlir.dialects import math as math_d
 
-from kope.passes.base import ModulePass
+from kope.passes.base import ModulePass, nested_ops
 
 _LOG2E = 1.44269504088896341
 _LN2_HI = 0.693359375
@@ -143,14 +143,9 @@ class ApproximateMath(ModulePass):
     summary = "Rewrite f32 math.exp/erf/tanh as polynomials in arith ops (vectorizable)"
 
     def run(self, module: ir.Operation) -> None:
-        targets: list[ir.Operation] = []
-
-        def collect(op: ir.Operation) -> ir.WalkResult:
-            if op.name in _REWRITES and _is_f32(op.results[0].type):
-                targets.append(op)
-            return ir.WalkResult.ADVANCE
-
-        module.walk(collect)
+        targets = [
+            op for op in nested_ops(module) if op.name in _REWRITES and _is_f32(op.results[0].type)
+        ]
         for op in targets:
             with ir.InsertionPoint(op), op.location:
                 value = _REWRITES[op.name](_Builder(op.operands[0]), op.operands[0])

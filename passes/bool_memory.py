@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from torch_mlir import ir
 
-from kope.passes.base import ModulePass
+from kope.passes.base import ModulePass, nested_ops
 
 _LOAD = "llvm.load"
 _STORE = "llvm.store"
@@ -62,16 +62,12 @@ class BoolVectorMemory(ModulePass):
     summary = "Load and store i1 vectors as one byte per element (memref<...xi1> layout)"
 
     def run(self, module: ir.Operation) -> None:
-        found: list[ir.Operation] = []
-
-        def collect(op: ir.Operation) -> ir.WalkResult:
-            if op.name in (_LOAD, _MASKED_LOAD) and _bool_vector(op.results[0].type):
-                found.append(op)
-            elif op.name in (_STORE, _MASKED_STORE) and _bool_vector(op.operands[0].type):
-                found.append(op)
-            return ir.WalkResult.ADVANCE
-
-        module.walk(collect)
+        found = [
+            op
+            for op in nested_ops(module)
+            if (op.name in (_LOAD, _MASKED_LOAD) and _bool_vector(op.results[0].type))
+            or (op.name in (_STORE, _MASKED_STORE) and _bool_vector(op.operands[0].type))
+        ]
         for op in found:
             with ir.InsertionPoint(op), op.location:
                 self._widen(op)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from torch_mlir import ir
 
-from kope.passes.base import ModulePass
+from kope.passes.base import ModulePass, nested_ops
 
 
 def _hoistable(alloc: ir.Operation, body: ir.Block) -> ir.Operation | None:
@@ -37,15 +37,8 @@ class HoistAllocs(ModulePass):
     summary = "Move static-shape memref.alloc/dealloc pairs out of scf.for loops"
 
     def run(self, module: ir.Operation) -> None:
-        loops: list[ir.Operation] = []
-
-        def collect(op: ir.Operation) -> ir.WalkResult:
-            if op.name == "scf.for":
-                loops.append(op)
-            return ir.WalkResult.ADVANCE
-
-        module.walk(collect, ir.WalkOrder.POST_ORDER)  # inner loops first: buffers bubble up
-        for loop in loops:
+        # Post-order: inner loops first, so that buffers bubble up.
+        for loop in [op for op in nested_ops(module) if op.name == "scf.for"]:
             body = loop.regions[0].blocks[0]
             for op in list(body.operations):
                 op = op.operation

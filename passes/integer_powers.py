@@ -26,7 +26,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith
 from torch_mlir.dialects import math as math_d
 
-from kope.passes.base import ModulePass
+from kope.passes.base import ModulePass, nested_ops
 
 MAX_MULTIPLIES = 64  # beyond this (|n| >= 2^32) the chain is longer than a libcall is slow
 
@@ -85,15 +85,7 @@ class ExpandPowers(ModulePass):
     summary = "Integer powers as multiplication chains (constant exponents) or powf (vectors)"
 
     def run(self, module: ir.Operation) -> None:
-        found: list[ir.Operation] = []
-
-        def collect(op: ir.Operation) -> ir.WalkResult:
-            if op.name in ("math.fpowi", "math.ipowi"):
-                found.append(op)
-            return ir.WalkResult.ADVANCE
-
-        module.walk(collect)
-        for op in found:
+        for op in [op for op in nested_ops(module) if op.name in ("math.fpowi", "math.ipowi")]:
             with ir.InsertionPoint(op), op.location:
                 value = self._rewrite(op)
             if value is not None:

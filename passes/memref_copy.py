@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from torch_mlir import ir
 from torch_mlir.dialects import linalg
 
-from kope.passes.base import ModulePass
+from kope.passes.base import ModulePass, nested_ops
 
 
 @dataclass
@@ -23,15 +23,7 @@ class MemrefCopyToLinalg(ModulePass):
     summary = "Rewrite memref.copy as linalg.copy (no memrefCopy runtime symbol needed)"
 
     def run(self, module: ir.Operation) -> None:
-        copies: list[ir.Operation] = []
-
-        def collect(op: ir.Operation) -> ir.WalkResult:
-            if op.name == "memref.copy":
-                copies.append(op)
-            return ir.WalkResult.ADVANCE
-
-        module.walk(collect)
-        for copy in copies:
+        for copy in [op for op in nested_ops(module) if op.name == "memref.copy"]:
             with ir.InsertionPoint(copy), copy.location:
                 linalg.copy(copy.operands[0], outs=[copy.operands[1]])
             copy.erase()

@@ -26,7 +26,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import arith
 from torch_mlir.dialects import math as math_d
 
-from kope.passes.base import ModulePass
+from kope.passes.base import ModulePass, nested_ops
 
 
 def _const(like: ir.Type, value: float) -> ir.Value:
@@ -71,15 +71,7 @@ class ExpandLog1pExpm1(ModulePass):
     summary = "math.log1p / math.expm1 as log / exp with the corrections exact near zero"
 
     def run(self, module: ir.Operation) -> None:
-        found: list[ir.Operation] = []
-
-        def collect(op: ir.Operation) -> ir.WalkResult:
-            if op.name in _REWRITES:
-                found.append(op)
-            return ir.WalkResult.ADVANCE
-
-        module.walk(collect)
-        for op in found:
+        for op in [op for op in nested_ops(module) if op.name in _REWRITES]:
             with ir.InsertionPoint(op), op.location:
                 value = _REWRITES[op.name](op.operands[0])
             op.results[0].replace_all_uses_with(value)
