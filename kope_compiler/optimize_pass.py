@@ -37,7 +37,7 @@ from kope.agents.base import Agent
 from kope.memory.store import ExperienceStore
 from kope.options import Options
 from kope.passes.base import ModulePass, PassError, check_target
-from kope.passes.experience import STORE_HELP, function_key, keyed_functions, symbol_name
+from kope.passes.experience import STORE_HELP, function_key, outlined_functions, symbol_name
 from kope.passes.keys import (
     EAGER_ATTR,
     KERNEL_ATTR,
@@ -106,7 +106,7 @@ class OptimizeOperators(ModulePass):
         from kope.agents import make_agent
         from kope.compiler import store_at, target_for
 
-        funcs = [f for f in keyed_functions(module) if KERNEL_ATTR not in f.attributes]
+        funcs = [f for f in outlined_functions(self, module) if KERNEL_ATTR not in f.attributes]
         if not funcs:
             return
         root = Path(self.store).expanduser() if self.store else kope_home()

@@ -31,8 +31,8 @@ from kope.passes.base import ModulePass, PassError, check_target
 from kope.passes.experience import (
     STORE_HELP,
     function_key,
-    keyed_functions,
     open_store,
+    outlined_functions,
     symbol_name,
 )
 from kope.passes.keys import KERNEL_ATTR, canonical_function, task_key
@@ -70,7 +70,7 @@ class ApplyKernels(ModulePass):
         target_key = key_of_target(self.target)
         store = open_store(self.store, self.name)
         try:
-            for func in keyed_functions(module):
+            for func in outlined_functions(self, module):
                 if KERNEL_ATTR in func.attributes:
                     continue  # replaced by an earlier run: its body no longer hashes to its key
                 try:

@@ -57,6 +57,19 @@ def keyed_functions(module: ir.Operation) -> list[ir.Operation]:
     ]
 
 
+def outlined_functions(pass_: ModulePass, module: ir.Operation) -> list[ir.Operation]:
+    """`keyed_functions`, with a warning at the module where there are none: a pass that acts
+    on outlined operators would otherwise do nothing to a module nobody outlined, silently."""
+    funcs = keyed_functions(module)
+    if not funcs:
+        pass_.warn(
+            module.location,
+            f"no function carries {KEY_ATTR}, so there is nothing to do: outline the operators "
+            f"first (kope-outline-operators before {pass_.name} in the pipeline)",
+        )
+    return funcs
+
+
 def function_key(func: ir.Operation) -> str:
     return ir.StringAttr(func.attributes[KEY_ATTR]).value
 
@@ -107,7 +120,7 @@ class AnnotateExperience(ModulePass):
     def run(self, module: ir.Operation) -> None:
         store = open_store(self.store, self.name)
         try:
-            for func in keyed_functions(module):
+            for func in outlined_functions(self, module):
                 func.attributes[EXPERIENCE_ATTR] = experience_of(store, function_key(func))
                 log.debug("annotated @%s from %s", symbol_name(func), store.root)
         finally:
