@@ -323,12 +323,15 @@ def _export_command(args: argparse.Namespace) -> int:
     summary = export_pack(store, args.target, Path(args.output))
     for label, why in summary.skipped:
         print(f"{label}: left out ({why})")
+    if not summary.kernels:
+        print(f"wrote no kernel to {summary.path}: every task with one was left out (above)")
+        return 1
     print(
         f"wrote {summary.kernels} kernels of {summary.tasks} tasks to {summary.path} "
         f"({summary.bytes / 2**20:.1f} MiB); run `python {summary.path}/runner.py "
         f"{summary.path}` where the device is"
     )
-    return 0 if summary.kernels else 1
+    return 0
 
 
 def _add_memory_import_results(memory_sub: Any) -> None:

@@ -78,14 +78,7 @@ def export_pack(
 ) -> PackSummary:
     """Write the store's verified Triton kernels of `target` and what the runner needs to
     verify and time them into the folder `out`."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "kernels").mkdir(exist_ok=True)
-    (out / "data").mkdir(exist_ok=True)
-    for name, source in RUNNER_FILES.items():
-        shutil.copyfile(source, out / name)
-    summary = PackSummary(out, bytes=sum((out / n).stat().st_size for n in RUNNER_FILES))
-    tasks: dict[str, Any] = {}
-    kernels: list[dict[str, Any]] = []
+    found: list[tuple[TaskRecord, list[AttemptRecord]]] = []
     for record in store.tasks():
         if record.target != target:
             continue
@@ -94,8 +87,24 @@ def export_pack(
             for a in store.attempts(record.key)
             if a.form == FORM_TRITON and a.verdict == VERIFIED and a.artifact
         ]
-        if not verified:
-            continue
+        if verified:
+            found.append((record, verified))
+    if not found:
+        # An empty pack would only send someone to the device for nothing.
+        raise KopeError(
+            f"the store at {store.root} holds no verified Triton kernel for target {target!r}, "
+            f"so there is nothing to export: run `kope precompile MODEL --target {target}` "
+            f"into it first (without the device, Triton's interpreter verifies the kernels)"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "kernels").mkdir(exist_ok=True)
+    (out / "data").mkdir(exist_ok=True)
+    for name, source in RUNNER_FILES.items():
+        shutil.copyfile(source, out / name)
+    summary = PackSummary(out, bytes=sum((out / n).stat().st_size for n in RUNNER_FILES))
+    tasks: dict[str, Any] = {}
+    kernels: list[dict[str, Any]] = []
+    for record, verified in found:
         entry, why = _task_entry(store, record, out, limit_bytes - summary.bytes)
         if entry is None:
             summary.skipped.append((record.label, why))

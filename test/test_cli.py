@@ -283,6 +283,23 @@ def test_output_paths_and_input_files_that_cannot_serve_are_said_in_one_line(
     assert "unbalanced parentheses" in capsys.readouterr().err
 
 
+def test_a_kernel_pack_with_nothing_to_carry_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An export from a store without Triton kernels wrote an empty pack and said to run it
+    on the device."""
+    from kope.cli import main
+
+    store, pack = tmp_path / "store", tmp_path / "pack"
+    assert main(["precompile", "mlp", "--budget", "1", "--store", str(store)]) == 0
+    capsys.readouterr()
+    assert main(["export", "--target", "cuda", "-o", str(pack), "--store", str(store)]) == 2
+    err = capsys.readouterr().err
+    assert "holds no verified Triton kernel for target 'cuda'" in err
+    assert "kope precompile MODEL --target cuda" in err
+    assert not pack.exists()
+
+
 def test_a_backend_error_inside_torch_compile_reaches_the_command_line_as_one_line(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
