@@ -67,35 +67,38 @@ LABEL_WIDTH = 40  # characters of an operator's tick label
 def speedup_bars(report: dict[str, Any], path_stem: Path) -> list[Path]:
     """Per operator, each arm's speedup over eager as a bar from 1 (eager) on a log axis: the
     geomean over seeds, with whiskers from the least to the most; an operator with no verified
-    kernel in an arm keeps its slot, marked with an x at 1."""
+    kernel in an arm keeps its slot, marked with an x at 1.
+
+    One row per operator, in the suite's order from the top: a suite of a hundred operators
+    then grows down, with its labels level, where columns made a picture 17,000 pixels wide."""
     rows = report["operators"]
     groups, group_of = _operator_groups(rows)
     arms = _arms(report)
-    fig = _figure(max(7.0, 1.0 + len(groups) * (0.55 + 0.3 * len(arms))), 5.5)
+    fig = _figure(10.0, max(3.5, 1.8 + len(groups) * (0.1 + 0.14 * len(arms))))
     ax = fig.add_subplot()
     multi = len(arms) > 1
-    width = 0.8 / len(arms)
+    height = 0.8 / len(arms)
     found: list[float] = [1.0]
-    unverified_x: list[float] = []
+    unverified_y: list[float] = []
     for a, arm in enumerate(arms):
         colour = ARM_COLOURS[a % len(ARM_COLOURS)]
         for g, group in enumerate(groups):
-            x = g - 0.4 + width * (a + 0.5)
+            y = g - 0.4 + height * (a + 0.5)
             seeds = [r for r in rows if r["arm"] == arm and group_of(r) == group]
             values = [v for r in seeds if (v := _verified_speedup(r)) is not None]
             if not values:
                 if seeds:
-                    unverified_x.append(x)
+                    unverified_y.append(y)
                 continue
             mean = statistics.geometric_mean(values)
             lo, hi = min(values), max(values)
             found += [lo, hi]
             faster = mean >= 1.0
-            ax.bar(
-                x,
+            ax.barh(
+                y,
                 mean - 1.0,
-                width * 0.9,
-                bottom=1.0,
+                height * 0.9,
+                left=1.0,
                 color=colour if multi else FASTER if faster else SLOWER,
                 alpha=1.0 if faster or not multi else 0.55,
                 hatch="" if faster or not multi else "///",
@@ -105,52 +108,55 @@ def speedup_bars(report: dict[str, Any], path_stem: Path) -> list[Path]:
             )
             if len(values) > 1:
                 ax.errorbar(
-                    x,
                     mean,
-                    yerr=[[mean - lo], [hi - mean]],
+                    y,
+                    xerr=[[mean - lo], [hi - mean]],
                     color="#333333",
-                    capsize=3,
+                    capsize=2,
                     linewidth=1,
                     zorder=3,
                 )
-            share = "" if len(values) == len(seeds) else f"\n{len(values)}/{len(seeds)} seeds"
+            share = "" if len(values) == len(seeds) else f" ({len(values)}/{len(seeds)} seeds)"
             ax.annotate(
                 f"{mean:.2f}×{share}",
-                (x, hi if faster else lo),
-                xytext=(0, 3 if faster else -3),
+                (hi if faster else lo, y),
+                xytext=(3 if faster else -3, 0),
                 textcoords="offset points",
-                ha="center",
-                va="bottom" if faster else "top",
+                ha="left" if faster else "right",
+                va="center",
                 fontsize=7,
             )
-    ax.axhline(1.0, color="black", linewidth=1.2, zorder=2.5)
-    if unverified_x:
+    ax.axvline(1.0, color="black", linewidth=1.2, zorder=2.5)
+    if unverified_y:
         ax.plot(
-            unverified_x,
-            [1.0] * len(unverified_x),
+            [1.0] * len(unverified_y),
+            unverified_y,
             "x",
             color="#c0392b",
-            markersize=9,
+            markersize=8,
             markeredgewidth=2,
             zorder=4,
         )
-    ax.set_yscale("log")
+    ax.set_xscale("log")
     _speedup_axis(ax, min(found) / 1.5, max(found) * 1.5)
-    ax.set_xticks(range(len(groups)), [shorten(g, LABEL_WIDTH) for g in groups])
-    ax.tick_params(axis="x", labelrotation=40)
-    for tick in ax.get_xticklabels():
-        tick.set_horizontalalignment("right")
-        tick.set_rotation_mode("anchor")
-    ax.set_xlim(-0.6, len(groups) - 0.4)
-    ax.grid(axis="y", which="major", alpha=0.3, zorder=0)
-    ax.set_xlabel("operator")
-    ax.set_ylabel("speedup over eager (log scale)")
-    ax.legend(handles=_bar_legend(arms, multi, bool(unverified_x)), loc="best", fontsize=8)
+    ax.set_yticks(range(len(groups)), [_row_label(g) for g in groups], fontsize=8)
+    ax.set_ylim(len(groups) - 0.4, -0.6)  # the first operator on top
+    if len(groups) > 12:
+        ax.tick_params(axis="x", labeltop=True)  # a tall figure: the scale at both ends
+    ax.grid(axis="x", which="major", alpha=0.3, zorder=0)
+    ax.set_ylabel("operator")
+    ax.set_xlabel("speedup over eager (log scale)")
+    ax.legend(  # beside the bars, never over one
+        handles=_bar_legend(arms, multi, bool(unverified_y)),
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize=8,
+    )
     seeds = report.get("seeds") or []
     fig.suptitle("Speedup over eager, per operator", fontweight="bold")
     ax.set_title(
         f"{_run_text(report)}\nbar: geomean over {len(seeds)} seed(s); whiskers: min to max "
-        "over seeds; above 1 the kernel beats eager",
+        "over seeds; right of 1 the kernel beats eager",
         fontsize=9,
     )
     return _save(fig, path_stem)
@@ -393,6 +399,13 @@ def _operator_groups(
     return list(dict.fromkeys(group_of(r) for r in rows)), group_of
 
 
+def _row_label(group: str) -> str:
+    """A bar group's tick label: a suite name that yields several tasks gets its task's label
+    on a second line, so that the tasks stay told apart when either is shortened."""
+    name, _, label = group.partition(": ")
+    return shorten(name, LABEL_WIDTH) + (f"\n{shorten(label, LABEL_WIDTH)}" if label else "")
+
+
 def _verified_speedup(row: dict[str, Any]) -> float | None:
     value = row.get("speedup_vs_eager")
     if not row.get("verified") or value is None or not value > 0 or not math.isfinite(value):
@@ -429,7 +442,7 @@ def _times_formatter() -> Any:
 
 
 def _speedup_axis(ax: Axes, lo: float, hi: float) -> None:
-    """Log-scale limits around [lo, hi] with ticks at 1-2-5 steps, written as `2×`."""
+    """Log-scale x limits around [lo, hi] with ticks at 1-2-5 steps, written as `2×`."""
     from matplotlib.ticker import FixedLocator, NullFormatter
 
     lo, hi = min(lo, 0.8), max(hi, 1.25)
@@ -439,10 +452,10 @@ def _speedup_axis(ax: Axes, lo: float, hi: float) -> None:
         for m in (1, 2, 5)
         if lo <= m * 10.0**e <= hi
     ]
-    ax.set_ylim(lo, hi)
-    ax.yaxis.set_major_locator(FixedLocator(ticks))
-    ax.yaxis.set_major_formatter(_times_formatter())
-    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlim(lo, hi)
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_major_formatter(_times_formatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def _bar_legend(arms: list[str], multi: bool, unverified: bool) -> list[Any]:
