@@ -857,7 +857,9 @@ def winner(attempts: Sequence[AttemptRecord], threads: int | None = None) -> Sta
     against eager (`confirms`), whose figure was clean and still beats eager by more than
     WIN_MARGIN. Per kernel the latest clean confirmation decides, so a clean re-measurement
     that no longer wins un-pins it, while a contaminated one changes nothing. Among pinned
-    kernels the fastest (by its confirmation) runs; with none, eager runs.
+    kernels the fastest (by its confirmation) runs, and of kernels within WIN_MARGIN of it,
+    a tie, the one found first; with none, eager runs. A candidate is re-measured (the
+    `challenger`) only where its figure beats the pinned kernel's by more than WIN_MARGIN.
 
     A task none of whose figures were judged or confirmed (`unknown` quality: recorded
     before KOPE judged timings) keeps the older rule, its fastest verified figure with eager
@@ -902,8 +904,14 @@ def winner(attempts: Sequence[AttemptRecord], threads: int | None = None) -> Sta
     for a in comparable:
         if a.confirms is not None and a.artifact and a.timing_quality == TIMING_CLEAN:
             settled[a.artifact] = a
-    pinned = max((c for c in settled.values() if wins(c)), key=speedup_over_baseline, default=None)
-    floor = speedup_over_baseline(pinned) if pinned is not None else 1.0 + WIN_MARGIN
+    found: dict[str, int] = {}  # kernel (artifact) -> when it was first recorded
+    for index, a in enumerate(counted):
+        if a.artifact:
+            found.setdefault(a.artifact, index)
+    pinned = _first_of_the_fastest([c for c in settled.values() if wins(c)], found)
+    # A candidate is worth re-measuring only if its figure beats the pinned kernel's by more
+    # than noise: a tie never unseats the kernel found first.
+    floor = (speedup_over_baseline(pinned) if pinned is not None else 1.0) * (1.0 + WIN_MARGIN)
     open_ = [
         a
         for a in comparable
@@ -917,8 +925,21 @@ def winner(attempts: Sequence[AttemptRecord], threads: int | None = None) -> Sta
         open_ = [
             a for a in timed if a.eager_us is None and wins(a) and a.artifact not in tried | refuted
         ]
-    challenger = max(open_, key=speedup_over_baseline, default=None)
+    challenger = _first_of_the_fastest(open_, found)
     return Standing(pinned, baseline, eager, challenger, refuted=failed[-1] if failed else None)
+
+
+def _first_of_the_fastest(
+    candidates: Sequence[AttemptRecord], found: dict[str, int]
+) -> AttemptRecord | None:
+    """Of the candidates whose figures are within WIN_MARGIN of the fastest's, the one whose
+    kernel was found first: figures that close are a tie that the machine's noise decides,
+    and deciding it by the order of the search gives the same winner in every run."""
+    if not candidates:
+        return None
+    top = max(speedup_over_baseline(c) for c in candidates)
+    tied = [c for c in candidates if speedup_over_baseline(c) * (1.0 + WIN_MARGIN) >= top]
+    return min(tied, key=lambda c: found.get(c.artifact or "", len(found)))
 
 
 def _refutes(attempt: AttemptRecord) -> bool:

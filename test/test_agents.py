@@ -157,6 +157,25 @@ def test_agent_stops_when_eager_is_far_better() -> None:
     assert HeuristicAgent().propose(ProposalRequest(view, history=history)) is None
 
 
+def test_the_climb_refines_the_first_of_kernels_that_tie() -> None:
+    """Two figures within noise of each other are a tie the machine decides; the climb goes on
+    from the kernel found first, so two runs of one seed take one path."""
+    task = _task("row_sum")
+    view = task_view(task, CpuTarget())
+    info = analyze(prepare_payload(task.payload))
+    configs = [config for config, _ in candidate_space(info, view.capabilities)]
+    history = [
+        Feedback("a0", "d", configs[0], "verified", None, 50.0, 100.0, 2.00, 8.0),
+        Feedback("a1", "d", configs[1], "verified", None, 49.0, 100.0, 2.04, 8.2),
+        Feedback("a2", "d", configs[2], "verified", None, 100.0, 100.0, 1.00, 4.0),
+    ]
+    proposal = HeuristicAgent().propose(ProposalRequest(view, history=history))
+    assert proposal is not None and proposal.parent == "a0"
+    history[1] = Feedback("a1", "d", configs[1], "verified", None, 40.0, 100.0, 2.50, 10.0)
+    proposal = HeuristicAgent().propose(ProposalRequest(view, history=history))
+    assert proposal is not None and proposal.parent == "a1"  # beyond noise, the fastest
+
+
 def test_loop_records_attempts_and_resumes(target: CpuTarget, tmp_path: Path) -> None:
     task = _task("chain")
     store = ExperienceStore(tmp_path)

@@ -177,6 +177,35 @@ def test_reference_only_figures_judge_an_ir_task_and_only_propose_once_eager_is_
     assert settled.pinned is None and settled.challenger is None and settled.clean
 
 
+def test_a_tie_within_noise_goes_to_the_kernel_found_first() -> None:
+    """Kernels whose confirmations differ by less than WIN_MARGIN tie, and the machine's noise
+    would decide which runs: the one found first does, the same in every run, and a later one
+    is re-measured only where its figure beats the pinned kernel's by more than noise."""
+    threads = torch.get_num_threads()
+    common: dict[str, Any] = dict(task="k", verdict="verified", threads=threads, eager_us=100.0)
+    clean: dict[str, Any] = dict(timing_quality=TIMING_CLEAN, rounds=15, clean_rounds=15)
+    eager = AttemptRecord(source=SOURCE_EAGER, latency_us=100.0, speedup_vs_eager=1.0, **common)
+    reference = AttemptRecord(
+        source=SOURCE_REFERENCE, latency_us=400.0, speedup_vs_eager=0.25, artifact="reference",
+        **common, **clean,
+    )  # fmt: skip
+
+    def kernel(name: str, us: float, confirms: AttemptRecord | None = None) -> AttemptRecord:
+        return AttemptRecord(
+            source=SOURCE_AGENT, latency_us=us, speedup_vs_eager=100.0 / us, artifact=name,
+            confirms=confirms.id if confirms else None, **common, **clean,
+        )  # fmt: skip
+
+    a, b, c = kernel("a", 50.0), kernel("b", 49.0), kernel("c", 45.0)  # 2.00x, 2.04x, 2.22x
+    a_sure, b_sure, c_sure = kernel("a", 50.0, a), kernel("b", 49.0, b), kernel("c", 45.0, c)
+    assert winner([eager, reference, a, b, a_sure, b_sure], threads).pinned is a_sure
+    assert winner([eager, reference, b, a, b_sure, a_sure], threads).pinned is b_sure
+    everything = [eager, reference, a, b, c, a_sure, b_sure, c_sure]
+    assert winner(everything, threads).pinned is c_sure  # beyond noise, the fastest
+    assert winner([eager, reference, a, a_sure, b], threads).challenger is None
+    assert winner([eager, reference, a, a_sure, c], threads).challenger is c
+
+
 def test_a_contaminated_figure_never_pins_and_a_clean_confirmation_does(
     relu_task: Task, tmp_path: Path
 ) -> None:

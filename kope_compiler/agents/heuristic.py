@@ -26,8 +26,9 @@ this policy:
    again, and a configuration proven on a very similar operator earns a bonus by its gain, so
    the first attempt reuses it when the evidence outweighs the prior.
 3. Search: after the first verified kernel, it climbs: the next attempt changes one decision
-   of the best kernel so far (the highest-scoring such neighbour); every third attempt
-   explores the best untried configuration instead.
+   of the best kernel so far (the highest-scoring such neighbour; of kernels whose figures tie
+   within noise, the first found); every third attempt explores the best untried
+   configuration instead.
 4. Stopping: when the space is exhausted; when, after four verified attempts, the best kernel
    is still under 0.3x eager and the last three did not improve it, or after six it is still
    under 0.5x (eager is already best); or when eight attempts in, the last five improved
@@ -73,6 +74,7 @@ from kope.agents.schedules import (
 )
 from kope.agents.triton_kernels import describe_config as describe_triton
 from kope.agents.triton_kernels import render_triton, triton_space, unsupported_reason
+from kope.memory.store import WIN_MARGIN
 from kope.passes.analysis import CONTRACTIONS, PayloadInfo, analyze, prepare_payload
 from kope.vocabulary.kernels import FORM_MLIR, FORM_TRITON
 
@@ -704,8 +706,14 @@ def triton_unsupported(task: TaskView) -> str:
 
 
 def _best(history: list[Feedback]) -> Feedback | None:
+    """The attempt the climb refines: the first of those within noise (WIN_MARGIN) of the
+    fastest, so that a tie, which the machine decides, does not send two runs of the same seed
+    down different paths."""
     verified = [f for f in history if f.verdict == "verified" and f.speedup_vs_eager]
-    return max(verified, key=lambda f: f.speedup_vs_eager or 0.0) if verified else None
+    top = max((f.speedup_vs_eager or 0.0 for f in verified), default=0.0)
+    return next(
+        (f for f in verified if (f.speedup_vs_eager or 0.0) * (1 + WIN_MARGIN) >= top), None
+    )
 
 
 def _distance(a: Config, b: Config) -> int:
