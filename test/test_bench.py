@@ -168,3 +168,67 @@ def test_context_ablation_counts_the_endpoints_tokens(tmp_path: Path) -> None:
     kernel = count(task.payload)
     assert used[5] - used[3] >= 2 * kernel
     assert sent[5][1]["content"].count("Attempt 2:") == 1
+
+
+LGAMMA = RELU.replace("torch.relu(x)", "torch.lgamma(x)")
+
+
+def test_a_broken_file_and_one_kope_cannot_compile_do_not_spoil_the_suite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file with a syntax error stopped the whole bench with no table; a file none of whose
+    operators KOPE compiles fell out of every denominator (pass rate 100% of what was left)."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "001_relu.py").write_text(RELU)
+    (suite / "002_broken.py").write_text("import torch\nclass Model(:\n")
+    (suite / "003_lgamma.py").write_text(LGAMMA)
+    report_path = tmp_path / "report.json"
+    argv = ["bench", "--suite", str(suite), "--budget", "1", "--report", str(report_path)]
+    assert main([*argv, "--store", str(tmp_path / "stores")]) == 1  # the figures stand
+    out = capsys.readouterr().out
+    assert "not run: 002_broken" in out and "SyntaxError" in out
+    report = json.loads(report_path.read_text())
+    assert set(report["broken"]) == {"002_broken"}
+    names = [r["name"] for r in report["operators"]]
+    assert "001_relu" in names and "003_lgamma" in names
+    eager_row = next(r for r in report["operators"] if r["name"] == "003_lgamma")
+    assert eager_row["winner"] == "eager" and not eager_row["verified"]
+    relu_verified = next(r for r in report["operators"] if r["name"] == "001_relu")["verified"]
+    assert report["arms"]["default"]["pass_rate"] == pytest.approx(relu_verified / 2)
+
+
+def test_disturbed_figures_decide_neither_the_best_so_far_nor_the_arms_comparison(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A figure the machine's load disturbed (537x for a 14x kernel) set the best either arm
+    found; a disturbed joint re-timing (632x) replaced a clean figure in the report."""
+    from types import SimpleNamespace
+
+    from kope import bench
+    from kope.vocabulary.evidence import TIMING_CLEAN, TIMING_CONTAMINATED, Timing
+
+    attempts = [
+        SimpleNamespace(verdict="verified", speedup_vs_eager=2.0, timing_quality=TIMING_CLEAN),
+        SimpleNamespace(verdict="verified", speedup_vs_eager=537.0, timing_quality="contaminated"),
+        SimpleNamespace(verdict="verified", speedup_vs_eager=2.5, timing_quality=TIMING_CLEAN),
+    ]
+    assert bench._trajectory(attempts) == [2.0, 2.0, 2.5]
+
+    def disturbed(task: object, target: object, kernels: dict[str, object]) -> dict[str, Timing]:
+        names = ["eager", *kernels]
+        return {
+            n: Timing(1.0 if n != "eager" else 632.0, 0.1, 5, 1, 15, 1, quality=TIMING_CONTAMINATED)
+            for n in names
+        }
+
+    monkeypatch.setattr(bench, "time_against_eager", disturbed)
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "001_relu.py").write_text(RELU)
+    config = BenchConfig(CpuTarget(), budget=1, seeds=[0], ablate="memory", progress=False)
+    report = run_bench(load_suite(suite), config, tmp_path / "stores")
+    for row in report["operators"]:
+        if row["retimed"]:
+            assert row["retimed_quality"] == TIMING_CONTAMINATED
+            assert row["speedup_vs_eager"] == row["speedup_vs_eager_own_run"] < 100
