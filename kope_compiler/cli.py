@@ -113,9 +113,22 @@ def _torch_mlir_import(model: Any, inputs: Any, name: str) -> str | None:
 
 
 def _check_output(path: str | None) -> None:
-    """Refuse an output whose folder is missing before the work that would fill it."""
-    if path and not Path(path).expanduser().parent.is_dir():
+    """Refuse an output file that cannot be written before the work that would fill it."""
+    if not path:
+        return
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise KopeError(f"cannot write {path}: it is a folder (give a file's path)")
+    if not target.parent.is_dir():
         raise KopeError(f"cannot write {path}: its folder does not exist (create it first)")
+    existed = target.exists()
+    try:  # the one sure test: open it as the write will
+        with target.open("a"):
+            pass
+    except OSError as err:
+        raise KopeError(f"cannot write {path}: {err.strerror}") from None
+    if not existed:
+        target.unlink(missing_ok=True)
 
 
 def _write(text: str, output: str | None) -> int:
@@ -570,6 +583,8 @@ def _bench_command(args: argparse.Namespace) -> int:
         from kope.plots import require_matplotlib
 
         require_matplotlib()
+        if Path(args.plot).expanduser().exists() and not Path(args.plot).expanduser().is_dir():
+            raise KopeError(f"--plot {args.plot} is a file: give a folder for the plots")
     if ablate == "context" and args.agent != "llm":
         raise KopeError(
             "--ablate context compares what the LLM agent is sent under ACMI and passive "
@@ -593,6 +608,13 @@ def _bench_command(args: argparse.Namespace) -> int:
         report_path=Path(args.report) if args.report else None,
     )
     work = Path(args.store) if args.store else bench.scratch_dir("kope-bench-")
+    if args.store and any(work.glob("*-seed*")):
+        print(
+            f"note: {work} holds stores of an earlier bench; operators already optimized there "
+            "resume rather than start fresh, so the arms no longer start from empty stores "
+            "(give an empty folder for a fresh run)",
+            file=sys.stderr,
+        )
     if args.cluster:
         from kope.cluster import connected
 
@@ -604,16 +626,17 @@ def _bench_command(args: argparse.Namespace) -> int:
     print(bench.format_bench(result))
     if args.report:
         bench.write_json(result, Path(args.report))
+    failed = 1 if result["broken"] else 0  # the figures stand, without those entries
     if args.plot:
         from kope.memory.store import ExperienceStore
         from kope.plots import plot_report
 
         deepest = max(result["operators"], key=lambda r: r["attempts"], default=None)
-        store = ExperienceStore(Path(deepest["store"])) if deepest else None
+        store = ExperienceStore(Path(deepest["store"])) if deepest and deepest["store"] else None
         for path in plot_report(result, Path(args.plot), store):
             print(f"plot: {path}")
     print(f"stores: {work}")
-    return 0
+    return failed
 
 
 def _precompile_command(args: argparse.Namespace) -> int:

@@ -268,10 +268,13 @@ def trajectory_graph(store: ExperienceStore, key: str) -> nx.DiGraph:
     return graph
 
 
-def trajectory_tree(store: ExperienceStore, key: str, path_stem: Path) -> list[Path]:
+def trajectory_tree(
+    store: ExperienceStore, key: str, path_stem: Path, where: str = ""
+) -> list[Path]:
     """Task `key`'s experience graph as a trajectory tree (`trajectory_graph`): baselines on
     top, each attempt under the one it refines, coloured by verdict, labelled with its number
-    and speedup over eager; the kernel the task runs is outlined."""
+    and speedup over eager; the kernel the task runs is outlined. `where` says which run the
+    store is (a bench's arm and seed); the subtitle names the store."""
     graph = trajectory_graph(store, key)
     if not graph:
         raise KopeError(f"task {key!r} in {store.root} has no attempts yet: no tree to draw")
@@ -322,7 +325,8 @@ def trajectory_tree(store: ExperienceStore, key: str, path_stem: Path) -> list[P
     fig.suptitle(f"Trajectory tree: {shorten(graph.graph['label'], 90)}", fontweight="bold")
     ax.set_title(
         f"{agents} agent attempt(s) and {confirmations} confirmation(s) on "
-        f"{graph.graph['target']}\nlabel: attempt number and speedup over eager",
+        f"{graph.graph['target']}{f' ({where})' if where else ''}; store {store.root}"
+        "\nlabel: attempt number and speedup over eager",
         fontsize=9,
     )
     return _save(fig, path_stem)
@@ -343,7 +347,16 @@ def plot_report(
         if key is not None and store.attempts(key):
             task = store.task(key)
             label = task.label if task is not None else key
-            paths += trajectory_tree(store, key, directory / f"tree-{_safe_name(label)}")
+            row = next(
+                (
+                    r
+                    for r in report["operators"]
+                    if r["key"] == key and r["store"] == str(store.root)
+                ),
+                None,
+            )
+            where = f"arm {row['arm']}, seed {row['seed']}" if row else ""
+            paths += trajectory_tree(store, key, directory / f"tree-{_safe_name(label)}", where)
     return paths
 
 

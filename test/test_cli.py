@@ -275,6 +275,13 @@ def test_output_paths_and_input_files_that_cannot_serve_are_said_in_one_line(
     missing = tmp_path / "no_such_folder" / "out.mlir"
     assert main(["import", "mlp", "-o", str(missing)]) == 2
     assert "its folder does not exist" in capsys.readouterr().err
+    # A report path that is a folder, or a plot folder that is a file: said before any work.
+    assert main(["bench", "suite", "--budget", "1", "--report", str(tmp_path)]) == 2
+    assert "it is a folder" in capsys.readouterr().err
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    assert main(["bench", "suite", "--budget", "1", "--plot", str(a_file)]) == 2
+    assert "is a file: give a folder" in capsys.readouterr().err
     binary = tmp_path / "binary.mlir"
     binary.write_bytes(b"\xff\xfe\x00junk")
     assert kope_opt(["--kope-outline-operators", str(binary)]) == 1
