@@ -32,7 +32,7 @@ from kope.memory.schema import (
 )
 from kope.memory.similarity import normalize_decision, op_family
 from kope.memory.store import ExperienceStore
-from kope.vocabulary.evidence import SOURCE_AGENT, VERIFIED
+from kope.vocabulary.evidence import SOURCE_AGENT, TIMING_CONTAMINATED, VERIFIED
 
 log = logging.getLogger("kope.memory")
 
@@ -44,11 +44,12 @@ def insight_id(family: str, dtype: str, decision: str) -> str:
 
 
 def evidence(attempt: AttemptRecord, min_gain: float = 1.05) -> str | None:
-    """SUPPORTS, CONTRADICTS or None: what an attempt says about its decision."""
+    """SUPPORTS, CONTRADICTS or None: what an attempt says about its decision. A figure the
+    machine's load disturbed says nothing about speed either way."""
     if attempt.verdict != VERIFIED:
         return CONTRADICTS
     speedup = attempt.speedup_vs_eager
-    if speedup is None:
+    if speedup is None or attempt.timing_quality == TIMING_CONTAMINATED:
         return None
     if speedup >= min_gain:
         return SUPPORTS

@@ -64,6 +64,11 @@ def test_evidence_rules() -> None:
         is None
     )
     assert evidence(AttemptRecord(task="t", source="agent", verdict="compile_error")) == CONTRADICTS
+    disturbed = AttemptRecord(
+        task="t", source="agent", verdict="verified", speedup_vs_eager=537.0,
+        timing_quality="contaminated",
+    )  # fmt: skip
+    assert evidence(disturbed) is None  # a figure the machine's load disturbed says nothing
 
 
 def test_a_verified_speedup_becomes_an_insight_and_gathers_support(tmp_path: Path) -> None:
