@@ -518,7 +518,10 @@ def _add_bench(sub: Any) -> None:
     p.add_argument(
         "--seeds", type=int_list, help="comma-separated seeds (default: 0; with --ablate 0,1,2)"
     )
-    p.add_argument("--ops", help="only these suite operators, comma-separated (default: all)")
+    p.add_argument(
+        "--ops",
+        help="only these suite operators, comma-separated, in the suite's order (default: all)",
+    )
     p.add_argument(
         "--flat-prior",
         action="store_true",
@@ -576,7 +579,7 @@ def _bench_command(args: argparse.Namespace) -> int:
                 f"--ops names {', '.join(unknown)}, not in the suite {name}; it has "
                 f"{', '.join(suite)}"
             )
-        suite = {n: suite[n] for n in wanted}
+        suite = {n: f for n, f in suite.items() if n in wanted}  # the suite's fixed order
     check_options({"target": args.target, "agent": args.agent, "timeout_s": args.timeout_s})
     _check_output(args.report)
     if args.plot:
@@ -589,6 +592,11 @@ def _bench_command(args: argparse.Namespace) -> int:
         raise KopeError(
             "--ablate context compares what the LLM agent is sent under ACMI and passive "
             "context; the heuristic agent reads no prompt: add --agent llm"
+        )
+    if args.flat_prior and args.agent != "heuristic":
+        raise KopeError(
+            "--flat-prior flattens the heuristic agent's prior; the llm agent has none: "
+            "leave it out, or use --agent heuristic"
         )
     agent_config: dict[str, Any] = {}
     if args.flat_prior:

@@ -282,6 +282,8 @@ def test_output_paths_and_input_files_that_cannot_serve_are_said_in_one_line(
     a_file.write_text("")
     assert main(["bench", "suite", "--budget", "1", "--plot", str(a_file)]) == 2
     assert "is a file: give a folder" in capsys.readouterr().err
+    assert main(["bench", "suite", "--agent", "llm", "--flat-prior"]) == 2
+    assert "the llm agent has none" in capsys.readouterr().err
     binary = tmp_path / "binary.mlir"
     binary.write_bytes(b"\xff\xfe\x00junk")
     assert kope_opt(["--kope-outline-operators", str(binary)]) == 1
