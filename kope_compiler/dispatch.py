@@ -149,7 +149,47 @@ def torch_binding(node: fx.Node) -> Callable[..., Any] | None:
             binding(*args, **kwargs)
     except Exception:  # the binding does not take these arguments: the raw entry does
         return None
-    return binding if seen.ops[:1] == [op] else None
+    if seen.ops[:1] != [op]:
+        return None
+    # The same overload, and on the same arguments: a binding may read them otherwise (torch's
+    # binary_cross_entropy_with_logits takes the graph's (x, y, None, pos_weight) with no
+    # reduction, where ATen's overload means the mean).
+    called_args, called_kwargs = seen.calls[0]
+    same = _same_values(_bound(op, called_args, called_kwargs), _bound(op, args, kwargs))
+    return binding if same else None
+
+
+def _bound(op: torch._ops.OpOverload, args: Any, kwargs: dict[str, Any]) -> list[Any] | None:
+    """Every argument of `op`'s schema as a call passes it, defaults filled in (None: the call
+    does not fit the schema)."""
+    values: list[Any] = []
+    for index, argument in enumerate(op._schema.arguments):
+        if index < len(args) and not argument.kwarg_only:
+            values.append(args[index])
+        elif argument.name in kwargs:
+            values.append(kwargs[argument.name])
+        elif argument.has_default_value():
+            values.append(argument.default_value)
+        else:
+            return None
+    return values
+
+
+def _same_values(a: Any, b: Any) -> bool:
+    """Tensors by identity (or a number the binding wrapped), sequences element by element,
+    the rest by equality; `a` is what the binding dispatched, `b` what the node holds."""
+    if a is None or b is None:
+        return a is b
+    if isinstance(a, torch.Tensor) and isinstance(b, (int, float, bool)):
+        return a.dim() == 0  # the binding wraps a Python number in the same place
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return a is b
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_values(x, y) for x, y in zip(a, b, strict=True))
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
 
 
 def _fake(value: Any) -> Any:
@@ -166,9 +206,11 @@ class _Dispatched(torch.utils._python_dispatch.TorchDispatchMode):  # type: igno
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.ops: list[Any] = []
+        self.calls: list[tuple[Any, dict[str, Any]]] = []  # (args, kwargs) of each
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         self.ops.append(func)
+        self.calls.append((args, kwargs or {}))
         return func(*args, **(kwargs or {}))
 
 

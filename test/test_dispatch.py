@@ -104,6 +104,26 @@ def test_a_binding_that_dispatches_another_overload_is_not_taken() -> None:
     assert torch_binding(tensor) is torch._C._VariableFunctions.add
 
 
+def test_a_binding_that_reads_the_arguments_otherwise_is_not_taken() -> None:
+    """torch's binary_cross_entropy_with_logits binding takes the graph's (x, y, None,
+    pos_weight) with no reduction: a 6x5 tensor where ATen's overload means the mean."""
+    graph = fx.Graph()
+    x, y, pw = (graph.placeholder(n) for n in ("x", "y", "pw"))
+    with FakeTensorMode():
+        x.meta["val"], y.meta["val"], pw.meta["val"] = (
+            torch.empty(6, 5),
+            torch.empty(6, 5),
+            torch.empty(5),
+        )
+    op = torch.ops.aten.binary_cross_entropy_with_logits.default
+    assert torch_binding(graph.call_function(op, (x, y, None, pw))) is None
+    full = graph.call_function(op, (x, y, None, pw, 1))
+    binding = torch_binding(full)
+    if binding is not None:  # taken only where it reads all five arguments as ATen does
+        a, b, w = torch.randn(6, 5), torch.rand(6, 5), torch.rand(5)
+        torch.testing.assert_close(binding(a, b, None, w, 1), op(a, b, None, w, 1))
+
+
 def test_a_view_of_a_root_in_another_layout_is_a_reshape() -> None:
     """`view` was valid on the traced strides and is not on the root's: a kernel wrote
     contiguously what ATen wrote transposed (the ops after it follow its layout). The chain
