@@ -224,15 +224,25 @@ def _flat(value: Any) -> list[Any]:
 
 
 def _max_error(got: Any, want: Any) -> float:
+    """The largest |got - want|: NaN where eager has NaN, and an infinity equal to eager's,
+    agree (0); a NaN or infinity where eager has another value is an infinite error."""
     pairs = list(zip(_flat(got), _flat(want), strict=True))
-    if not pairs:
-        return 0.0
-    return max(float((g.double() - w.double()).abs().max()) if g.numel() else 0.0 for g, w in pairs)
+    return max((_error(g.double(), w.double()) for g, w in pairs if g.numel()), default=0.0)
+
+
+def _error(got: Any, want: Any) -> float:
+    import torch
+
+    agree = (got.isnan() & want.isnan()) | (got == want)  # equal infinities included
+    difference = torch.where(agree, 0.0, (got - want).abs()).nan_to_num(nan=float("inf"))
+    return float(difference.max())
 
 
 def _max_abs(value: Any) -> float:
-    tensors = [t for t in _flat(value) if t.numel()]
-    return max((float(t.double().abs().max()) for t in tensors), default=0.0)
+    """The largest finite magnitude (NaN and infinities set no scale for the error)."""
+    tensors = [t.double() for t in _flat(value) if t.numel()]
+    finite = [t[t.isfinite()] for t in tensors]
+    return max((float(t.abs().max()) for t in finite if t.numel()), default=0.0)
 
 
 def build_parser() -> argparse.ArgumentParser:

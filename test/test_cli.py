@@ -292,6 +292,33 @@ def test_output_paths_and_input_files_that_cannot_serve_are_said_in_one_line(
     assert "unbalanced parentheses" in capsys.readouterr().err
 
 
+def test_outputs_with_nan_where_eager_has_nan_agree(tmp_path: Path) -> None:
+    """A fully masked row's softmax is NaN in eager and in KOPE alike; `kope compile` said the
+    model disagreed with eager (max |kope - eager| = nan) and exited 1."""
+    from kope.cli import _max_error
+
+    nan, inf = float("nan"), float("inf")
+    eager = torch.tensor([1.0, nan, inf, -inf])
+    assert _max_error(eager.clone(), eager) == 0.0
+    assert _max_error(torch.tensor([1.0, 2.0, inf, -inf]), eager) == inf  # a number for NaN
+    assert _max_error(torch.tensor([1.5, nan, inf, -inf]), eager) == 0.5
+    model = tmp_path / "masked.py"
+    model.write_text(
+        "import torch\n"
+        "class Model(torch.nn.Module):\n"
+        "    def forward(self, s, mask):\n"
+        "        return s.masked_fill(~mask, float('-inf')).softmax(-1)\n"
+        "def get_inputs():\n"
+        "    mask = torch.ones(2, 4, dtype=torch.bool)\n"
+        "    mask[1] = False\n"
+        "    return [torch.randn(2, 4), mask]\n"
+    )
+    from kope.cli import main
+
+    argv = ["compile", str(model), "--repeat", "3", "--store", str(tmp_path / "store")]
+    assert main(argv) == 0
+
+
 def test_a_kernel_pack_with_nothing_to_carry_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
