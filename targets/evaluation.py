@@ -84,6 +84,9 @@ def evaluate(
                 f"not {kernel.form}"
             ),
         )
+    lossy = verify.lossy_integers(kernel.source) if kernel and kernel.form == FORM_MLIR else None
+    if lossy:
+        return Evaluation(MISMATCH, error=f"not run: {lossy}")
     notes: list[str] = []
     if not target.timed():
         measure = False

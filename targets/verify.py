@@ -72,6 +72,7 @@ sum-of-terms bound, Higham §4.2 again).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -252,6 +253,38 @@ def task_inputs(task: TaskSpec, trial: Trial) -> list[torch.Tensor]:
     """Inputs of `task` for one trial: `make_inputs` with its integers inside the domains its
     operator defines (`integer_domains`). Every draw for a Task goes through here."""
     return make_inputs(task.inputs, trial, integer_domains(task))
+
+
+# The integers a float holds exactly: its significand's bits, the implicit one included.
+_EXACT_BITS = {"f16": 11, "bf16": 8, "f32": 24, "f64": 53}
+# An input element (a linalg body's `%in`) converted to a float, and a float converted back.
+_INPUT_TO_FLOAT = re.compile(
+    r"arith\.(sitofp|uitofp)\s+%in(?:_\d+)?\s*:\s*(?:vector<[\dx]*x)?i(\d+)>?\s+to\s+"
+    r"(?:vector<[\dx]*x)?(f16|bf16|f32|f64)\b"
+)
+_FLOAT_TO_INT = re.compile(r"arith\.(?:fptosi|fptoui)\b")
+
+
+def lossy_integers(source: str) -> str | None:
+    """Why a kernel computes integers through a float too narrow for them (None: it does not).
+
+    torch-mlir lowers an int64 negation as sitofp to f32, negf, fptosi, and an int64 floor
+    division through f64: exact on the small integers verification draws (most integer inputs
+    are indices, drawn in [0, 4)), wrong from 2^24 and 2^53 on (-16777217 came back as
+    -16777216). Only an input's elements are judged, converted and then brought back to an
+    integer: a loop index converted to compute a coordinate, or an integer input converted to
+    a float result as eager converts it, stays exact or is what eager computes."""
+    if not _FLOAT_TO_INT.search(source):
+        return None
+    for kind, bits, float_type in _INPUT_TO_FLOAT.findall(source):
+        magnitude = int(bits) - (kind == "sitofp")  # a signed integer's sign bit
+        if magnitude > _EXACT_BITS[float_type]:
+            return (
+                f"it computes i{bits} input values through {float_type} and back to an "
+                f"integer, which loses digits above 2^{_EXACT_BITS[float_type]} (eager computes "
+                "in the integers)"
+            )
+    return None
 
 
 def make_inputs(

@@ -401,3 +401,26 @@ def test_probabilities_are_drawn_in_the_unit_interval() -> None:
         drawn = verify.task_inputs(task, trial)
         assert all(0 <= float(t.min()) and float(t.max()) <= 1 for t in drawn), trial
         call.bind(drawn)()  # defined
+
+
+def test_integers_computed_through_a_narrower_float_are_refused_unrun() -> None:
+    """torch-mlir lowers an int64 negation through f32 and an int64 floor division through
+    f64: exact on the small integers verification draws, wrong from 2^24 and 2^53 on."""
+    from kope.targets.verify import lossy_integers
+
+    neg = """
+      ^bb0(%in: i64, %out: i64):
+        %3 = arith.sitofp %in : i64 to f32
+        %4 = arith.negf %3 : f32
+        %5 = arith.fptosi %4 : f32 to i64
+        linalg.yield %5 : i64"""
+    assert "i64 input values through f32" in (lossy_integers(neg) or "")
+    floor = neg.replace("i64 to f32", "i64 to f64").replace("f32 to i64", "f64 to i64")
+    assert "above 2^53" in (lossy_integers(floor) or "")
+    assert lossy_integers(neg.replace("i64", "i16")) is None  # f32 holds every int16
+    # A loop index made a coordinate, and an input converted to a float result, are exact or
+    # what eager computes: neither is refused.
+    index = neg.replace("arith.sitofp %in", "arith.sitofp %idx")
+    assert lossy_integers(index) is None
+    to_float = neg.replace("%5 = arith.fptosi %4 : f32 to i64", "%5 = arith.addf %4, %4 : f32")
+    assert lossy_integers(to_float) is None
