@@ -26,6 +26,7 @@ from kope.vocabulary.evidence import (
     SOURCE_AGENT,
     SOURCE_EAGER,
     SOURCE_REFERENCE,
+    TIMEOUT,
     TIMING_CLEAN,
     VERIFIED,
     Evaluation,
@@ -231,7 +232,7 @@ def known_reference(
     events.emit(task_seen(task, target))
     threads = threads_now()
     reference = store.standing(task.key, threads).baseline
-    if reference is not None and _serves(reference, task):
+    if reference is not None and _serves(reference, task) and not _timed_out(reference, store):
         return reference
     first_seen = not store.attempts(task.key)
     MEASURED.add((task.key, threads))
@@ -239,6 +240,24 @@ def known_reference(
     if first_seen and reference.verdict == VERIFIED:
         transfer_from_older(task, target, store, events)
     return reference
+
+
+# Baseline measurements that ran out of time before one counts as the operator's verdict.
+TIMEOUT_TRIES = 3
+
+
+def _timed_out(baseline: AttemptRecord, store: ExperienceStore) -> bool:
+    """Whether the stored baseline timed out and is worth measuring again: a worker that did
+    not start or answer in time may have met the machine's load (or a limit set too low for
+    one run), not the operator; after TIMEOUT_TRIES such baselines the verdict stands."""
+    if baseline.verdict != TIMEOUT:
+        return False
+    tries = [
+        a
+        for a in store.attempts(baseline.task)
+        if a.source == baseline.source and a.threads == baseline.threads and a.verdict == TIMEOUT
+    ]
+    return len(tries) < TIMEOUT_TRIES
 
 
 def _serves(baseline: AttemptRecord, task: Task) -> bool:

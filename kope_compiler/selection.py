@@ -34,6 +34,7 @@ from kope.vocabulary.evidence import (
     SOURCE_AGENT,
     SOURCE_EAGER,
     SOURCE_REFERENCE,
+    TIMEOUT,
     TIMING_UNKNOWN,
     VERDICT_NAMES,
     VERIFIED,
@@ -77,10 +78,16 @@ def choose(
         # Once per operator and process: a model compiled again says nothing new.
         told = task.key in _REFUSED_REFERENCES
         _REFUSED_REFERENCES.add(task.key)
+        # A timeout says nothing of torch-mlir's lowering: the worker ran out of time.
+        why = (
+            "could not be verified in time"
+            if reference.verdict == TIMEOUT
+            else "(torch-mlir's) failed verification"
+        )
         (log.info if told else log.warning)(
-            "%s runs eagerly (results unaffected): its reference lowering (torch-mlir's) "
-            "failed verification, %s: %s",
+            "%s runs eagerly (results unaffected): its reference lowering %s, %s: %s",
             task.label,
+            why,
             VERDICT_NAMES.get(reference.verdict or "", reference.verdict),
             _first_line(reference.error),
         )

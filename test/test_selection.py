@@ -206,6 +206,33 @@ def test_a_tie_within_noise_goes_to_the_kernel_found_first() -> None:
     assert winner([eager, reference, a, a_sure, c], threads).challenger is c
 
 
+def test_a_baseline_that_timed_out_is_measured_again_a_few_times(
+    relu_task: Task, tmp_path: Path
+) -> None:
+    """A worker that did not start in time (a loaded machine, a limit set too low) left the
+    operator's reference 'timed out' for good: every later compile ran it eagerly."""
+    target = ScriptedTarget()
+    store = store_with(tmp_path, relu_task, target)
+    timeouts = [True, True]
+    scripted = target.evaluate
+
+    def evaluate(*args: Any, **kwargs: Any) -> Evaluation:
+        if timeouts and timeouts.pop(0):
+            return Evaluation("timeout", error="the worker timed out during start")
+        return scripted(*args, **kwargs)
+
+    target.evaluate = evaluate  # type: ignore[method-assign]
+    verdicts = [measuring.known_reference(relu_task, target, store).verdict for _ in range(3)]
+    assert verdicts == ["timeout", "timeout", "verified"]
+    again = ExperienceStore(tmp_path / "again")
+    Recorder(again)(task_seen(relu_task, target))
+    timeouts[:] = [True] * measuring.TIMEOUT_TRIES
+    for _ in range(measuring.TIMEOUT_TRIES + 2):
+        measuring.known_reference(relu_task, target, again)
+    assert not timeouts  # tried TIMEOUT_TRIES times, then the verdict stands
+    assert measuring.known_reference(relu_task, target, again).verdict == "timeout"
+
+
 def test_a_contaminated_figure_never_pins_and_a_clean_confirmation_does(
     relu_task: Task, tmp_path: Path
 ) -> None:
