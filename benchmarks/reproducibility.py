@@ -89,8 +89,9 @@ def compare(runs: list[dict[str, Any]]) -> None:
 def _kernel(row: dict[str, Any]) -> str:
     """The winning configuration, without the reason the search gave for trying it ("rows, 2
     threads (exploring)" and "rows, 2 threads (changes threads of the best so far)" are one
-    kernel reached by two paths)."""
+    kernel reached by two paths), nor the id of the attempt a confirmation re-measured."""
     decision = str(row["best_decision"] or "")
+    decision = re.sub(r"^confirms attempt-[0-9a-f]+: ", "", decision)  # ids differ run to run
     return re.sub(r" \([^()]*\)$", "", decision)
 
 
