@@ -232,3 +232,37 @@ def test_disturbed_figures_decide_neither_the_best_so_far_nor_the_arms_compariso
         if row["retimed"]:
             assert row["retimed_quality"] == TIMING_CONTAMINATED
             assert row["speedup_vs_eager"] == row["speedup_vs_eager_own_run"] < 100
+
+
+def test_a_joint_re_timing_puts_identical_kernels_alike_against_eager_and_the_reference() -> None:
+    """Both arms ran the same kernel; against the reference lowering they read 1.82x and 1.10x,
+    each arm's own run. One clean joint round now gives both one figure over eager, and one
+    over the reference through the arms' common reference/eager ratio."""
+    from kope import bench
+    from kope.vocabulary.evidence import TIMING_CLEAN, TIMING_CONTAMINATED, Timing
+
+    def rows() -> dict[str, dict[str, object] | None]:
+        return {
+            "a": {"speedup_vs_eager": 2.0, "speedup_vs_reference": 1.82, "reference_us": 4.0,
+                  "eager_us": 2.0},
+            "b": {"speedup_vs_eager": 1.5, "speedup_vs_reference": 1.10, "reference_us": 9.0,
+                  "eager_us": 2.0},
+        }  # fmt: skip
+
+    def timing(us: float, quality: str = TIMING_CLEAN) -> Timing:
+        return Timing(us, 0.01, 15, 1, 15, 15, quality=quality)
+
+    clean = rows()
+    bench._apply_retiming(clean, {"eager": timing(2.0), "a": timing(1.0), "b": timing(1.0)}, True)
+    a, b = clean["a"], clean["b"]
+    assert a is not None and b is not None
+    assert a["speedup_vs_eager"] == b["speedup_vs_eager"] == 2.0
+    assert a["speedup_vs_reference"] == b["speedup_vs_reference"] == pytest.approx(2.0 * 3.0)
+    assert a["speedup_vs_reference_own_run"] == 1.82
+    disturbed = rows()
+    bench._apply_retiming(
+        disturbed, {"eager": timing(632.0, TIMING_CONTAMINATED), "a": timing(1.0)}, False
+    )
+    assert disturbed["a"] == {**rows()["a"], "speedup_vs_eager_own_run": 2.0,
+                              "speedup_vs_reference_own_run": 1.82,
+                              "retimed_quality": TIMING_CONTAMINATED}  # fmt: skip
