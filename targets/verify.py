@@ -38,13 +38,15 @@ Beyond the dtype. An edge trial's values (±1e4 beside ±4.7e-38) can take a res
 output's dtype cannot follow: products of 1e8 that cancel to a few units, a quotient of
 2e41 that overflows on the way to a representable result. Eager ATen in the output's own
 dtype misses the float64 oracle there too, and so may any correct kernel of that dtype. Where
-an edge or non-finite trial fails, eager is run in the output's dtype as well, and at the
+a trial fails, eager is run in the output's dtype as well, and at the
 elements where it too misses the float64 oracle beyond the tolerance (and only there) `got`
 passes if it misses by at most `ILL_CONDITIONED` times as much, or, where eager's own result
 is non-finite, is non-finite too or within the tolerance of float64 (what inductor's accuracy
 check does with its float64 reference and `multiplier`). Where both are non-finite but differ
 (an overflowed quotient meets a division by zero: NaN in float32, -inf in float64), `got`
-passes with eager's special value or float64's. Random trials never get this.
+passes with eager's special value or float64's. A random trial's values can go there too
+(BERT's `(1 - mask) * finfo.min` with a mask of either sign overflows float32): it is judged
+the same way.
 Eager's own order may be lucky where another's is not: terms of ±5359 that cancel to 0.87 in a
 product of 16 terms missed the float64 result by 1.4e-4 in eager's order and by 4.2e-4 summed
 in k's order. So where the operator reduces, an element also counts as beyond the dtype by

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 import torch
@@ -424,3 +425,26 @@ def test_integers_computed_through_a_narrower_float_are_refused_unrun() -> None:
     assert lossy_integers(index) is None
     to_float = neg.replace("%5 = arith.fptosi %4 : f32 to i64", "%5 = arith.addf %4, %4 : f32")
     assert lossy_integers(to_float) is None
+
+
+def test_berts_mask_pattern_is_judged_beyond_the_dtype_on_random_trials_too(
+    tmp_path: Path,
+) -> None:
+    """`(1 - mask) * finfo.min` added to scores, then softmax: a random trial's mask of either
+    sign overflows float32, where eager's own float32 result is NaN and float64's a number.
+    The reference lowering, which computes what eager computes, was refused on every model
+    that builds its attention mask this way (BERT, T5)."""
+    import kope
+
+    def masked_softmax(s: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return (s + (1.0 - m) * torch.finfo(torch.float32).min).softmax(-1)
+
+    torch.manual_seed(0)
+    s, m = torch.randn(2, 4, 16, 16), (torch.rand(2, 1, 1, 16) > 0.3).float()
+    options = {"kernels": "reference", "store": str(tmp_path)}
+    torch._dynamo.reset()
+    kope.reset_report()
+    got = torch.compile(masked_softmax, backend="kope", options=options)(s, m)
+    torch.testing.assert_close(got, masked_softmax(s, m), equal_nan=True)
+    (task,) = kope.report().tasks
+    assert task.kernel == "reference", task
