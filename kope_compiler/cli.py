@@ -149,8 +149,8 @@ def _import_tasks(model: Any, inputs: Any, target: Any, args: argparse.Namespace
     tasks, eager = trace(model.eval(), inputs, target)
     _write(tasks_module(tasks), args.output)
     print(f"kope import: {len(tasks)} distinct Tasks of {args.model}", file=sys.stderr)
-    for (op, reason), count in sorted(eager.items()):
-        print(f"  stays eager: {op} ({count}x): {reason}", file=sys.stderr)
+    for (_, label, reason), count in sorted(eager.items()):
+        print(f"  stays eager: {label} ({count}x): {reason}", file=sys.stderr)
     return 0
 
 
@@ -773,7 +773,8 @@ def format_report(report: dict[str, Any]) -> str:
     if eager:
         lines.append(f"{counted(len(eager), 'compute operator')} run eagerly, not optimized:")
         lines += [
-            f"  {e['op']} ({counted(e['sites'], 'site')}): {shorten(e['reason'], 120)}"
+            f"  {e.get('label', e['op'])} ({counted(e['sites'], 'site')}): "
+            f"{shorten(e['reason'], 120)}"
             for e in eager
         ]
     failed = [(op["label"], cmd) for op in report["operators"] for cmd in op.get("repro", [])]

@@ -43,7 +43,7 @@ from kope.partition import has_fast_path, partition
 from kope.passes.pipeline import REPRO_MARKER
 from kope.report import shorten, speedup_text
 from kope.targets.base import Target
-from kope.task import Task
+from kope.task import Task, eager_label
 from kope.vocabulary.events import AttemptEvaluated, Event, Events
 from kope.vocabulary.evidence import SOURCE_AGENT
 
@@ -57,11 +57,12 @@ def trace_tasks(model: torch.nn.Module, inputs: Sequence[Any], target: Target) -
 
 def trace(
     model: torch.nn.Module, inputs: Sequence[Any], target: Target
-) -> tuple[list[Task], dict[tuple[str, str], int]]:
+) -> tuple[list[Task], dict[tuple[str, str, str], int]]:
     """The distinct Tasks the backend would make of `model` on `inputs` (in graph order), and
-    the compute operators it would run eagerly: (op, reason) -> how many places."""
+    the compute operators it would run eagerly: (op, its label with shapes, reason) -> how
+    many places."""
     found: dict[str, Task] = {}
-    eager: dict[tuple[str, str], int] = {}
+    eager: dict[tuple[str, str, str], int] = {}
 
     def forward_compiler(gm: fx.GraphModule, _inputs: Sequence[Any]) -> Callable[..., Any]:
         # As the backend partitions by default: fused eager fast paths stay whole. Their
@@ -72,8 +73,9 @@ def trace(
         for task in part.tasks + (apart.tasks if apart is not None else []):
             found.setdefault(task.key, task)
         for node in part.eager:
-            if node.compute:
-                eager[(node.op, node.reason)] = eager.get((node.op, node.reason), 0) + 1
+            if node.compute:  # by its shapes too, as kope.report() lists it
+                place = (node.op, eager_label(node.node) or node.op, node.reason)
+                eager[place] = eager.get(place, 0) + 1
         return make_boxed_func(gm.forward)
 
     graphs = 0
@@ -239,7 +241,8 @@ def precompile(
         # What is left out is part of the answer: a model whose operators all run eagerly
         # should say why rather than report "0 operators".
         report["eager"] = [
-            {"op": op, "reason": reason, "sites": sites} for (op, reason), sites in eager.items()
+            {"op": op, "label": label, "reason": reason, "sites": sites}
+            for (op, label, reason), sites in eager.items()
         ]
         report["complete"] = len(done) == len(tasks)
         return report

@@ -382,3 +382,24 @@ def test_an_interrupted_precompile_reports_what_it_finished(
     written = json.loads(report.read_text())
     assert written["complete"] is False and len(written["operators"]) == 1
     assert "running the command again resumes" in capsys.readouterr().err
+
+
+def test_import_tasks_names_what_stays_eager_with_its_shapes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two places of one operator KOPE cannot take, at two shapes, were listed as two identical
+    lines (no shapes)."""
+    from kope.cli import main
+
+    model = tmp_path / "two_lgammas.py"
+    model.write_text(
+        "import torch\n"
+        "class Model(torch.nn.Module):\n"
+        "    def forward(self, x, y):\n"
+        "        return torch.lgamma(x).sum() + torch.lgamma(y).sum()\n"
+        "def get_inputs():\n"
+        "    return [torch.rand(4, 8) + 1, torch.rand(3) + 1]\n"
+    )
+    assert main(["import", str(model), "--tasks", "-o", str(tmp_path / "tasks.mlir")]) == 0
+    err = capsys.readouterr().err
+    assert "stays eager: aten.lgamma(4x8xf32)" in err and "stays eager: aten.lgamma(3xf32)" in err

@@ -249,8 +249,9 @@ def test_precompile_optimizes_a_fast_paths_parts() -> None:
     assert {"aten.addmm.default", "aten.add.Tensor+aten.layer_norm.default"} <= ops
     assert "aten.addmm.default+aten.relu.default" in ops
     assert "aten.bmm.default" not in ops  # its attention runs as one kernel (kope.rewrites)
-    ((op, reason),) = eager
+    ((op, label, reason),) = eager
     assert op == "aten._transformer_encoder_layer_fwd.default"
+    assert label.startswith("aten._transformer_encoder_layer_fwd(2x16x64xf32")  # its shapes
     assert "fused eager fast path" in reason and "kope precompile optimizes them" in reason
 
 
