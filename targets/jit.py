@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import ctypes
 import functools
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -93,6 +94,25 @@ def contiguous_descriptor(spec: TensorSpec) -> ctypes.Structure:
 PackedInputs = dict[int, tuple[Stamp, torch.Tensor, torch.Tensor]]
 
 
+def _no_entry_point(text: str) -> str:
+    """Why the engine found no entry point: the module has none, or it has one that did not
+    link (code generation called a function this process lacks: a float64-to-float16
+    conversion becomes compiler-rt's __truncdfhf2, which the JIT cannot resolve)."""
+    if f"@{C_INTERFACE}(" not in text:
+        return (
+            f"JIT-compiled module has no @{ENTRY} entry point ({C_INTERFACE}): lower it with "
+            f"kope-lower-cpu, whose kope-destination-abi gives @{ENTRY} its C interface"
+        )
+    hint = (
+        " (it converts f64 to f16, which LLVM lowers to compiler-rt's __truncdfhf2)"
+        if re.search(
+            r"llvm\.fptrunc [^\n]*: (?:vector<\d+xf64>|f64) to (?:vector<\d+xf16>|f16)", text
+        )
+        else ""
+    )
+    return f"JIT linking failed: @{ENTRY} calls a function this process does not define{hint}"
+
+
 class JitKernel:
     """A JIT-compiled kernel with fixed input/output specs; call it like a function of tensors.
 
@@ -120,10 +140,7 @@ class JitKernel:
         )
         address = engine.raw_lookup(C_INTERFACE)
         if not address:
-            raise RuntimeError(
-                f"JIT-compiled module has no @{ENTRY} entry point ({C_INTERFACE}): lower it "
-                f"with kope-lower-cpu, whose kope-destination-abi gives @{ENTRY} its C interface"
-            )
+            raise RuntimeError(_no_entry_point(str(llvm_module)))
         if object_file is not None:
             engine.dump_to_object_file(object_file)
         # The engine refers to the module; both must outlive the entry point.

@@ -152,3 +152,18 @@ def test_module_without_the_c_interface_says_what_is_missing() -> None:
     module = ir.Module.parse("llvm.func @kope_kernel() {\n  llvm.return\n}", ir.Context())
     with pytest.raises(RuntimeError, match="_mlir_ciface_kope_kernel.*kope-destination-abi"):
         JitKernel(module, (), ())
+
+
+def test_an_entry_point_that_did_not_link_is_told_from_a_missing_one() -> None:
+    """A float64-to-float16 conversion links to compiler-rt's __truncdfhf2, which the JIT
+    lacks: the message said the module had no entry point and to lower it with kope-lower-cpu,
+    which KOPE's own pipeline had done."""
+    from kope.targets.jit import _no_entry_point
+
+    assert "lower it with kope-lower-cpu" in _no_entry_point("llvm.func @other()")
+    linked = (
+        "llvm.func @_mlir_ciface_kope_kernel(%arg0: !llvm.ptr) {\n"
+        "  %1 = llvm.fptrunc %0 : vector<8xf64> to vector<8xf16>\n"
+    )
+    message = _no_entry_point(linked)
+    assert message.startswith("JIT linking failed") and "__truncdfhf2" in message
