@@ -23,10 +23,10 @@ import math
 import os
 import tempfile
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import rustworkx as rx
@@ -62,6 +62,7 @@ from kope.vocabulary.evidence import (
 )
 
 log = logging.getLogger("kope.memory")
+T = TypeVar("T")
 
 LOG_NAME = "experience.log"
 SNAPSHOT_NAME = "snapshot.kope"
@@ -908,7 +909,13 @@ def winner(attempts: Sequence[AttemptRecord], threads: int | None = None) -> Sta
     for index, a in enumerate(counted):
         if a.artifact:
             found.setdefault(a.artifact, index)
-    pinned = _first_of_the_fastest([c for c in settled.values() if wins(c)], found)
+
+    def in_found_order(kernels: Iterable[AttemptRecord]) -> list[AttemptRecord]:
+        return sorted(kernels, key=lambda c: found.get(c.artifact or "", len(found)))
+
+    pinned = first_of_the_fastest(
+        in_found_order(c for c in settled.values() if wins(c)), speedup_over_baseline
+    )
     # A candidate is worth re-measuring only if its figure beats the pinned kernel's by more
     # than noise: a tie never unseats the kernel found first.
     floor = (speedup_over_baseline(pinned) if pinned is not None else 1.0) * (1.0 + WIN_MARGIN)
@@ -925,21 +932,18 @@ def winner(attempts: Sequence[AttemptRecord], threads: int | None = None) -> Sta
         open_ = [
             a for a in timed if a.eager_us is None and wins(a) and a.artifact not in tried | refuted
         ]
-    challenger = _first_of_the_fastest(open_, found)
+    challenger = first_of_the_fastest(in_found_order(open_), speedup_over_baseline)
     return Standing(pinned, baseline, eager, challenger, refuted=failed[-1] if failed else None)
 
 
-def _first_of_the_fastest(
-    candidates: Sequence[AttemptRecord], found: dict[str, int]
-) -> AttemptRecord | None:
-    """Of the candidates whose figures are within WIN_MARGIN of the fastest's, the one whose
-    kernel was found first: figures that close are a tie that the machine's noise decides,
-    and deciding it by the order of the search gives the same winner in every run."""
-    if not candidates:
-        return None
-    top = max(speedup_over_baseline(c) for c in candidates)
-    tied = [c for c in candidates if speedup_over_baseline(c) * (1.0 + WIN_MARGIN) >= top]
-    return min(tied, key=lambda c: found.get(c.artifact or "", len(found)))
+def first_of_the_fastest(candidates: Iterable[T], speed: Callable[[T], float]) -> T | None:
+    """Of `candidates`, in the order given, the first whose speed is within WIN_MARGIN of the
+    fastest's: figures that close are a tie that the machine's noise decides, and deciding it
+    by the order of the search gives the same choice in every run (the store's winner, the
+    heuristic agent's climb)."""
+    items = list(candidates)
+    top = max((speed(c) for c in items), default=0.0)
+    return next((c for c in items if speed(c) * (1.0 + WIN_MARGIN) >= top), None)
 
 
 def _refutes(attempt: AttemptRecord) -> bool:

@@ -74,7 +74,7 @@ from kope.agents.schedules import (
 )
 from kope.agents.triton_kernels import describe_config as describe_triton
 from kope.agents.triton_kernels import render_triton, triton_space, unsupported_reason
-from kope.memory.store import WIN_MARGIN
+from kope.memory.store import first_of_the_fastest
 from kope.passes.analysis import CONTRACTIONS, PayloadInfo, analyze, prepare_payload
 from kope.vocabulary.kernels import FORM_MLIR, FORM_TRITON
 
@@ -710,10 +710,7 @@ def _best(history: list[Feedback]) -> Feedback | None:
     fastest, so that a tie, which the machine decides, does not send two runs of the same seed
     down different paths."""
     verified = [f for f in history if f.verdict == "verified" and f.speedup_vs_eager]
-    top = max((f.speedup_vs_eager or 0.0 for f in verified), default=0.0)
-    return next(
-        (f for f in verified if (f.speedup_vs_eager or 0.0) * (1 + WIN_MARGIN) >= top), None
-    )
+    return first_of_the_fastest(verified, lambda f: f.speedup_vs_eager or 0.0)
 
 
 def _distance(a: Config, b: Config) -> int:
