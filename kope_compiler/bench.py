@@ -120,7 +120,7 @@ def run_bench(suite: Suite, config: BenchConfig, work_dir: Path, name: str = "")
             try:
                 model, inputs = factory()
             except Exception as err:  # one broken file must not cost the suite its figures
-                _broken(broken, op_name, seed, err)
+                _broken(broken, op_name, err)
                 continue
             order = config.arms if (index + seed) % 2 == 0 else config.arms[::-1]
             used: dict[str, ExperienceStore] = {}
@@ -145,7 +145,7 @@ def run_bench(suite: Suite, config: BenchConfig, work_dir: Path, name: str = "")
                 except KopeError:
                     raise  # the user must act (an unreachable endpoint, a store it cannot use)
                 except Exception as err:  # the model fails as eager runs it, say
-                    _broken(broken, op_name, seed, err)
+                    _broken(broken, op_name, err)
                     # Neither arm counts it: the arms compare the same operators.
                     rows[:] = [r for r in rows if (r["seed"], r["name"]) != (seed, op_name)]
                     used.clear()
@@ -171,7 +171,7 @@ def run_bench(suite: Suite, config: BenchConfig, work_dir: Path, name: str = "")
     return {**summarize(rows, config, wall, name, broken), "complete": True}
 
 
-def _broken(broken: dict[str, str], name: str, seed: int, err: Exception) -> None:
+def _broken(broken: dict[str, str], name: str, err: Exception) -> None:
     why = f"{type(err).__name__}: {err}".strip().splitlines()[0][:300]
     if name not in broken:
         log.warning("suite entry %s could not run (%s); the suite goes on without it", name, why)
