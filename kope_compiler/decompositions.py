@@ -6,7 +6,7 @@ paths PyTorch takes in eval mode, which torch-mlir does not lower
 
 `REFERENCE_DECOMPOSITIONS` are for operators torch-mlir lowers to something other than what
 eager computes: their Task stays the ATen operator (its eager call, label and baseline), but
-its reference lowering is imported from the decomposition (`kope.task.import_group`). torch-mlir
+its reference lowering is imported from the decomposition (`kope.lowering.import_group`). torch-mlir
 picks the index of argmax, argmin, max.dim and min.dim with an ordered compare against the
 running extreme (`arith.cmpf ogt`/`olt`), which a NaN never wins and which nothing wins once
 the extreme is NaN, so a row with a NaN gets the index of its extreme before the first NaN;

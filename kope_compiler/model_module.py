@@ -36,17 +36,11 @@ from torch_mlir.dialects import arith, func
 
 from kope.backend import aten_inference_graph
 from kope.errors import ModelLoadError
+from kope.lowering import LoweringError, op_name
 from kope.partition import partition
 from kope.passes.keys import GLUE_ATTR
 from kope.targets.base import Target
-from kope.task import (
-    LoweringError,
-    Task,
-    function_name,
-    import_group,
-    op_name,
-    task_function,
-)
+from kope.task import Task, function_name, node_lowering, task_function
 from kope.vocabulary.specs import MLIR_ELEMENTS, dtype_name
 
 GRAPH_ATTR = "kope.graph"
@@ -201,7 +195,7 @@ class _Composer:
                 "the backend can run it"
             )
         try:
-            text = import_group([node])
+            text = node_lowering(node)
         except LoweringError as err:
             raise ModelImportError(
                 f"{name} (node {node.name}) runs eagerly in the backend and does not lower to "

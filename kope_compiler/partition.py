@@ -38,9 +38,10 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from kope.decompositions import FAST_PATHS, decomposition_table
 from kope.dispatch import RESHAPES, has_symbols, tensor_value
+from kope.lowering import LoweringError, op_name
 from kope.rewrites import REWRITE, fuse_attention, rewrite
 from kope.targets.base import Target
-from kope.task import LoweringError, Task, group_inputs, make_task, op_name
+from kope.task import Task, group_inputs, make_task
 
 log = logging.getLogger("kope.compiler")
 

@@ -13,11 +13,12 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from kope import task as task_module
 from kope.agents.schedules import kernel_source
+from kope.lowering import LoweringError
 from kope.partition import partition
 from kope.passes.analysis import analyze, prepare_payload
 from kope.targets.cpu import CpuTarget, _lowered
 from kope.targets.kernel_cache import cached_library, load_kernel
-from kope.task import LoweringError, make_task
+from kope.task import make_task
 from kope.vocabulary.kernels import Kernel
 from kope.vocabulary.specs import TaskSpec
 
@@ -35,7 +36,7 @@ def _not_again(*_: Any) -> Any:
 def test_a_reference_lowering_is_imported_once(monkeypatch: pytest.MonkeyPatch) -> None:
     x = torch.randn(5, 11)
     first = _task(lambda t: torch.tanh(t) * 3 + 0.25, x)
-    monkeypatch.setattr(task_module, "import_group", _not_again)
+    monkeypatch.setattr(task_module, "isolated_import", _not_again)
     again = make_task(first.nodes, CpuTarget().key())
     assert (again.payload, again.key) == (first.payload, first.key)
 
@@ -47,7 +48,7 @@ def test_an_operator_torch_mlir_cannot_lower_is_refused_from_the_cache_too(
     node = next(n for n in gm.graph.nodes if n.op == "call_function")
     with pytest.raises(LoweringError) as first:
         make_task(node, CpuTarget().key())
-    monkeypatch.setattr(task_module, "import_group", _not_again)
+    monkeypatch.setattr(task_module, "isolated_import", _not_again)
     with pytest.raises(LoweringError) as again:
         make_task(node, CpuTarget().key())
     assert str(again.value) == str(first.value)
