@@ -83,11 +83,11 @@ class Target(ABC):
         Called in the worker for every candidate and in the calling process for a verified
         kernel (`load`), so it must not rely on the target instance's state."""
 
-    @classmethod
-    def build_verified(cls, task: TaskSpec, kernel: Kernel) -> BuiltKernel:
+    def build_verified(self, task: TaskSpec, kernel: Kernel) -> BuiltKernel:
         """Build a verified kernel into the calling process (`load`): `build`, unless the
-        target keeps what it built on disk for the next process."""
-        return cls.build(task, kernel)
+        target keeps what it built on disk for the next process (and builds it there in a
+        worker)."""
+        return self.build(task, kernel)
 
     @classmethod
     def build_oracle(cls, task: TaskSpec, kernel: Kernel) -> BuiltKernel:

@@ -9,6 +9,7 @@ isolated workers is the evaluation every target shares (`kope.targets.evaluation
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
@@ -17,7 +18,7 @@ from torch_mlir import ir
 from kope.targets.base import BuildError, Target
 from kope.targets.host import cpu_fingerprint, cpu_target_key
 from kope.targets.jit import ENTRY, JitKernel, openmp_library, set_openmp_threads
-from kope.targets.kernel_cache import load_kernel
+from kope.targets.kernel_cache import cached_library, load_kernel
 from kope.vocabulary.kernels import FORM_MLIR, Kernel
 from kope.vocabulary.layouts import LayoutError, laid_out
 from kope.vocabulary.specs import MLIR_ELEMENTS, TaskSpec, TensorSpec, dtype_name
@@ -154,6 +155,12 @@ def build_kernel(task: TaskSpec, kernel: Kernel) -> JitKernel:
         raise BuildError(f"JIT compilation failed: {err}") from None
 
 
+def cache_kernel_job(job: tuple[TaskSpec, Kernel], phase: Callable[[str], None]) -> None:
+    """A worker's job: build a verified kernel into `kope.targets.kernel_cache`."""
+    phase("build")
+    load_kernel(*job, _lowered)
+
+
 # -- the target -----------------------------------------------------------------------------------
 
 
@@ -189,9 +196,19 @@ class CpuTarget(Target):
     def build(cls, task: TaskSpec, kernel: Kernel) -> JitKernel:
         return build_kernel(task, kernel)
 
-    @classmethod
-    def build_verified(cls, task: TaskSpec, kernel: Kernel) -> JitKernel:
-        """A verified kernel, loaded from `kope.targets.kernel_cache` or built into it."""
+    def build_verified(self, task: TaskSpec, kernel: Kernel) -> JitKernel:
+        """A verified kernel, loaded from `kope.targets.kernel_cache`. One not there yet is
+        built into it by a worker: lowering and compiling run MLIR's pipelines and LLVM, native
+        code that must not take the user's process down with it if it crashes. (Without a C
+        compiler to link a library, the kernel is compiled in this process, as it verified.)"""
+        if not cached_library(task, kernel).exists():
+            outcome = self.pool.call(f"{__name__}:cache_kernel_job", (task, kernel), self.timeout_s)
+            if not outcome.ok:
+                detail = outcome.detail.strip().splitlines()
+                raise BuildError(
+                    f"building the verified kernel in a worker ended in a {outcome.failure}"
+                    + (f": {detail[-1][:300]}" if detail else "")
+                )
         try:
             return load_kernel(task, kernel, _lowered)
         except RuntimeError as err:
