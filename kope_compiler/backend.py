@@ -175,14 +175,32 @@ def _aot(gm: fx.GraphModule, example_inputs: Sequence[Any], opts: Options) -> Ca
     aot_autograd's runtime wrappers.
     """
     report: GraphReport | None = None
+    reached = False  # whether aot_autograd got as far as handing KOPE a graph
 
     def forward_compiler(aten_gm: fx.GraphModule, fw_inputs: Sequence[Any]) -> Callable[..., Any]:
-        nonlocal report
+        nonlocal report, reached
+        reached = True
         graph, report = _settled_forward(aten_gm, fw_inputs, example_inputs, opts)
         return make_boxed_func(graph)
 
-    with traced_whole():  # as `aten_inference_graph` traces
-        compiled = aot_autograd(fw_compiler=forward_compiler)(gm, example_inputs)
+    try:
+        with traced_whole():  # as `aten_inference_graph` traces
+            compiled = aot_autograd(fw_compiler=forward_compiler)(gm, example_inputs)
+    except (KopeError, RestartAnalysis):
+        raise
+    except Exception as err:
+        if reached:
+            raise  # KOPE's own compile failed: `kope_backend` says so
+        # aot_autograd refuses some graphs dynamo accepts (it cannot functionalize
+        # `prims.split_dim`, whose output aliases its input): no ATen graph, no Tasks.
+        log.warning(
+            "aot_autograd cannot turn this graph into ATen operators (%s: %s); it runs as "
+            "dynamo traced it",
+            type(err).__name__,
+            first_line(err, 200),
+        )
+        add_failure(f"aot_autograd refused it ({first_line(err, 200)})")
+        return gm.forward
     if report is None or not _uses_kernels(report):
         log.debug("no operator of this graph runs a JIT kernel: running the graph eagerly")
         return gm.forward

@@ -439,6 +439,26 @@ def test_a_kope_bug_runs_the_graph_as_traced_and_says_so(
     assert "failed to compile" in table and "an internal invariant failed" in table, table
 
 
+@pytest.mark.parametrize("kernels", ["eager", "auto"])
+def test_a_graph_aot_autograd_refuses_runs_as_dynamo_traced_it(
+    kernels: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aot_autograd cannot functionalize `prims.split_dim` (its output aliases its input):
+    no KOPE bug, so it raises not even under KOPE_STRICT; the reason is logged and reported."""
+
+    def split(a: torch.Tensor) -> torch.Tensor:
+        return torch.ops.prims.split_dim(a, 0, 4) * 2
+
+    x = torch.randn(12, 5)
+    torch._dynamo.reset()
+    kope.reset_report()
+    with torch.no_grad(), caplog.at_level("WARNING", logger="kope.compiler"):
+        got = torch.compile(split, backend="kope", options={"kernels": kernels})(x)
+    assert torch.equal(got, split(x))
+    assert "aot_autograd cannot turn this graph into ATen operators" in caplog.text
+    assert "aot_autograd refused it" in str(kope.report())
+
+
 def test_dynamic_shapes_are_specialised() -> None:
     def f(x):
         return torch.relu(x) + 1
