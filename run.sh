@@ -5,7 +5,8 @@
 #                      (every kernel verified and timed, all recorded in the experience store),
 #                      then `kope compile` of the same model, which runs the chosen kernels
 #   bash run.sh test   lint (ruff check, ruff format --check), type-check (mypy --strict),
-#                      then run pytest and the lit suite of the MLIR passes
+#                      pytest and the lit suite of the MLIR passes: every stage runs and
+#                      reports, and the command fails at the end if any stage failed
 #   bash run.sh lint   the lint and type checks alone
 #   bash run.sh bench  run benchmarks/dispatch_overhead.py
 # PYTHON=/path/to/python chooses the interpreter (default: python3).
@@ -44,6 +45,21 @@ lint() {
   typecheck
 }
 
+# Runs one stage of `test` and notes whether it passed; a failed stage does not stop the
+# stages after it (a lint error must not hide a failing test, nor a test the lit suite).
+failed=()
+stage() {
+  local name=$1
+  shift
+  echo "== stage: $name"
+  if "$@"; then
+    echo "== stage: $name passed"
+  else
+    echo "== stage: $name FAILED"
+    failed+=("$name")
+  fi
+}
+
 bin=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
 export PATH="$bin:$PATH"  # the kope and kope-opt scripts, which tests and lit call by name
 case "${1:-}" in
@@ -55,9 +71,16 @@ case "${1:-}" in
     ;;
   test)
     install
-    lint
-    "$PYTHON" -m pytest -q
-    lit -sv test/lit
+    stage "ruff check" "$PYTHON" -m ruff check .
+    stage "ruff format" "$PYTHON" -m ruff format --check .
+    stage "mypy" typecheck
+    stage "pytest" "$PYTHON" -m pytest -q
+    stage "lit" lit -sv test/lit
+    if ((${#failed[@]})); then
+      echo "failed stages: ${failed[*]}" >&2
+      exit 1
+    fi
+    echo "every stage passed: ruff check, ruff format, mypy, pytest, lit"
     ;;
   lint)
     install
