@@ -280,11 +280,7 @@ def _measure(
                 f"(limit {job.config.max_call_s:g} s)"
             )
             continue
-        if (
-            eager_s is not None
-            and calls[name] > job.config.hopeless_s
-            and calls[name] > job.config.hopeless_factor * eager_s
-        ):
+        if cannot_win(calls[name], eager_s, job.config):
             result.notes.append(
                 f"{name} too slow to time: one call took {calls[name]:.3g} s, eager's "
                 f"{eager_s:.3g} s (more than {job.config.hopeless_factor:g}x: it cannot win)"
@@ -318,6 +314,16 @@ def _measure(
             failure.trials = result.trials
             return failure
     return result
+
+
+def cannot_win(call_s: float, eager_s: float | None, config: MeasureConfig) -> bool:
+    """Whether a candidate whose one call took `call_s` is too slow to be worth timing against
+    eager's one call of `eager_s` (None: not timed, so nothing is known)."""
+    return (
+        eager_s is not None
+        and call_s > config.hopeless_s
+        and call_s > config.hopeless_factor * eager_s
+    )
 
 
 def _one_call_s(fn: Callable[[], Any]) -> float:
