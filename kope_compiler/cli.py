@@ -28,7 +28,8 @@ def _default(name: str) -> Any:
 _OPTION_HELP = {
     "target": "hardware target",
     "store": "experience store directory",
-    "workers": "isolated worker processes for verification",
+    "workers": "isolated worker processes that verify and time candidates (kope precompile "
+    "also optimizes that many operators at once)",
     "timeout_s": "limit in seconds for building, verifying and timing one candidate",
     "agent": "heuristic (offline) or llm (an OpenAI-compatible endpoint)",
     "budget": "attempts per operator",
@@ -464,7 +465,7 @@ def _add_precompile(sub: Any) -> None:
     p.add_argument("--tokens", type=positive(int), help="LLM token limit per operator")
     p.add_argument("--report", help="write the JSON report here")
     _add_option(p, "store")
-    _add_option(p, "workers", "operators optimized at once, each with its own worker")
+    _add_option(p, "workers")
     p.add_argument("--seed", type=int, default=0, help="seed of the agent (default: 0)")
     _add_option(p, "timeout_s")
     p.add_argument("--llm-base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
@@ -753,12 +754,19 @@ def format_report(report: dict[str, Any]) -> str:
             "it pins no kernel until `kope precompile --remeasure` times it cleanly"
         )
     rate = "-" if s["pass_rate"] is None else f"{s['pass_rate']:.0%}"
+    # What sped up comes first: a pass rate of 100% beside no winning agent kernel is no
+    # success, and read first it looked like one.
     lines.append(
-        f"{s['operators']} operators; pass rate {rate} ({PASS_RATE}); geomean "
-        f"speedup {_x(s['geomean_speedup_vs_eager'])} vs eager, "
-        f"{_x(s['geomean_speedup_vs_reference'])} vs reference; agent wins {s['agent_wins']}; "
+        f"{s['operators']} operators; agent wins {s['agent_wins']}; geomean speedup "
+        f"{_x(s['geomean_speedup_vs_eager'])} vs eager, "
+        f"{_x(s['geomean_speedup_vs_reference'])} vs reference; pass rate {rate} ({PASS_RATE}); "
         f"tokens {s['tokens']}; {s['wall_s']:.0f} s"
     )
+    if s["operators"] and not s["agent_wins"]:
+        lines.append(
+            "no agent kernel won: each operator runs its reference lowering or eager ATen, "
+            "whichever was faster"
+        )
     if timed:
         lines.append(
             "timing: 'clean 15/35' is a figure from 15 rounds that no other work disturbed, "
@@ -766,9 +774,17 @@ def format_report(report: dict[str, Any]) -> str:
         )
         lines.append(
             "speedups are of each operator alone against its own eager call; whether its kernel "
-            "pays inside the model is decided when the model is compiled (the whole-graph "
-            "check), and `kope compile` and `kope.report()` say what runs"
+            "pays inside the model is decided by the whole-graph check (below, for each graph "
+            "of the model), and `kope compile` and `kope.report()` say what runs"
         )
+    for index, graph in enumerate(report.get("graphs", [])):
+        runs = "the compiled graph runs" if graph["compiled"] else "eager's graph runs"
+        if graph["clean"] and graph["speedup_vs_eager"]:
+            runs += f" (the compiled graph timed {graph['speedup_vs_eager']:.2f}x eager's)"
+        elif not graph["clean"]:
+            # A disturbed figure is no speedup: it is not printed as one.
+            runs += " (timed on a busy machine: the next `kope precompile` times it again)"
+        lines.append(f"graph {index}: {runs}; recorded for every later process: {graph['reason']}")
     eager = report.get("eager", [])
     if eager:
         lines.append(f"{counted(len(eager), 'compute operator')} run eagerly, not optimized:")

@@ -41,11 +41,13 @@ from kope.optimize import Budget, TaskSummary, is_proposal, optimize_task, summa
 from kope.options import Options
 from kope.partition import has_fast_path, partition
 from kope.passes.pipeline import REPRO_MARKER
+from kope.report import report as backend_report
 from kope.report import shorten, speedup_text
 from kope.targets.base import Target
 from kope.task import Task, eager_label
 from kope.vocabulary.events import AttemptEvaluated, Event, Events
 from kope.vocabulary.evidence import SOURCE_AGENT
+from kope.whole_graph import retiming_graphs
 
 log = logging.getLogger("kope.precompile")
 
@@ -168,8 +170,11 @@ def precompile(
     remeasure: bool = False,
     cluster: str | None = None,
     task_threads: int | None = None,
+    decide_graph: bool = True,
 ) -> dict[str, Any]:
-    """Optimize every distinct operator of `model`; returns the report (see `report_json`).
+    """Optimize every distinct operator of `model`, then (`decide_graph`) make and record the
+    whole-graph decision of each of its graphs (`decide_graphs`); returns the report (see
+    `report_json`; `graphs` lists the decisions).
 
     `budget` defaults to `Options().budget` attempts per operator. Progress goes to `stream`
     (default stderr) unless `progress` is false. With `remeasure`, each operator's stored
@@ -270,11 +275,47 @@ def precompile(
         else:
             for task in tasks:
                 run(task)
+        bar.close()
+        graphs = decide_graphs(model, inputs, target, store) if decide_graph else []
     except KeyboardInterrupt:
         bar.close()
         raise Interrupted(made([t for t in tasks if t.key in summaries])) from None
-    bar.close()
-    return made(tasks)
+    report = made(tasks)
+    report["graphs"] = graphs
+    return report
+
+
+def decide_graphs(
+    model: torch.nn.Module, inputs: Sequence[Any], target: Target, store: ExperienceStore
+) -> list[dict[str, Any]]:
+    """Compile `model` as `torch.compile(backend="kope")` does and call it once, so that the
+    whole-graph decision of each of its graphs (`kope.whole_graph`) is made now, offline, and
+    recorded: a later process reuses it instead of timing the graph at its first call. A
+    recorded decision that the machine disturbed is timed again (`retiming_graphs`); a clean
+    one stands. Nothing is decided for a target whose kernels cannot run here."""
+    if not target.timed() or target.unavailable() is not None:
+        return []
+    options: dict[str, Any] = {
+        "store": str(store.root),
+        "target": target.name,
+        "workers": target.workers,
+        "timeout_s": target.timeout_s,
+    }
+    before = len(backend_report().graphs)
+    torch._dynamo.reset()
+    with torch.no_grad(), retiming_graphs():
+        torch.compile(model, backend="kope", options=options, dynamic=False)(*inputs)
+    torch._dynamo.reset()
+    return [
+        {
+            "compiled": graph.whole.compiled,
+            "speedup_vs_eager": graph.whole.speedup,
+            "clean": not graph.whole.unsure,
+            "reason": graph.whole.reason,
+        }
+        for graph in backend_report().graphs[before:]
+        if graph.whole is not None
+    ]
 
 
 class Interrupted(KeyboardInterrupt):

@@ -71,7 +71,8 @@ class GraphDecision:
     kope: Timing | None = None
     eager: Timing | None = None
     recorded_us: tuple[float | None, float | None] | None = None  # a decision reused
-    disturbed: bool = False  # a step of the search was not clean: the decision is not kept
+    disturbed: bool = False  # a step of the search was not clean
+    unsure: bool = False  # reused from a record whose timings were not all clean
     # The intra-op thread count the chosen graph (compiled or eager) runs at; None: the
     # caller's. `kope` is then that graph's timing at this count.
     threads: int | None = None

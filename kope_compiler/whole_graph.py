@@ -30,19 +30,25 @@ the graph with it beats the graph without it; what is left runs only if it beats
 the eager graph runs. Dropped choices run their operator's eager call and say so in
 `kope.report()`.
 
-A decision that rests on clean timings is recorded in the store (a task of op `kope.graph`, one
-`graph` attempt per decision: the chosen and eager graphs' timings, and in `config` the kernels
-considered and kept and the thread count), so a process that compiles the same graph (by
-`graph_key`: its structure and input specs, names aside) with the same choices reuses it. A
-decision whose timings are not clean runs eager and is not recorded: the next compile measures
-again.
+Every decision is recorded in the store (a task of op `kope.graph`, one `graph` attempt per
+decision: the chosen and eager graphs' timings, and in `config` the kernels considered and
+kept, the thread count, and whether a step of it was not timed cleanly), so a process that
+compiles the same graph (by `graph_key`: its structure and input specs, names aside) with the
+same choices reuses it instead of timing the graph at its first call. A clean decision is
+preferred to any other, and a disturbed one never replaces it. A decision that was not timed
+cleanly (the machine was busy) is reused too, as what the evidence so far supports (a disturbed
+search keeps eager's graph, except where its every step was clean): timing it again at every
+first call cost 23-67 s a process on a busy machine and found it disturbed again. It is timed
+again only where `retiming_graphs()` asks for it: `kope precompile` does, offline.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -151,13 +157,19 @@ def settle(
     # older KOPE) is not this graph's.
     considered = sorted([_entry(c) for c in calls] + _rewrite_entries(report))
     recorded = _recorded(store, key, considered)
-    if recorded is not None:
+    if recorded is not None and (_sure(recorded) or not _RETIME.get()):
         kept = set(recorded.config["kept"] if recorded.config else [])
         for call in calls:
             call.enabled = _entry(call) in kept
-        decision = GraphDecision(bool(kept), f"as measured before: {recorded.decision}")
+        how = (
+            "as measured before"
+            if _sure(recorded)
+            else "as measured before on a busy machine (`kope precompile` times it again)"
+        )
+        decision = GraphDecision(bool(kept), f"{how}: {recorded.decision}")
         decision.recorded_us = (recorded.latency_us, recorded.eager_us)
         decision.threads = (recorded.config or {}).get("threads")
+        decision.unsure = not _sure(recorded)
         return _finish(decision, calls, report)
     rewritten = bool(calls or report.rewrites)  # else the compiled graph is eager's
     failure = _outputs_differ(eager_graph, compiled_graph, inputs) if rewritten else None
@@ -189,9 +201,25 @@ def settle(
     if not decision.compiled:  # eager's graph runs, on the caller's count or on one thread
         for call in calls:
             call.enabled = False
-    if decision.clean and not decision.disturbed:
+    sure = decision.clean and not decision.disturbed
+    timed = decision.kope is not None and decision.eager is not None
+    if timed and (sure or recorded is None or not _sure(recorded)):
         _record(store, events, target, key, workload, considered, calls, decision, report)
     return _finish(decision, calls, report)
+
+
+_RETIME: contextvars.ContextVar[bool] = contextvars.ContextVar("kope_retime", default=False)
+
+
+@contextlib.contextmanager
+def retiming_graphs() -> Iterator[None]:
+    """Within it, a graph whose recorded decision was not timed cleanly is timed again (a
+    clean decision still stands): `kope precompile` decides its model's graphs this way."""
+    token = _RETIME.set(True)
+    try:
+        yield
+    finally:
+        _RETIME.reset(token)
 
 
 def _greedy(
@@ -391,7 +419,7 @@ def _choose_threads(
     """Run eager's graph, or the compiled one (`differs`: it is not eager's), on one thread if
     one of them beats there both what was decided and eager on the caller's count (timed
     interleaved, clean, in two timings one after the other); a disturbed timing leaves the
-    count as it is and the decision unrecorded. A compiled graph that lost to eager on the
+    count as it is and the decision disturbed. A compiled graph that lost to eager on the
     caller's count may win on one thread."""
     threads = threads_now()
     if threads <= 1:
@@ -403,11 +431,11 @@ def _choose_threads(
         fns["kope"] = compiled
     counts = {name: 1 if name.endswith("_one") else threads for name in fns}
     timed = measure_interleaved(fns, config, counts)
+    if decision.kope is None:  # nothing to compile: the eager graph against itself
+        decision.kope, decision.eager = timed["eager"], timed["eager"]
     if not all(t.clean for t in timed.values()):
         decision.disturbed = True
         return
-    if decision.kope is None:  # nothing to compile: the eager graph against itself
-        decision.kope, decision.eager = timed["eager"], timed["eager"]
     rivals = [name for name in fns if not name.endswith("_one")]
     best = min((n for n in fns if n.endswith("_one")), key=lambda n: timed[n].median_us)
     if not all(_beats(timed[best], timed[name]) for name in rivals):
@@ -559,15 +587,27 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 
 def _recorded(store: ExperienceStore, key: str, considered: list[str]) -> AttemptRecord | None:
-    """The latest clean decision for this graph under this thread count and these choices."""
+    """The decision for this graph under this thread count and these choices: the latest
+    clean one, else the latest one (`_sure` tells which)."""
     store.refresh()
-    for attempt in reversed(store.attempts(key)):
-        if attempt.source != SOURCE_GRAPH or attempt.threads != threads_now():
-            continue
-        if attempt.timing_quality == TIMING_CLEAN and attempt.config is not None:
-            if sorted(attempt.config.get("considered", [])) == considered:
-                return attempt
-    return None
+    found = [
+        attempt
+        for attempt in store.attempts(key)
+        if attempt.source == SOURCE_GRAPH
+        and attempt.threads == threads_now()
+        and attempt.config is not None
+        and sorted(attempt.config.get("considered", [])) == considered
+    ]
+    sure = [attempt for attempt in found if _sure(attempt)]
+    chosen = sure or found
+    return chosen[-1] if chosen else None
+
+
+def _sure(attempt: AttemptRecord) -> bool:
+    """Whether a recorded decision rests on clean timings only (an older KOPE recorded no
+    other kind)."""
+    unsure = (attempt.config or {}).get("unsure", False)
+    return attempt.timing_quality == TIMING_CLEAN and not unsure
 
 
 def _record(
@@ -606,7 +646,12 @@ def _record(
         evaluation,
         None,
         decision=decision.reason,
-        config={"considered": considered, "kept": kept, "threads": decision.threads},
+        config={
+            "considered": considered,
+            "kept": kept,
+            "threads": decision.threads,
+            "unsure": not decision.clean or decision.disturbed,
+        },
     )
     announce(events, event, store)
 
@@ -614,13 +659,16 @@ def _record(
 def _finish(
     decision: GraphDecision, calls: Sequence[Switchable], report: GraphReport
 ) -> GraphDecision:
-    # A decision on timings that were not clean is not recorded: the next compile measures
-    # again, so its kernels are set aside, not judged.
-    unsure = decision.kope is not None and (not decision.clean or decision.disturbed)
+    # A decision on timings that were not clean is timed again by the next `kope precompile`,
+    # so its kernels are set aside, not judged.
+    unsure = decision.unsure or (
+        decision.kope is not None and (not decision.clean or decision.disturbed)
+    )
+    decision.unsure = unsure
     for call in calls:
         if not call.enabled and call.report.kernel != SOURCE_EAGER:
             call.report.reason = (
-                f"set aside for now: the graph was not timed cleanly, and the next compile "
+                f"set aside for now: the graph was not timed cleanly, and `kope precompile` "
                 f"times it again ({decision.reason})"
                 if unsure
                 else f"dropped: the {call.report.kernel} kernel did not pay inside the graph "

@@ -16,6 +16,7 @@ from kope.memory.schema import AttemptRecord
 from kope.memory.store import ExperienceStore
 from kope.precompile import Progress, repro_commands
 from kope.report import shorten
+from kope.vocabulary.evidence import SOURCE_AGENT, SOURCE_GRAPH
 
 MODEL = """
 import torch
@@ -65,6 +66,23 @@ def _precompile(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+def _agent_attempts(store: Path) -> int:
+    """How many of the agent's proposals `store` holds (confirmations aside)."""
+    opened = ExperienceStore(store)
+    return sum(
+        1
+        for t in opened.tasks()
+        for a in opened.attempts(t.key)
+        if a.source == SOURCE_AGENT and a.confirms is None
+    )
+
+
+def _graph_attempts(store: Path) -> list[AttemptRecord]:
+    """The whole-graph decisions recorded in `store`."""
+    opened = ExperienceStore(store)
+    return [a for t in opened.tasks() for a in opened.attempts(t.key) if a.source == SOURCE_GRAPH]
+
+
 def test_precompile_reports_and_resumes(tmp_path: Path) -> None:
     model = tmp_path / "model.py"
     model.write_text(MODEL)
@@ -93,13 +111,23 @@ def test_precompile_reports_and_resumes(tmp_path: Path) -> None:
     assert SUMMARY_KEYS <= set(data["summary"])
     assert data["summary"]["operators"] == 2 and data["summary"]["tokens"] == 0
     assert "pass rate" in first.stdout
+    # The model's graph is decided too, and recorded, clean or not (this machine may be busy).
+    (graph,) = data["graphs"]
+    assert "graph 0: " in first.stdout
+    graphs = _graph_attempts(store)
+    assert len(graphs) == 1 and graphs[0].config is not None
+    assert graphs[0].config["unsure"] == (not graph["clean"])
     attempts = ExperienceStore(store).stats()["attempts"]
+    proposals = _agent_attempts(store)
     second = _precompile(*args)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "already optimized" in second.stderr
     for proc in (first, second):  # stderr is a pipe here: plain lines, no terminal control
         assert "\x1b" not in proc.stderr and "\r" not in proc.stderr
-    assert ExperienceStore(store).stats()["attempts"] == attempts  # nothing redone
+    # Nothing redone (compiling the model may confirm a figure a busy machine disturbed), but
+    # a graph decision the machine disturbed, which is timed again.
+    assert _agent_attempts(store) == proposals
+    assert len(_graph_attempts(store)) == (1 if graph["clean"] else 2)
 
     # --remeasure re-times every operator's stored choice: new records, each with its quality
     # (clean or contaminated: this machine may be busy, so the test does not ask which).
@@ -231,6 +259,9 @@ def test_failed_pipelines_reach_the_report_with_their_command() -> None:
     text = format_report(report)
     assert command in text
     assert "pass rate 0% (the share of operators with at least one verified agent kernel)" in text
+    # What sped up is said before the pass rate, and no winner is said in words.
+    assert text.index("agent wins 0") < text.index("pass rate")
+    assert "no agent kernel won" in text
 
 
 def test_precompile_optimizes_a_fast_paths_parts() -> None:

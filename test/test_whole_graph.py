@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch._dynamo
 
@@ -91,22 +92,23 @@ def test_kernels_that_do_not_pay_in_the_graph_are_dropped_and_reported(tmp_path:
 
     store.refresh()
     graphs = [a for t in store.tasks() for a in store.attempts(t.key) if a.source == SOURCE_GRAPH]
-    if not graph.whole.clean or graph.whole.disturbed:
-        # A decision on disturbed timings is not kept, nor one whose final timing was clean
-        # after a disturbed step (a kernel may have been dropped on noise).
-        assert not graphs
-        return
+    # The decision is recorded at any load; one a busy machine disturbed says so.
     (decision,) = graphs
     assert decision.config is not None
+    assert decision.config["unsure"] == unsure
     assert decision.config["considered"] == [f"{task.key}:reference"]
     assert decision.config["kept"] == [] and decision.config["threads"] == graph.whole.threads
-    assert decision.latency_us and decision.eager_us and decision.latency_us > decision.eager_us
+    if not unsure:
+        assert decision.latency_us and decision.eager_us
+        assert decision.latency_us > decision.eager_us
 
-    # Another compile of the same graph with the same choices reuses the decision.
+    # Another compile of the same graph with the same choices reuses the decision, disturbed
+    # or not, instead of timing the graph at its first call again.
     torch.testing.assert_close(compile_and_run(model, x, tmp_path / "store"), model(x))
     (again,) = kope.report().graphs
     assert again.whole is not None and not again.whole.compiled
     assert again.whole.reason.startswith("as measured before")
+    assert again.whole.unsure == unsure
     store.refresh()
     assert len([a for a in store.attempts(decision.task) if a.source == SOURCE_GRAPH]) == 1
 
@@ -610,3 +612,61 @@ def test_a_search_that_was_not_timed_cleanly_says_so(monkeypatch) -> None:
     decision = _greedy([call], graph, graph, MeasureConfig(), {"eager": 2, "kope": 2})
     assert not decision.compiled and decision.disturbed
     assert "not timed cleanly" in decision.reason, decision.reason
+
+
+def test_a_disturbed_decision_is_reused_until_a_precompile_times_it_cleanly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decision a busy machine disturbed is recorded as such and reused by the next
+    compile, which times nothing at its first call; `retiming_graphs()` (what `kope
+    precompile` uses) times it again, and a clean decision then stands: a later disturbed
+    timing never replaces it. Timings are given."""
+    import kope.whole_graph as whole_graph
+
+    def timing(us: float, clean: bool) -> Timing:
+        quality = TIMING_CLEAN if clean else "contaminated"
+        return Timing(us, 1.0, 15, 2, rounds=15, clean_rounds=15 if clean else 3, quality=quality)
+
+    busy = {"now": True}
+
+    def measured(fns, config=None, threads=None):
+        return {name: timing(100.0 if name == "kope" else 300.0, not busy["now"]) for name in fns}
+
+    def not_timed(*_: Any, **__: Any) -> Any:
+        raise AssertionError("the graph was timed again")
+
+    x = torch.ones(4)
+    call = _Call(lambda t: (t,), lambda ins: ins)
+    store = ExperienceStore(tmp_path / "store")
+    head_to_head = {"kernel": timing(10.0, True), "eager": timing(26.0, True)}
+    monkeypatch.setattr(whole_graph, "_head_to_head", lambda *_: head_to_head)
+
+    def decide() -> GraphDecision:
+        call.enabled = True  # as a new compile makes it
+        call.report = TaskReport("kernel", "key", "op", "agent", "chosen")
+        return _settle(lambda t: t, lambda t: call(t)[0], [call], x, store, GraphReport())
+
+    busy["now"] = True  # every figure disturbed
+    monkeypatch.setattr(whole_graph, "measure_interleaved", measured)
+    first = decide()
+    store.refresh()
+    assert first.disturbed or not first.clean
+    assert not first.compiled  # a disturbed search keeps eager's graph
+    monkeypatch.setattr(whole_graph, "measure_interleaved", not_timed)
+    reused = decide()
+    assert reused.unsure and not reused.compiled
+    assert reused.reason.startswith("as measured before on a busy machine")
+    assert call.report.reason.startswith("set aside for now")
+
+    busy["now"] = False  # a quiet machine, in a precompile
+    monkeypatch.setattr(whole_graph, "measure_interleaved", measured)
+    with whole_graph.retiming_graphs():
+        clean = decide()
+    assert clean.compiled and clean.clean and not clean.disturbed and not clean.unsure
+
+    busy["now"] = True  # busy again: the clean decision stands, timed by nobody
+    monkeypatch.setattr(whole_graph, "measure_interleaved", not_timed)
+    with whole_graph.retiming_graphs():
+        again = decide()
+    assert again.compiled and not again.unsure
+    assert again.reason.startswith("as measured before:")
