@@ -4,6 +4,7 @@ value."""
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -58,9 +59,13 @@ class Options:
         valid = cls.names()
         unknown = sorted(k for k in given if k not in valid)
         if unknown:
+            guesses = [
+                f"{k!r} (did you mean {close[0]!r}?)" if close else repr(k)
+                for k in unknown
+                for close in [difflib.get_close_matches(k, valid, n=1)]
+            ]
             raise OptionError(
-                f"unknown KOPE option {', '.join(repr(k) for k in unknown)}; "
-                f"valid options are: {', '.join(valid)}"
+                f"unknown KOPE option {', '.join(guesses)}; valid options are: {', '.join(valid)}"
             )
         if isinstance(given.get("store"), os.PathLike):
             given["store"] = os.fspath(given["store"])

@@ -23,9 +23,11 @@ def test_unknown_option_names_it_and_the_valid_ones() -> None:
     with pytest.raises(OptionError) as err:
         Options.parse({"kernel": "auto"})
     message = str(err.value)
-    assert "'kernel'" in message
+    assert "'kernel' (did you mean 'kernels'?)" in message
     for name in ("kernels", "store", "target"):
         assert name in message
+    with pytest.raises(OptionError, match=r"'xyzzy'; valid options"):
+        Options.parse({"xyzzy": 1})  # nothing close: no guess
 
 
 @pytest.mark.parametrize(
