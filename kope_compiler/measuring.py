@@ -94,7 +94,11 @@ def oracle_for(task: Task, target: Target) -> Kernel | None:
 
 
 def measure_reference(
-    task: Task, target: Target, store: ExperienceStore, events: Events | None = None
+    task: Task,
+    target: Target,
+    store: ExperienceStore,
+    events: Events | None = None,
+    limit_s: float | None = None,
 ) -> AttemptRecord:
     """Verify and time the reference lowering against eager; announce both (the eager
     baseline rides on the reference's event), and confirm the reference when its figure says
@@ -102,13 +106,25 @@ def measure_reference(
     is the task's baseline there.
 
     A reference too slow to time (a large operator's naive loops) is recorded verified with no
-    latency: it stays the oracle of the agent's candidates, and it never wins selection."""
+    latency: it stays the oracle of the agent's candidates, and it never wins selection. With
+    `limit_s` (a first call's bound), an evaluation that needs longer is recorded as deferred:
+    a timeout of the bound, not of the operator, which `kope precompile` measures again."""
     events = recording(store, events)
     kernel = task.reference if target.builds(task.reference) else None
     # An operator known only as IR (no eager call) has its reference as its own oracle: what
     # is measured is that it builds, runs, and how fast; agent kernels are timed against it.
     oracle = oracle_for(task, target) if task.spec.eager is None else None
-    evaluation = target.evaluate(task.spec, kernel, oracle=oracle, seed=seed_for(task.key))
+    evaluation = target.evaluate(
+        task.spec, kernel, oracle=oracle, seed=seed_for(task.key), limit_s=limit_s
+    )
+    config = None
+    if limit_s is not None and evaluation.verdict == TIMEOUT:
+        evaluation.notes.insert(
+            0,
+            f"deferred: verifying it takes longer than a first call affords ({limit_s:g} s); "
+            "it runs on ATen until `kope precompile` verifies it",
+        )
+        config = {DEFERRED: True}
     if kernel is None:
         what = "eager ATen baseline" if task.spec.eager is not None else "baseline (no eager call)"
         decision = "; ".join(
@@ -117,7 +133,9 @@ def measure_reference(
         event = AttemptEvaluated(task.key, SOURCE_EAGER, evaluation, None, decision=decision)
         return announce(events, event, store)
     decision = "; ".join(evaluation.notes)
-    event = AttemptEvaluated(task.key, SOURCE_REFERENCE, evaluation, kernel, decision=decision)
+    event = AttemptEvaluated(
+        task.key, SOURCE_REFERENCE, evaluation, kernel, decision=decision, config=config
+    )
     reference = announce(events, event, store)
     if wins(reference):
         confirm(task, target, store, reference, events)
@@ -222,21 +240,31 @@ def transfer_from_older(
 
 
 def known_reference(
-    task: Task, target: Target, store: ExperienceStore, events: Events | None = None
+    task: Task,
+    target: Target,
+    store: ExperienceStore,
+    events: Events | None = None,
+    first_call: bool = False,
 ) -> AttemptRecord:
     """The task's baseline attempt under this process's thread count (its reference lowering,
     or eager where the target cannot run it): from the store, or measured now. A task with no
-    attempts at all first looks for its workload under an older target key."""
+    attempts at all first looks for its workload under an older target key.
+
+    At a model's `first_call` the measurement is bounded by `FIRST_CALL_LIMIT_S`; a deferred
+    baseline (one that needed longer) is then taken as it is, and measured again, unbounded,
+    only outside a first call (`kope precompile`)."""
     events = recording(store, events)
     store.refresh()
     events.emit(task_seen(task, target))
     threads = threads_now()
     reference = store.standing(task.key, threads).baseline
-    if reference is not None and _serves(reference, task) and not _timed_out(reference, store):
-        return reference
+    if reference is not None and _serves(reference, task):
+        if (first_call and _deferred(reference)) or not _timed_out(reference, store):
+            return reference
     first_seen = not store.attempts(task.key)
     MEASURED.add((task.key, threads))
-    reference = measure_reference(task, target, store, events)
+    limit_s = FIRST_CALL_LIMIT_S if first_call else None
+    reference = measure_reference(task, target, store, events, limit_s)
     if first_seen and reference.verdict == VERIFIED:
         transfer_from_older(task, target, store, events)
     return reference
@@ -244,18 +272,36 @@ def known_reference(
 
 # Baseline measurements that ran out of time before one counts as the operator's verdict.
 TIMEOUT_TRIES = 3
+# The longest the first call of a compiled model waits for one operator's reference lowering
+# to be verified and timed; an operator that needs longer runs on ATen until `kope
+# precompile`, which has no such bound, measures it (torch-mlir's MaxPool3dStaticModule, a
+# 360 MB input, spent over 120 s verifying inside a first call).
+FIRST_CALL_LIMIT_S = 20.0
+# The `config` flag of a baseline that ran out of a first call's time, not of its own.
+DEFERRED = "deferred"
+
+
+def _deferred(baseline: AttemptRecord) -> bool:
+    return baseline.verdict == TIMEOUT and bool((baseline.config or {}).get(DEFERRED))
 
 
 def _timed_out(baseline: AttemptRecord, store: ExperienceStore) -> bool:
     """Whether the stored baseline timed out and is worth measuring again: a worker that did
     not start or answer in time may have met the machine's load (or a limit set too low for
-    one run), not the operator; after TIMEOUT_TRIES such baselines the verdict stands."""
+    one run), not the operator; after TIMEOUT_TRIES such baselines the verdict stands. One
+    deferred by a first call's bound is always measured again (it says nothing of the
+    operator) and counts for none of the tries."""
     if baseline.verdict != TIMEOUT:
         return False
+    if _deferred(baseline):
+        return True
     tries = [
         a
         for a in store.attempts(baseline.task)
-        if a.source == baseline.source and a.threads == baseline.threads and a.verdict == TIMEOUT
+        if a.source == baseline.source
+        and a.threads == baseline.threads
+        and a.verdict == TIMEOUT
+        and not _deferred(a)
     ]
     return len(tries) < TIMEOUT_TRIES
 

@@ -24,7 +24,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from kope.measuring import MEASURED, known_reference, remeasure, stored_kernel, threads_now
+from kope.measuring import (
+    DEFERRED,
+    FIRST_CALL_LIMIT_S,
+    MEASURED,
+    known_reference,
+    remeasure,
+    stored_kernel,
+    threads_now,
+)
 from kope.memory.schema import AttemptRecord
 from kope.memory.store import ExperienceStore, Standing
 from kope.targets.base import Target
@@ -73,7 +81,14 @@ def choose(
     measure first goes to `events` (by default, the store's recorder)."""
     if policy == "eager":
         return Choice(SOURCE_EAGER, "kernels=eager")
-    reference = known_reference(task, target, store, events)
+    reference = known_reference(task, target, store, events, first_call=True)
+    if reference.verdict == TIMEOUT and (reference.config or {}).get(DEFERRED):
+        return Choice(
+            SOURCE_EAGER,
+            f"its reference lowering takes longer to verify than a first call affords "
+            f"({FIRST_CALL_LIMIT_S:g} s): ATen runs it until `kope precompile` verifies it",
+            verdict=reference.verdict,
+        )
     if reference.verdict != VERIFIED:
         # Once per operator and process: a model compiled again says nothing new.
         told = task.key in _REFUSED_REFERENCES

@@ -177,8 +177,10 @@ class Target(ABC):
         measure: bool = True,
         seed: int = 0,
         config: Any = None,
+        limit_s: float | None = None,
     ) -> Evaluation:
-        """Build, verify and (if verified and `measure`) time `kernel` in an isolated worker.
+        """Build, verify and (if verified and `measure`) time `kernel` in an isolated worker,
+        within a limit scaled to its work and at most `limit_s` where given.
 
         The oracle is `oracle` when this target builds its form, else eager ATen (in float64
         where the op allows). With `kernel` None, eager ATen alone is timed: the baseline of a
@@ -186,7 +188,14 @@ class Target(ABC):
         from kope.targets.evaluation import evaluate
 
         return evaluate(
-            self, task, kernel, oracle=oracle, measure=measure, seed=seed, config=config
+            self,
+            task,
+            kernel,
+            oracle=oracle,
+            measure=measure,
+            seed=seed,
+            config=config,
+            limit_s=limit_s,
         )
 
     def load(self, task: TaskSpec, kernel: Kernel) -> BuiltKernel:

@@ -67,9 +67,10 @@ def evaluate(
     measure: bool = True,
     seed: int = 0,
     config: MeasureConfig | None = None,
+    limit_s: float | None = None,
 ) -> Evaluation:
     """Build, verify and time `kernel` on `target` in a worker, within a time limit scaled to
-    its work (see `Target.evaluate`).
+    its work (see `Target.evaluate`), and at most `limit_s` where given.
 
     `target.timeout_s` covers building, start-up and an ordinary operator's runs. An operator
     whose estimated runs (the kernel and its oracle once per trial, then timing:
@@ -117,7 +118,8 @@ def evaluate(
     work: Work = estimate_work(task, text)
     trials = len(verify.trials_for(seed))
     runs_s = evaluation_limit_s(work, trials, measure, config)
-    limit_s = max(target.timeout_s, target.timeout_s / 2 + runs_s)
+    scaled_s = max(target.timeout_s, target.timeout_s / 2 + runs_s)
+    limit_s = scaled_s if limit_s is None else min(scaled_s, limit_s)
     job = EvalJob(
         type(target),
         task,

@@ -85,6 +85,38 @@ def test_a_reference_far_behind_eager_is_verified_but_not_timed(tmp_path: Path) 
     assert reference.eager_us is not None  # eager is the baseline, always timed
 
 
+def test_a_reference_too_slow_for_a_first_call_is_deferred_to_precompile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a first call, verification is bounded (`FIRST_CALL_LIMIT_S`, lowered here so that
+    any operator meets it); one that needs longer runs on ATen, recorded as deferred, and the
+    next first call does not wait for it again; outside a first call (`kope precompile`) it is
+    measured without the bound, and its deferral counts for none of the timeout tries."""
+    from kope import measuring
+
+    monkeypatch.setattr(measuring, "FIRST_CALL_LIMIT_S", 1e-3)
+    cpu = CpuTarget(workers=1, timeout_s=120)
+    store = ExperienceStore(tmp_path / "store")
+    task = _task(lambda x: torch.tanh(x) * 2, torch.randn(8, 33))
+    try:
+        choice = choose(task, cpu, store, "auto")
+        assert choice.kernel == SOURCE_EAGER
+        assert "`kope precompile` verifies it" in choice.reason, choice.reason
+        (deferred,) = store.attempts(task.key)
+        assert deferred.config == {measuring.DEFERRED: True} and "deferred" in deferred.decision
+
+        def not_again(*_: object, **__: object) -> None:
+            raise AssertionError("a first call waited for the deferred operator again")
+
+        monkeypatch.setattr(cpu, "evaluate", not_again)
+        assert choose(task, cpu, store, "auto").kernel == SOURCE_EAGER
+        monkeypatch.undo()
+        reference = known_reference(task, cpu, store)  # as the precompile's loop asks
+        assert reference.verdict == VERIFIED, reference.error
+    finally:
+        cpu.close()
+
+
 def test_what_cannot_win_is_decided_by_both_limits() -> None:
     config = MeasureConfig(hopeless_s=0.5, hopeless_factor=20.0)
     assert cannot_win(2.0, 0.01, config)  # over 0.5 s and 200x eager

@@ -74,6 +74,7 @@ class ScriptedTarget(Target):
         measure: bool = True,
         seed: int = 0,
         config: Any = None,
+        limit_s: float | None = None,
     ) -> Evaluation:
         assert kernel is not None, "the cpu target runs the reference lowering"
         self.calls.append(kernel.source)
