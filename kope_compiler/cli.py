@@ -185,15 +185,20 @@ def _compile_command(args: argparse.Namespace) -> int:
     report = kope.report()
     print(report.format_table())
     print()
+    # A ratio is printed only where it compares what KOPE ran: with no kernel of its own and
+    # no thread count it chose, the difference is torch.compile's capture of the graph.
+    ran = report.jit_share() > 0 or any(g.whole and g.whole.threads for g in report.graphs)
+    ratio = f" ({eager_ms / kope_ms:.2f}x)" if ran else ""
     print(
         f"model {args.model}: first call (compile) {compile_s:.1f} s; "
-        f"median of {args.repeat} calls: kope {kope_ms:.3f} ms, eager {eager_ms:.3f} ms "
-        f"({eager_ms / kope_ms:.2f}x); max |kope - eager| = {error:.3g}"
+        f"median of {args.repeat} calls: kope {kope_ms:.3f} ms, eager {eager_ms:.3f} ms"
+        f"{ratio}; max |kope - eager| = {error:.3g}"
     )
-    if report.jit_share() == 0 and not any(g.whole and g.whole.threads for g in report.graphs):
+    if not ran:
         print(
-            "  (no KOPE kernel ran: the difference from eager is torch.compile's capture of the "
-            'graph, which skips the model\'s Python; backend="eager" gets it too)'
+            "  (no KOPE kernel ran, so no speedup is claimed: the difference from eager is "
+            "torch.compile's capture of the graph, which skips the model's Python; "
+            'backend="eager" gets it too)'
         )
     if not error <= 1e-3 * max(1.0, _max_abs(want)):
         print("error: the compiled model disagrees with eager", file=sys.stderr)
@@ -411,6 +416,7 @@ def _memory_remeasure_command(args: argparse.Namespace, store: Any) -> int:
     from kope.eager_json import task_from_record
     from kope.measuring import remeasure, threads_now
     from kope.memory.cli import resolve_key
+    from kope.report import speedup_text
     from kope.vocabulary.evidence import SOURCE_REFERENCE
 
     target = target_for(args.target, 1, args.timeout_s)
@@ -441,7 +447,9 @@ def _memory_remeasure_command(args: argparse.Namespace, store: Any) -> int:
         best = store.best(key, threads_now())
         kernel = best.source if best is not None else "eager"
         quality = new[-1].timing_quality if new else "unknown"
-        speed = f" {best.speedup_vs_eager:.2f}x eager" if best and best.speedup_vs_eager else ""
+        speed = ""
+        if best is not None and best.speedup_vs_eager:
+            speed = f" {speedup_text(best.speedup_vs_eager, best.timing_quality)} eager"
         print(f"{record.label}: {kernel}{speed} ({len(new)} new attempts, {quality})")
     print(f"re-measured {len(keys) - skipped} of {len(keys)} tasks in {store.root}")
     return 0

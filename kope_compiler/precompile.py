@@ -341,7 +341,9 @@ def _progress(
             return
         proposals += 1
         attempt = attempt_of(event)
-        speed = f"{attempt.speedup_vs_eager:.2f}x" if attempt.speedup_vs_eager else attempt.verdict
+        speed = attempt.verdict
+        if attempt.speedup_vs_eager:
+            speed = speedup_text(attempt.speedup_vs_eager, attempt.timing_quality)
         bar.update(task.label, f"attempt {proposals}/{budget.attempts}: {speed}")
 
     return progress

@@ -236,8 +236,9 @@ def counted(n: int, noun: str) -> str:
 def graph_line(whole: GraphDecision) -> str:
     """What the whole-graph check decided, in a sentence: which graph runs, on how many
     threads, how fast against eager (as timed, and how cleanly), and why."""
-    quality = "clean" if whole.clean else "reused" if whole.recorded_us else "not clean"
-    speed = speedup_text(whole.speedup, "clean" if whole.clean else "unknown")
+    reused_clean = whole.recorded_us is not None and not whole.unsure
+    quality = "clean" if whole.clean else "reused" if reused_clean else "not clean"
+    speed = speedup_text(whole.speedup, "clean" if whole.clean or reused_clean else "unknown")
     ran = "the compiled graph runs" if whole.compiled else "eager's graph runs"
     if whole.threads is not None:
         # `speedup` is then of the graph that runs, on its threads, against eager on the
@@ -281,11 +282,12 @@ def table_lines(rows: Sequence[tuple[str, ...]], notes: Sequence[str] = ()) -> l
 
 
 def speedup_text(value: float | None, quality: str = "clean") -> str:
-    """`1.23x`; `~1.23x` when the figure is not clean (contaminated, or of unknown quality):
-    shown, never hidden, and never taken for a measurement that holds."""
+    """`1.23x` for a clean figure; `not clean` for one the machine's load disturbed (or of
+    unknown quality), which is no speedup: printed as one, a disturbed 2215.92x or a
+    reference's 258.58x read as a measurement (the timing's quality is shown beside it)."""
     if not value:
         return "-"
-    return f"{'' if quality == 'clean' else '~'}{value:.2f}x"
+    return f"{value:.2f}x" if quality == "clean" else "not clean"
 
 
 def timing_text(row: dict[str, Any]) -> str:

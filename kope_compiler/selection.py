@@ -184,7 +184,7 @@ def _choice(
     if standing.challenger is not None:
         reason = (
             f"eager until a clean confirmation: the {standing.challenger.source} kernel's "
-            f"{standing.challenger.speedup_vs_eager or 0:.2f}x did not reproduce cleanly"
+            "figure did not reproduce cleanly"
         )
     elif refuted is not None:
         reason = (

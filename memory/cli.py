@@ -195,8 +195,11 @@ def _tasks(args: argparse.Namespace, store: ExperienceStore) -> int:
         return 0
     width = max(len(r["label"]) for r in rows)
     for r in rows:
-        mark = "" if r["timing_quality"] in ("clean", None) else "~"  # a figure not clean
-        best = f"{mark}{r['best_speedup_vs_eager']:.2f}x" if r["best_speedup_vs_eager"] else "-"
+        # A figure the machine's load disturbed is no speedup: it is not printed as one.
+        clean = r["timing_quality"] in ("clean", None)
+        best = "-"
+        if r["best_speedup_vs_eager"]:
+            best = f"{r['best_speedup_vs_eager']:.2f}x" if clean else "not clean"
         print(f"{r['key'][:16]}  {r['label']:<{width}}  {r['attempts']:>5} attempts  best {best}")
     last = args.offset + len(rows)
     more = f"; --offset {last} for the next page" if last < total else ""
@@ -264,11 +267,13 @@ def _show(args: argparse.Namespace, store: ExperienceStore) -> int:
 
 
 def _line(a: AttemptRecord) -> str:
-    """One attempt: id, source, verdict, latency, speedup and the timing's quality (`~` marks
-    a speedup from a figure that is not clean), the attempt it confirms, its decision."""
+    """One attempt: id, source, verdict, latency, speedup (none from a figure that is not
+    clean) and the timing's quality, the attempt it confirms, its decision."""
     latency = f"{a.latency_us:.1f} us" if a.latency_us is not None else "-"
-    mark = "" if a.timing_quality == TIMING_CLEAN else "~"
-    speed = f" {mark}{a.speedup_vs_eager:.2f}x eager" if a.speedup_vs_eager is not None else ""
+    speed = ""
+    if a.speedup_vs_eager is not None:
+        clean = a.timing_quality == TIMING_CLEAN
+        speed = f" {a.speedup_vs_eager:.2f}x eager" if clean else " speedup not clean"
     quality = ""
     if a.latency_us is not None:
         rounds = f" {a.clean_rounds}/{a.rounds} clean rounds" if a.rounds else ""
