@@ -39,7 +39,9 @@ preferred to any other, and a disturbed one never replaces it. A decision that w
 cleanly (the machine was busy) is reused too, as what the evidence so far supports (a disturbed
 search keeps eager's graph, except where its every step was clean): timing it again at every
 first call cost 23-67 s a process on a busy machine and found it disturbed again. It is timed
-again only where `retiming_graphs()` asks for it: `kope precompile` does, offline.
+again where `retiming_graphs()` asks for it (`kope precompile` does, offline), or at a first
+call that finds the machine quiet (`others_busy_share`), where a clean decision is likely and
+is then made once for every later process.
 """
 
 from __future__ import annotations
@@ -59,7 +61,12 @@ from kope.memory.store import WIN_MARGIN, ExperienceStore
 from kope.report import GraphDecision, GraphReport, TaskReport
 from kope.targets import verify
 from kope.targets.base import Target
-from kope.targets.measure import MeasureConfig, measure_interleaved
+from kope.targets.measure import (
+    QUIET_SHARE,
+    MeasureConfig,
+    measure_interleaved,
+    others_busy_share,
+)
 from kope.vocabulary.events import AttemptEvaluated, Events, TaskSeen
 from kope.vocabulary.evidence import (
     SOURCE_EAGER,
@@ -157,7 +164,7 @@ def settle(
     # older KOPE) is not this graph's.
     considered = sorted([_entry(c) for c in calls] + _rewrite_entries(report))
     recorded = _recorded(store, key, considered)
-    if recorded is not None and (_sure(recorded) or not _RETIME.get()):
+    if recorded is not None and (_sure(recorded) or not _retime_unsure()):
         kept = set(recorded.config["kept"] if recorded.config else [])
         for call in calls:
             call.enabled = _entry(call) in kept
@@ -209,6 +216,18 @@ def settle(
 
 
 _RETIME: contextvars.ContextVar[bool] = contextvars.ContextVar("kope_retime", default=False)
+
+
+def _retime_unsure() -> bool:
+    """Whether a decision recorded on disturbed timings is timed again now: in `kope
+    precompile` (`retiming_graphs`), or where the machine is quiet at this first call (a
+    tenth of a second's look), so that the clean decision is made once and spares every later
+    process. A model precompiled on a busy machine ran eager's graph through dynamo, 0.79x
+    eager, until a quiet process decided it."""
+    if _RETIME.get():
+        return True
+    busy = others_busy_share()
+    return busy is not None and busy < QUIET_SHARE
 
 
 @contextlib.contextmanager

@@ -158,6 +158,39 @@ def evaluation_limit_s(work: Work, trials: int, measure: bool, config: MeasureCo
     return verify_s + timing_s + config.input_sets * work.call_s
 
 
+# The share of the machine's CPU time that other processes may take while it still counts as
+# quiet (`others_busy_share`): one busy neighbour on two cores takes half.
+QUIET_SHARE = 0.1
+
+
+def others_busy_share(window_s: float = 0.1) -> float | None:
+    """The share of all cores' time that processes other than this one kept busy over the next
+    `window_s` (from `/proc/stat` and this process's own CPU time); None where `/proc/stat`
+    cannot be read. A cheap look at the machine before a measurement that is worth making
+    only on a quiet one."""
+
+    def machine() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(v) for v in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields[:8]) - idle, sum(fields[:8])
+
+    def own_ticks() -> int:
+        times = os.times()
+        return round((times.user + times.system) * os.sysconf("SC_CLK_TCK"))
+
+    before, own_before = machine(), own_ticks()
+    time.sleep(window_s)
+    after, own_after = machine(), own_ticks()
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    busy = (after[0] - before[0]) - (own_after - own_before)
+    return max(0.0, busy / (after[1] - before[1]))
+
+
 # The run-queue wait of threads, in ns by thread id; None where it cannot be read.
 WaitProbe = Callable[[], Mapping[int, int] | None]
 

@@ -75,7 +75,13 @@ def compile_and_run(model: torch.nn.Module, x: torch.Tensor, store: Path) -> tor
         return compiled(x)
 
 
-def test_kernels_that_do_not_pay_in_the_graph_are_dropped_and_reported(tmp_path: Path) -> None:
+def test_kernels_that_do_not_pay_in_the_graph_are_dropped_and_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kope.whole_graph as whole_graph
+
+    # The second compile finds the machine busy, whatever it is: it reuses the decision.
+    monkeypatch.setattr(whole_graph, "others_busy_share", lambda: 1.0)
     model, x = Softmax(), torch.randn(64, 1024, generator=torch.Generator().manual_seed(0))
     store = ExperienceStore(tmp_path / "store")
     task = claim_the_reference_wins(store, model, x)
@@ -638,6 +644,8 @@ def test_a_disturbed_decision_is_reused_until_a_precompile_times_it_cleanly(
     x = torch.ones(4)
     call = _Call(lambda t: (t,), lambda ins: ins)
     store = ExperienceStore(tmp_path / "store")
+    machine = {"busy": 1.0}  # what a first call's look at the machine finds
+    monkeypatch.setattr(whole_graph, "others_busy_share", lambda: machine["busy"])
     head_to_head = {"kernel": timing(10.0, True), "eager": timing(26.0, True)}
     monkeypatch.setattr(whole_graph, "_head_to_head", lambda *_: head_to_head)
 
@@ -670,3 +678,41 @@ def test_a_disturbed_decision_is_reused_until_a_precompile_times_it_cleanly(
         again = decide()
     assert again.compiled and not again.unsure
     assert again.reason.startswith("as measured before:")
+
+
+def test_a_first_call_on_a_quiet_machine_times_a_disturbed_decision_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decision a busy machine disturbed is timed again by the first call that finds the
+    machine quiet, once: the clean decision it makes is what every later process reuses.
+    Timings are given."""
+    import kope.whole_graph as whole_graph
+
+    def timing(us: float, clean: bool) -> Timing:
+        quality = TIMING_CLEAN if clean else "contaminated"
+        return Timing(us, 1.0, 15, 2, rounds=15, clean_rounds=15 if clean else 3, quality=quality)
+
+    quiet = {"now": False}
+
+    def measured(fns, config=None, threads=None):
+        return {name: timing(100.0 if name == "kope" else 300.0, quiet["now"]) for name in fns}
+
+    x = torch.ones(4)
+    call = _Call(lambda t: (t,), lambda ins: ins)
+    store = ExperienceStore(tmp_path / "store")
+    head_to_head = {"kernel": timing(10.0, True), "eager": timing(26.0, True)}
+    monkeypatch.setattr(whole_graph, "_head_to_head", lambda *_: head_to_head)
+    monkeypatch.setattr(whole_graph, "measure_interleaved", measured)
+    monkeypatch.setattr(whole_graph, "others_busy_share", lambda: 0.5 if not quiet["now"] else 0.0)
+
+    def decide() -> GraphDecision:
+        call.enabled = True
+        call.report = TaskReport("kernel", "key", "op", "agent", "chosen")
+        return _settle(lambda t: t, lambda t: call(t)[0], [call], x, store, GraphReport())
+
+    assert not decide().compiled  # busy: disturbed, recorded
+    quiet["now"] = True
+    clean = decide()
+    assert clean.compiled and clean.clean and not clean.unsure
+    monkeypatch.setattr(whole_graph, "measure_interleaved", lambda *_: pytest.fail("timed"))
+    assert decide().reason.startswith("as measured before:")
