@@ -15,8 +15,8 @@ fresh processes, the arms interleaved, `--repeats` times, and the medians are pr
   a backend's first call stands on. The last column is `kope warm` minus it (issue 46's goal:
   at most 3 s).
 
-With `--loaded-precompile`, the precompile runs beside load this script starts (one spinner
-and one two-threaded matmul loop per core, stopped after it), as on a busy machine: the
+With `--loaded-precompile`, the precompile runs beside the load `benchmarks/noisy_neighbour.py`
+starts (`competing_load`: 2 x cores busy processes, stopped after it), as on a busy machine: the
 whole-graph decision it records may then be disturbed, and must still spare later processes
 the timing. `--no-settle` leaves out the compile that follows the precompile, so the first
 new process meets the store exactly as `kope precompile` left it.
@@ -42,9 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
@@ -82,27 +80,6 @@ def _run(name: str, backend: str, store: Path, env: dict[str, str]) -> dict[str,
     return result
 
 
-LOAD = (
-    "import torch; torch.set_num_threads(2); a = torch.randn(256, 256)\nwhile True: a @ a",
-    "while True: pass",
-)
-
-
-def _with_load(run: Callable[[], Any]) -> Any:
-    """`run()` beside one spinner and one two-threaded matmul loop per core."""
-    load = [
-        subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.DEVNULL)
-        for _ in range(os.cpu_count() or 1)
-        for code in LOAD
-    ]
-    try:
-        return run()
-    finally:
-        for proc in load:
-            proc.kill()
-            proc.wait()
-
-
 def measure(
     name: str, scratch: Path, budget: int, repeats: int, loaded: bool, settle: bool
 ) -> dict[str, object]:
@@ -122,7 +99,10 @@ def measure(
             subprocess.run(command, check=True, capture_output=True, env={**os.environ, **env})
 
         if loaded:
-            _with_load(precompile)
+            from noisy_neighbour import competing_load  # this folder is on sys.path (main)
+
+            with competing_load():
+                precompile()
         else:
             precompile()
     if settle:

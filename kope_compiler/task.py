@@ -192,9 +192,10 @@ def make_task(nodes: fx.Node | list[fx.Node], target_key: str, decomposed: bool 
     through its decomposition, as one function; its eager call stays the node's own."""
     group = nodes if isinstance(nodes, list) else [nodes]
     inputs, call, in_specs, out_specs = group_signature(group)
+    label = label_for(call, in_specs)
     request = ImportRequest(call, in_specs, input_strides(inputs), decomposed)
-    payload = reference_lowering(request, out_specs, label_for(call, in_specs))
-    spec = TaskSpec(label_for(call, in_specs), in_specs, out_specs, call)
+    payload = reference_lowering(request, out_specs, label)
+    spec = TaskSpec(label, in_specs, out_specs, call)
     return Task(
         group, inputs, spec, payload, task_key(payload, target_key), workload_digest(payload)
     )

@@ -583,6 +583,12 @@ def test_the_check_sees_the_inputs_each_compiled_kernel_gets(tmp_path: Path) -> 
         assert [c.kernel for c in calls] == before
 
 
+def _timing(us: float, clean: bool) -> Timing:
+    """A given figure of `us`, clean or contaminated (3 of 15 rounds clean)."""
+    quality = TIMING_CLEAN if clean else "contaminated"
+    return Timing(us, 1.0, 15, 2, rounds=15, clean_rounds=15 if clean else 3, quality=quality)
+
+
 def test_a_search_that_was_not_timed_cleanly_says_so(monkeypatch) -> None:
     """The graph with its kernel timed unclean (a loaded machine), then every step of the
     search: eager runs, the decision is not kept, and the reason says the timing was not
@@ -590,22 +596,18 @@ def test_a_search_that_was_not_timed_cleanly_says_so(monkeypatch) -> None:
     operator's row said it was set aside for an unclean timing. Timings are given."""
     import kope.whole_graph as whole_graph
 
-    def timing(us: float, clean: bool) -> Timing:
-        quality = TIMING_CLEAN if clean else "contaminated"
-        return Timing(us, 1.0, 15, 2, rounds=15, clean_rounds=15 if clean else 3, quality=quality)
-
     graph_us = {"eager": 480.0, "kope": 216.0, "with": 216.0, "without": 480.0}
 
     def measured(fns, config=None, threads=None):
-        return {name: timing(graph_us[name], name == "eager") for name in fns}
+        return {name: _timing(graph_us[name], name == "eager") for name in fns}
 
     monkeypatch.setattr(whole_graph, "measure_interleaved", measured)
     monkeypatch.setattr(
         whole_graph,
         "_head_to_head",
         lambda call, inputs, config, threads: {
-            "kernel": timing(10.0, True),
-            "eager": timing(26.0, True),
+            "kernel": _timing(10.0, True),
+            "eager": _timing(26.0, True),
         },
     )
     x = torch.ones(4)
@@ -629,14 +631,10 @@ def test_a_disturbed_decision_is_reused_until_a_precompile_times_it_cleanly(
     timing never replaces it. Timings are given."""
     import kope.whole_graph as whole_graph
 
-    def timing(us: float, clean: bool) -> Timing:
-        quality = TIMING_CLEAN if clean else "contaminated"
-        return Timing(us, 1.0, 15, 2, rounds=15, clean_rounds=15 if clean else 3, quality=quality)
-
     busy = {"now": True}
 
     def measured(fns, config=None, threads=None):
-        return {name: timing(100.0 if name == "kope" else 300.0, not busy["now"]) for name in fns}
+        return {name: _timing(100.0 if name == "kope" else 300.0, not busy["now"]) for name in fns}
 
     def not_timed(*_: Any, **__: Any) -> Any:
         raise AssertionError("the graph was timed again")
@@ -646,7 +644,7 @@ def test_a_disturbed_decision_is_reused_until_a_precompile_times_it_cleanly(
     store = ExperienceStore(tmp_path / "store")
     machine = {"busy": 1.0}  # what a first call's look at the machine finds
     monkeypatch.setattr(whole_graph, "others_busy_share", lambda: machine["busy"])
-    head_to_head = {"kernel": timing(10.0, True), "eager": timing(26.0, True)}
+    head_to_head = {"kernel": _timing(10.0, True), "eager": _timing(26.0, True)}
     monkeypatch.setattr(whole_graph, "_head_to_head", lambda *_: head_to_head)
 
     def decide() -> GraphDecision:
@@ -688,19 +686,15 @@ def test_a_first_call_on_a_quiet_machine_times_a_disturbed_decision_again(
     Timings are given."""
     import kope.whole_graph as whole_graph
 
-    def timing(us: float, clean: bool) -> Timing:
-        quality = TIMING_CLEAN if clean else "contaminated"
-        return Timing(us, 1.0, 15, 2, rounds=15, clean_rounds=15 if clean else 3, quality=quality)
-
     quiet = {"now": False}
 
     def measured(fns, config=None, threads=None):
-        return {name: timing(100.0 if name == "kope" else 300.0, quiet["now"]) for name in fns}
+        return {name: _timing(100.0 if name == "kope" else 300.0, quiet["now"]) for name in fns}
 
     x = torch.ones(4)
     call = _Call(lambda t: (t,), lambda ins: ins)
     store = ExperienceStore(tmp_path / "store")
-    head_to_head = {"kernel": timing(10.0, True), "eager": timing(26.0, True)}
+    head_to_head = {"kernel": _timing(10.0, True), "eager": _timing(26.0, True)}
     monkeypatch.setattr(whole_graph, "_head_to_head", lambda *_: head_to_head)
     monkeypatch.setattr(whole_graph, "measure_interleaved", measured)
     monkeypatch.setattr(whole_graph, "others_busy_share", lambda: 0.5 if not quiet["now"] else 0.0)
