@@ -9,7 +9,14 @@ One engine, `run_bench`, runs a suite (`kope.suite.load_suite` of a directory, o
 - `context`: `context_acmi` (ACMI packing at the loop's default context budget) against
   `context_passive` (no retrieved experience; every earlier attempt of the operator, kernel
   text and feedback, appended to the prompt: agent-led context construction). Only the LLM
-  agent reads the prompt, so only it differs between these arms.
+  agent reads the prompt, so only it differs between these arms;
+- `prior`: `static` (the heuristic agent's hand-written prior) and `flat` (no prior), each from
+  an empty store for every operator, against `flat_warm` (no prior, starting from a copy of
+  the warm store and carried through the suite): whether experience replaces hand knowledge.
+
+`warm_store`: every arm that carries a store through the suite (`default`, `memory_on`, the
+context arms, `flat_warm`) starts each seed from a copy of it (merged into the arm's empty
+store; the warm store is only read). Arms that start empty per operator never see it.
 
 Fair arms: each seed starts from fresh stores, the two arms of one operator run back to back
 (which goes first alternates), and their winners are then re-timed against eager together in
@@ -68,6 +75,16 @@ ABLATIONS: dict[str | None, tuple[str, str] | tuple[str]] = {
     None: ("default",),
     "memory": ("memory_on", "memory_off"),
     "context": ("context_acmi", "context_passive"),
+    "prior": ("static", "flat", "flat_warm"),
+}
+# Arms that start every operator from an empty store (the cold agent); the others carry one
+# store through the suite, from the warm store where one is given.
+COLD_ARMS = ("memory_off", "static", "flat")
+ARM_AGENT_CONFIG: dict[str, dict[str, Any]] = {
+    "context_passive": {"context": "passive"},
+    "static": {"prior": "static"},
+    "flat": {"prior": "flat"},
+    "flat_warm": {"prior": "flat"},
 }
 FAST_P = (1.0, 1.2)
 # fast_p counts an operator whose running kernel is one of these: KOPE's answer for it.
@@ -92,12 +109,13 @@ class BenchConfig:
     target: Target
     budget: int
     seeds: list[int] = field(default_factory=lambda: [0])
-    ablate: str | None = None  # None | "memory" | "context"
+    ablate: str | None = None  # None | "memory" | "context" | "prior"
     agent: str = "heuristic"
     agent_config: dict[str, Any] = field(default_factory=dict)
     progress: bool = True
     cluster: str | None = None
     report_path: Path | None = None  # rewritten after every operator while the run goes on
+    warm_store: Path | None = None  # the store-carrying arms start from a copy of it
 
     @property
     def arms(self) -> tuple[str, ...]:
@@ -107,12 +125,14 @@ class BenchConfig:
 def run_bench(suite: Suite, config: BenchConfig, work_dir: Path, name: str = "") -> dict[str, Any]:
     """Run `suite` in order, seed by seed and arm by arm; the report (module docstring)."""
     if config.ablate not in ABLATIONS:
-        raise ValueError(f"unknown ablation {config.ablate!r}: use memory or context")
+        raise ValueError(f"unknown ablation {config.ablate!r}: use memory, context or prior")
+    if config.ablate == "prior" and config.warm_store is None:
+        raise ValueError("the prior ablation's flat_warm arm needs a warm store")
     rows: list[dict[str, Any]] = []
     wall: dict[tuple[str, int], float] = {}
     broken: dict[str, str] = {}  # suite entry -> why it could not run
     for seed in config.seeds:
-        stores = {arm: ExperienceStore(work_dir / f"{arm}-seed{seed}") for arm in config.arms}
+        stores = {arm: _arm_store(work_dir, arm, seed, config) for arm in config.arms}
         # A Task met again in a later suite entry (the same linear in two models) counts once,
         # where it first appeared: the arms then compare the same set of Tasks.
         counted: set[str] = set()
@@ -126,7 +146,7 @@ def run_bench(suite: Suite, config: BenchConfig, work_dir: Path, name: str = "")
             used: dict[str, ExperienceStore] = {}
             for arm in order:
                 store = stores[arm]
-                if arm == "memory_off":  # an empty store for every operator
+                if arm in COLD_ARMS:  # an empty store for every operator
                     store = ExperienceStore(work_dir / f"{arm}-seed{seed}" / f"{index:03d}")
                 start = time.monotonic()
                 try:
@@ -207,7 +227,22 @@ def _eager_row(arm: str, seed: int, name: str, report: dict[str, Any]) -> dict[s
 
 
 def _arm_agent_config(arm: str) -> dict[str, Any]:
-    return {"context": "passive"} if arm == "context_passive" else {}
+    return ARM_AGENT_CONFIG.get(arm, {})
+
+
+def _arm_store(work_dir: Path, arm: str, seed: int, config: BenchConfig) -> ExperienceStore:
+    """The store `arm` carries through the suite in `seed`: from a copy of the warm store,
+    where one is given and the arm carries experience (a fresh folder: resuming an earlier
+    bench's store merges nothing new)."""
+    store = ExperienceStore(work_dir / f"{arm}-seed{seed}")
+    if config.warm_store is not None and arm not in COLD_ARMS:
+        from kope.memory.merge import merge_stores
+
+        merged = merge_stores([config.warm_store], store)
+        log.info(
+            "%s seed %d starts from %d records of %s", arm, seed, merged.added, config.warm_store
+        )
+    return store
 
 
 def _row(
@@ -365,6 +400,8 @@ def summarize(
         "budget": config.budget,
         "seeds": list(config.seeds),
         "ablate": config.ablate,
+        "prior": config.agent_config.get("prior", "static"),
+        "warm_store": str(config.warm_store) if config.warm_store else None,
         "pass_rate_means": PASS_RATE,
         "arms": arms,
         "operators": rows,
@@ -482,12 +519,17 @@ def format_bench(report: dict[str, Any]) -> str:
     ]
     for entry, why in (report.get("broken") or {}).items():
         lines.append(f"not run: {entry}: {why}")
-    if len(arms) == 2 and timed:
-        a, b = (report["arms"][arm]["geomean_speedup_vs_eager"] for arm in arms)
-        if a and b:
-            lines.append(f"{arms[0]} / {arms[1]} geomean speedup: {a / b:.2f}x")
-        ta, tb = (report["arms"][arm]["prompt_tokens"] for arm in arms)
-        if ta and tb:
+    if len(arms) > 1 and timed:
+        # Each arm against the last (memory_off, context_passive) or, in the prior ablation,
+        # against the static prior: what the ablation asks.
+        base = "static" if "static" in arms else arms[-1]
+        b = report["arms"][base]["geomean_speedup_vs_eager"]
+        for arm in arms:
+            a = report["arms"][arm]["geomean_speedup_vs_eager"]
+            if arm != base and a and b:
+                lines.append(f"{arm} / {base} geomean speedup: {a / b:.2f}x")
+        ta, tb = (report["arms"][arm]["prompt_tokens"] for arm in arms[:2])
+        if len(arms) == 2 and ta and tb:
             lines.append(f"{arms[1]} / {arms[0]} prompt tokens: {tb / ta:.1f}x")
     return "\n".join(lines)
 

@@ -33,6 +33,8 @@ _OPTION_HELP = {
     "timeout_s": "limit in seconds for building, verifying and timing one candidate",
     "agent": "heuristic (offline) or llm (an OpenAI-compatible endpoint)",
     "budget": "attempts per operator",
+    "prior": "the heuristic agent's hand-written ranking of candidates: static (it breaks ties "
+    "where the experience store has no evidence) or flat (none: experience alone)",
 }
 
 
@@ -467,7 +469,7 @@ def _add_precompile(sub: Any) -> None:
         "that reproduces it.",
     )
     _add_model(p)
-    for name in ("target", "agent", "budget"):
+    for name in ("target", "agent", "budget", "prior"):
         _add_option(p, name)
     p.add_argument("--wall-s", type=positive(float), help="wall-clock limit per operator, seconds")
     p.add_argument("--tokens", type=positive(int), help="LLM token limit per operator")
@@ -509,10 +511,14 @@ def _add_bench(sub: Any) -> None:
         "the best kernel, wall time. The suite is a directory of files each defining Model, "
         "get_inputs and get_init_inputs (--suite DIR; benchmarks/suite in the repository), or "
         "a built-in one: 'suite' (kope.suite.OPSET) or 'ablation' (kope.suite.SEQUENCE with "
-        "--ablate memory). --ablate runs two arms side by side at identical inputs and budgets "
+        "--ablate memory). --ablate runs arms side by side at identical inputs and budgets "
         "(memory: one store through the suite vs an empty store per operator; context: ACMI "
-        "vs every earlier attempt replayed in the prompt, for --agent llm), each operator's "
-        "arms back to back and their winners re-timed together in one round. "
+        "vs every earlier attempt replayed in the prompt, for --agent llm; prior: the static "
+        "prior and the flat prior, each from an empty store per operator, against the flat "
+        "prior starting from a copy of --warm-store and carried through the suite), each "
+        "operator's arms back to back and their winners re-timed together in one round. "
+        "--warm-store DIR starts every arm that carries a store through the suite from a copy "
+        "of DIR (DIR is only read). "
         f"Pass rate is {PASS_RATE}.",
     )
     p.add_argument(
@@ -524,9 +530,15 @@ def _add_bench(sub: Any) -> None:
     )
     p.add_argument("--suite", metavar="DIR", help="a directory of suite files (Model, get_inputs)")
     p.add_argument(
-        "--ablate", choices=["memory", "context"], help="two arms side by side (see above)"
+        "--ablate", choices=["memory", "context", "prior"], help="arms side by side (see above)"
     )
-    for name in ("target", "agent"):
+    p.add_argument(
+        "--warm-store",
+        metavar="DIR",
+        help="an experience store each store-carrying arm starts from a copy of (only read; "
+        "required by --ablate prior)",
+    )
+    for name in ("target", "agent", "prior"):
         _add_option(p, name)
     p.add_argument(
         "--budget",
@@ -543,8 +555,11 @@ def _add_bench(sub: Any) -> None:
     )
     p.add_argument(
         "--flat-prior",
-        action="store_true",
-        help="give the heuristic agent a flat prior, to see what memory adds alone",
+        dest="prior",
+        action="store_const",
+        const="flat",
+        default=_default("prior"),
+        help="the same as --prior flat",
     )
     p.add_argument(
         "--store",
@@ -599,7 +614,14 @@ def _bench_command(args: argparse.Namespace) -> int:
                 f"{', '.join(suite)}"
             )
         suite = {n: f for n, f in suite.items() if n in wanted}  # the suite's fixed order
-    check_options({"target": args.target, "agent": args.agent, "timeout_s": args.timeout_s})
+    check_options(
+        {
+            "target": args.target,
+            "agent": args.agent,
+            "timeout_s": args.timeout_s,
+            "prior": "static" if ablate == "prior" else args.prior,
+        }
+    )
     _check_output(args.report)
     if args.plot:
         from kope.plots import require_matplotlib
@@ -612,14 +634,18 @@ def _bench_command(args: argparse.Namespace) -> int:
             "--ablate context compares what the LLM agent is sent under ACMI and passive "
             "context; the heuristic agent reads no prompt: add --agent llm"
         )
-    if args.flat_prior and args.agent != "heuristic":
+    if ablate == "prior" and args.agent != "heuristic":
         raise KopeError(
-            "--flat-prior flattens the heuristic agent's prior; the llm agent has none: "
-            "leave it out, or use --agent heuristic"
+            "--ablate prior compares the heuristic agent's priors; the llm agent has none: "
+            "use --agent heuristic"
         )
-    agent_config: dict[str, Any] = {}
-    if args.flat_prior:
-        agent_config["prior_weight"] = 0.0
+    if ablate == "prior" and not args.warm_store:
+        raise KopeError(
+            "--ablate prior needs --warm-store DIR: its flat_warm arm starts from a copy of that "
+            "store (gather one with kope precompile FILE --prior flat --store DIR)"
+        )
+    warm_store = _warm_store(args.warm_store) if args.warm_store else None
+    agent_config: dict[str, Any] = {"prior": args.prior}
     if args.agent == "llm":
         agent_config.update(base_url=args.llm_base_url, model=args.llm_model)
     seeds = args.seeds or ([0, 1, 2] if ablate else [0])
@@ -633,6 +659,7 @@ def _bench_command(args: argparse.Namespace) -> int:
         agent_config=agent_config,
         cluster=args.cluster,
         report_path=Path(args.report) if args.report else None,
+        warm_store=warm_store,
     )
     work = Path(args.store) if args.store else bench.scratch_dir("kope-bench-")
     if args.store and any(work.glob("*-seed*")):
@@ -666,6 +693,17 @@ def _bench_command(args: argparse.Namespace) -> int:
     return failed
 
 
+def _warm_store(given: str) -> Path:
+    """`--warm-store DIR`, checked to hold an experience store before any arm runs."""
+    from kope.memory.merge import MergeError, check_sources
+
+    try:
+        (path,) = check_sources([Path(given)], Path(given).expanduser() / "none")
+    except MergeError as err:
+        raise KopeError(f"--warm-store: {err}") from None
+    return path
+
+
 def _precompile_command(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -682,6 +720,7 @@ def _precompile_command(args: argparse.Namespace) -> int:
             "target": args.target,
             "agent": args.agent,
             "budget": args.budget,
+            "prior": args.prior,
             "workers": args.workers,
             "timeout_s": args.timeout_s,
         }
@@ -690,9 +729,9 @@ def _precompile_command(args: argparse.Namespace) -> int:
     model, inputs = load_model(args.model)
     store = store_at(Path(args.store) if args.store else kope_home())
     target = target_for(args.target, max(1, args.workers), args.timeout_s)
-    agent_config: dict[str, Any] = {}
+    agent_config: dict[str, Any] = {"prior": args.prior}
     if args.agent == "llm":
-        agent_config = {"base_url": args.llm_base_url, "model": args.llm_model}
+        agent_config.update(base_url=args.llm_base_url, model=args.llm_model)
     budget = Budget(attempts=args.budget, wall_s=args.wall_s, tokens=args.tokens)
     try:
         report = precompile(

@@ -335,7 +335,7 @@ def _optimize_unseen(
             store.refresh()
             if any(a.source == SOURCE_AGENT for a in store.attempts(task.key)):
                 continue
-            agent = agent or make_agent(options.agent)
+            agent = agent or make_agent(options.agent, prior=options.prior)
             summary = optimize_task(
                 task, target, store, agent, Budget(attempts=options.budget), events=events
             )

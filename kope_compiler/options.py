@@ -15,6 +15,7 @@ from kope.errors import OptionError
 from kope.vocabulary.home import kope_home
 
 KERNEL_POLICIES = ("auto", "reference", "eager")
+PRIORS = ("static", "flat")
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,10 @@ class Options:
     """The agent for `optimize`: `heuristic` (offline) or `llm` (OpenAI-compatible endpoint)."""
     budget: int = 16
     """Attempts per operator when optimizing."""
+    prior: str = "static"
+    """What the heuristic agent knows before any experience: `static`, its hand-written
+    ranking of candidates, which breaks ties where the experience graph has no evidence;
+    `flat`, none (the search learns the machine from the store alone)."""
 
     @property
     def store_path(self) -> Path:
@@ -101,7 +106,7 @@ class Options:
             raise OptionError(f"option fuse={self.fuse!r} must be True or False")
         if not isinstance(self.optimize, bool):
             raise OptionError(f"option optimize={self.optimize!r} must be True or False")
-        from kope.agents import agent_names
+        from kope.agents import agent_class, agent_names
 
         if self.agent not in agent_names():
             raise OptionError(
@@ -110,6 +115,15 @@ class Options:
             )
         if not isinstance(self.budget, int) or isinstance(self.budget, bool) or self.budget < 1:
             raise OptionError(f"option budget={self.budget!r} must be an integer >= 1")
+        if self.prior not in PRIORS:
+            raise OptionError(
+                f"option prior={self.prior!r} is not valid; choose one of: {', '.join(PRIORS)}"
+            )
+        if self.prior != "static" and not agent_class(self.agent).has_prior:
+            raise OptionError(
+                f"option prior={self.prior!r}: the {self.agent} agent has no hand-written prior "
+                "to flatten; leave prior out, or use agent='heuristic'"
+            )
 
 
 def check_options(given: Mapping[str, Any] | None) -> Options:

@@ -11,6 +11,7 @@ import torch
 from kope.agents.base import Feedback, ProposalRequest
 from kope.bench import BenchConfig, run_bench, summarize
 from kope.cli import main
+from kope.memory.store import ExperienceStore
 from kope.optimize import task_view
 from kope.precompile import trace_tasks
 from kope.suite import load_suite
@@ -266,3 +267,30 @@ def test_a_joint_re_timing_puts_identical_kernels_alike_against_eager_and_the_re
     assert disturbed["a"] == {**rows()["a"], "speedup_vs_eager_own_run": 2.0,
                               "speedup_vs_reference_own_run": 1.82,
                               "retimed_quality": TIMING_CONTAMINATED}  # fmt: skip
+
+
+def test_prior_ablation_starts_flat_warm_from_a_copy_of_the_warm_store(tmp_path: Path) -> None:
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "001_relu_wide.py").write_text(RELU.replace("16, 40", "24, 64"))
+    warm = tmp_path / "warm"
+    model = tmp_path / "relu.py"
+    model.write_text(RELU)
+    argv = ["precompile", str(model), "--prior", "flat", "--budget", "1", "--store", str(warm)]
+    assert main(argv) == 0
+    before = {p.name: p.read_bytes() for p in warm.rglob("*") if p.is_file()}
+    report_path = tmp_path / "report.json"
+    argv = ["bench", "--suite", str(suite), "--ablate", "prior", "--warm-store", str(warm)]
+    argv += ["--budget", "1", "--seeds", "0", "--store", str(tmp_path / "stores")]
+    assert main([*argv, "--report", str(report_path)]) == 0
+    report = json.loads(report_path.read_text())
+    assert set(report["arms"]) == {"static", "flat", "flat_warm"}
+    assert report["warm_store"] == str(warm)
+    rows = {r["arm"]: r for r in report["operators"]}
+    warm_keys = {t.key for t in ExperienceStore(warm).tasks()}
+    for arm, row in rows.items():
+        keys = {t.key for t in ExperienceStore(Path(row["store"])).tasks()}
+        # Only flat_warm starts from the warm store; the cold arms from an empty one each.
+        assert (warm_keys <= keys) == (arm == "flat_warm"), arm
+    # The warm store was only read.
+    assert {p.name: p.read_bytes() for p in warm.rglob("*") if p.is_file()} == before

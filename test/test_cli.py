@@ -287,7 +287,11 @@ def test_output_paths_and_input_files_that_cannot_serve_are_said_in_one_line(
     assert main(["bench", "suite", "--budget", "1", "--plot", str(a_file)]) == 2
     assert "is a file: give a folder" in capsys.readouterr().err
     assert main(["bench", "suite", "--agent", "llm", "--flat-prior"]) == 2
-    assert "the llm agent has none" in capsys.readouterr().err
+    assert "the llm agent has no hand-written prior" in capsys.readouterr().err
+    assert main(["bench", "suite", "--ablate", "prior"]) == 2
+    assert "--ablate prior needs --warm-store DIR" in capsys.readouterr().err
+    assert main(["bench", "suite", "--ablate", "prior", "--warm-store", str(tmp_path)]) == 2
+    assert "is not an experience store" in capsys.readouterr().err
     binary = tmp_path / "binary.mlir"
     binary.write_bytes(b"\xff\xfe\x00junk")
     assert kope_opt(["--kope-outline-operators", str(binary)]) == 1

@@ -67,6 +67,11 @@ def test_check_options_fails_fast_with_the_backends_error() -> None:
     assert "'fusion'" in str(err.value) and "fuse" in str(err.value)
     with pytest.raises(OptionError, match="kernels='nope'"):
         kope.check_options({"kernels": "nope"})
+    assert kope.check_options({"prior": "flat"}).prior == "flat"
+    with pytest.raises(OptionError, match="prior='uniform' is not valid"):
+        kope.check_options({"prior": "uniform"})
+    with pytest.raises(OptionError, match="the llm agent has no hand-written prior"):
+        kope.check_options({"agent": "llm", "prior": "flat"})
 
 
 README = Path(__file__).resolve().parents[1] / "README.md"

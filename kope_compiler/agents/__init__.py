@@ -29,8 +29,11 @@ def agent_class(name: str) -> type[Agent]:
     return cls
 
 
-def make_agent(name: str, **config: Any) -> Agent:
-    return agent_class(name)(**config)
+def make_agent(name: str, prior: str = "static", **config: Any) -> Agent:
+    """Agent `name` configured by `config`; `prior` reaches only agents that have one (the
+    options' validation refuses a flat prior for those that do not)."""
+    cls = agent_class(name)
+    return cls(prior=prior, **config) if cls.has_prior else cls(**config)
 
 
 __all__ = [

@@ -115,6 +115,8 @@ class Agent(ABC):
     """Proposes kernels for one operator at a time."""
 
     name: ClassVar[str]
+    # Whether the agent takes `prior=` ("static" | "flat"): a hand-written ranking to flatten.
+    has_prior: ClassVar[bool] = False
 
     @abstractmethod
     def propose(self, request: ProposalRequest) -> Proposal | Rejected | None:

@@ -517,11 +517,18 @@ class HeuristicAgent(Agent):
     """Schedules from a searched grid, ordered by a prior and by experience."""
 
     name = "heuristic"
+    has_prior = True
 
-    def __init__(self, seed: int = 0, jitter: float = 0.3, prior_weight: float = 1.0, **_: Any):
+    def __init__(self, seed: int = 0, jitter: float = 0.3, prior: str = "static", **_: Any):
+        from kope.options import PRIORS
+
+        if prior not in PRIORS:
+            raise ValueError(f"prior={prior!r} is not one of {', '.join(PRIORS)}")
         self.seed = seed
         self.jitter = jitter  # seeded noise on the prior: different seeds explore differently
-        self.prior_weight = prior_weight  # 0: a flat prior (what memory adds on its own)
+        self.prior = prior
+        # flat: no hand-written ranking at all (what experience finds on its own)
+        self.prior_weight = 1.0 if prior == "static" else 0.0
         self._prepared: dict[tuple[str, bool, bool], str] = {}
         self._transferred: str | None = None  # the attempt the last choice reuses
 
