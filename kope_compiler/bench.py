@@ -71,7 +71,7 @@ log = logging.getLogger("kope.bench")
 
 Suite = dict[str, Callable[[], Example]]
 
-ABLATIONS: dict[str | None, tuple[str, str] | tuple[str]] = {
+ABLATIONS: dict[str | None, tuple[str, ...]] = {
     None: ("default",),
     "memory": ("memory_on", "memory_off"),
     "context": ("context_acmi", "context_passive"),
@@ -100,6 +100,7 @@ METRICS = (
     "prompt_tokens",
     "completion_tokens",
     "attempts_to_90",
+    "attempts",
     "wall_s",
 )
 
@@ -426,6 +427,8 @@ def _figures(
         "completion_tokens": float(sum(r["tokens_out"] for r in rows)),
         "tokens": float(sum(r["tokens_in"] + r["tokens_out"] for r in rows)),
         "attempts_to_90": statistics.mean(needed) if needed else None,
+        # Agent attempts per operator: fewer than the budget where the search stopped early.
+        "attempts": statistics.mean(r["attempts"] for r in rows) if rows else None,
         "wall_s": wall_s,
     }
     for p in FAST_P:
@@ -502,7 +505,7 @@ def format_bench(report: dict[str, Any]) -> str:
     header = ("arm", "pass rate", "vs eager", "vs reference", "fast_1.0", "fast_1.2")
     lines += table_lines(
         [
-            (*header, "tokens (prompt/completion)", "attempts to 90%", "wall s"),
+            (*header, "tokens (prompt/completion)", "attempts to 90%", "attempts", "wall s"),
             *(_arm_line(a, report["arms"][a]) for a in arms),
         ]
     )
@@ -567,6 +570,7 @@ def _arm_line(arm: str, m: dict[str, Any]) -> tuple[str, ...]:
         cell("fast_1.2", pct),
         f"{prompt + completion:.0f} ({prompt:.0f}/{completion:.0f})",
         cell("attempts_to_90", lambda v: f"{v:.2f}"),
+        cell("attempts", lambda v: f"{v:.2f}"),
         cell("wall_s", lambda v: f"{v:.0f}"),
     )
 

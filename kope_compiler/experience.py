@@ -15,6 +15,8 @@ import logging
 import math
 from collections import OrderedDict
 
+import numpy as np
+
 from kope.agents.base import Experience
 from kope.agents.schedules import principal_op, work
 from kope.memory import retrieve
@@ -22,10 +24,80 @@ from kope.memory.schema import AttemptRecord, TaskRecord
 from kope.memory.similarity import Features, distance, features
 from kope.memory.store import ExperienceStore
 from kope.passes.analysis import analyze
+from kope.vocabulary.evidence import TIMING_CONTAMINATED
 
 log = logging.getLogger("kope.experience")
 
 ATTEMPT_KINDS = ("best", "attempt", "failure")
+
+
+# The nearest tasks whose measured attempts train the heuristic agent's cost model: the store
+# as MetaSchedule's database of measured records, not ACMI's token-budgeted pick. Enough for
+# a suite's worth of operators of one target; a store of a million attempts stays cheap.
+EVIDENCE_TASKS = 256
+
+
+def measured_evidence(store: ExperienceStore, key: str) -> list[Experience]:
+    """Every recorded attempt with a configuration of the `EVIDENCE_TASKS` tasks nearest to
+    task `key` (itself excluded: the agent's history holds its own), with the similarity
+    ACMI's retrieval computes: what a learned cost model trains on."""
+    from kope.memory.similarity import distances
+
+    task = store.task(key)
+    if task is None:
+        return []
+    mine = _features(task)
+    table = store.task_table()
+    if not len(table["row"]):
+        return []
+    dist = distances(mine, store.codes_for(mine), table)
+    # Every family: a kernel family (rows, contraction) spans several op families.
+    order = np.argsort(dist, kind="stable")[:EVIDENCE_TASKS]
+    items: list[Experience] = []
+    for index in order:
+        row = int(table["row"][index])
+        other = store.record_at(row)
+        if not isinstance(other, TaskRecord) or other.key == key:
+            continue
+        similarity = math.exp(-float(dist[index]) / 2)
+        loops = _loops(store, other.payload)
+        same_target = _features(other).target == mine.target
+        for attempt_row in store.attempt_rows(row):
+            attempt = store.record_at(attempt_row)
+            if not isinstance(attempt, AttemptRecord) or not attempt.config or attempt.confirms:
+                continue  # no configuration to learn from, or a re-measure of one
+            if attempt.speedup_vs_eager and attempt.timing_quality == TIMING_CONTAMINATED:
+                continue  # a figure the machine's load disturbed teaches the wrong speed
+            items.append(_experience(attempt, other, similarity, loops, same_target))
+    return items
+
+
+def _experience(
+    attempt: AttemptRecord,
+    task: TaskRecord,
+    similarity: float,
+    loops: tuple[tuple[int, ...], int, int],
+    same_target: bool = True,
+) -> Experience:
+    return Experience(
+        attempt_id=attempt.id,
+        task_key=task.key,
+        task_label=task.label,
+        task_op=task.op,
+        shapes=tuple(tuple(s) for s, _ in task.inputs),
+        similarity=similarity,
+        decision=attempt.decision,
+        config=attempt.config,
+        verdict=attempt.verdict,
+        speedup_vs_eager=attempt.speedup_vs_eager,
+        speedup_vs_reference=attempt.speedup_vs_reference,
+        error=(attempt.error or "").strip().splitlines()[0][:200] if attempt.error else None,
+        outputs=tuple(tuple(s) for s, _ in task.outputs),
+        loop_ranges=loops[0],
+        linalg_ops=loops[1],
+        work=loops[2],
+        same_target=same_target,
+    )
 
 
 def retrieve_experience(
@@ -45,29 +117,8 @@ def retrieve_experience(
         other = store.task(item.task)
         if not isinstance(attempt, AttemptRecord) or other is None:
             continue
-        loops = _loops(store, other.payload)
-        items.append(
-            Experience(
-                attempt_id=attempt.id,
-                task_key=other.key,
-                task_label=other.label,
-                task_op=other.op,
-                shapes=tuple(tuple(s) for s, _ in other.inputs),
-                similarity=math.exp(-distance(mine, _features(other)) / 2),
-                decision=attempt.decision,
-                config=attempt.config,
-                verdict=attempt.verdict,
-                speedup_vs_eager=attempt.speedup_vs_eager,
-                speedup_vs_reference=attempt.speedup_vs_reference,
-                error=(attempt.error or "").strip().splitlines()[0][:200]
-                if attempt.error
-                else None,
-                outputs=tuple(tuple(s) for s, _ in other.outputs),
-                loop_ranges=loops[0],
-                linalg_ops=loops[1],
-                work=loops[2],
-            )
-        )
+        similarity = math.exp(-distance(mine, _features(other)) / 2)
+        items.append(_experience(attempt, other, similarity, _loops(store, other.payload)))
     return items, context.text
 
 

@@ -230,6 +230,9 @@ def import_results(
             ),
             None,
         )
+        # The interpreted attempt's configuration, so that the device's figure trains the
+        # learning search's cost model for this device like any timed attempt.
+        origin = store.record(kernel_entry["attempt"])
         event = AttemptEvaluated(
             key,
             "agent",
@@ -239,6 +242,7 @@ def import_results(
             agent="pack",
             transferred_from=kernel_entry["attempt"],
             confirms=earlier.id if earlier is not None else None,
+            config=getattr(origin, "config", None),
         )
         recorded.append(announce(events, event, store))
     return recorded

@@ -149,8 +149,10 @@ def optimize_task(
     tokens = 0
     start = time.monotonic()
     stopped = "budget spent"
-    from kope.experience import retrieve_experience
+    from kope.experience import measured_evidence, retrieve_experience
 
+    # Other operators' records change only between operators: read once per operator.
+    evidence = measured_evidence(store, task.key)
     for index in range(len(history), budget.attempts):
         if budget.wall_s is not None and time.monotonic() - start >= budget.wall_s:
             stopped = "wall time spent"
@@ -160,7 +162,7 @@ def optimize_task(
             break
         experience, context = retrieve_experience(store, task.key, budget.context_tokens)
         request = ProposalRequest(
-            view, experience, context, list(history), budget.attempts - index, seed
+            view, experience, context, list(history), budget.attempts - index, seed, evidence
         )
         try:
             proposal = agent.propose(request)
@@ -179,7 +181,9 @@ def optimize_task(
         if proposal is None:
             # The heuristic agent returns None when every candidate it knows for the
             # operator has been tried, or it knows none (an op its schedules do not fit).
-            stopped = "no more candidates from the agent" if index else "the agent had none"
+            stopped = agent.stop_reason or (
+                "no more candidates from the agent" if index else "the agent had none"
+            )
             break
         tokens += proposal.tokens_in + proposal.tokens_out
         attempt = _attempt(task, target, store, events, agent, proposal, seed + index + 1)

@@ -11,8 +11,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from kope.agents import make_agent
 from kope.agents.base import Experience, Feedback, ProposalRequest
-from kope.agents.heuristic import HeuristicAgent, candidate_space, learn
+from kope.agents.heuristic import HeuristicAgent, candidate_space
 from kope.agents.schedules import attach, config_key, render
+from kope.agents.search import learn
 from kope.memory.schema import REFINES
 from kope.memory.store import ExperienceStore
 from kope.optimize import Budget, optimize_task, task_view

@@ -79,6 +79,7 @@ def test_figures_follow_their_definitions() -> None:
     assert off["attempts_to_90"] == pytest.approx((3 + 4) / 2)
     assert on["prompt_tokens"] == 300 and on["tokens"] == 330
     assert off["wall_s"] == 7.0 and report["ablate"] == "memory"
+    assert on["attempts"] == pytest.approx(4 / 3) and off["attempts"] == pytest.approx(7 / 3)
 
 
 def test_memory_ablation_on_a_suite_directory(tmp_path: Path) -> None:

@@ -17,16 +17,10 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from kope.agents import cost_model
 from kope.agents.base import Experience, Feedback, ProposalRequest, TaskView
 from kope.agents.cost_model import CostModel, Row, Workload
-from kope.agents.heuristic import (
-    WIDENED,
-    HeuristicAgent,
-    MemoryAdvice,
-    Scorer,
-    candidate_space,
-    schedule_space,
-)
+from kope.agents.heuristic import HeuristicAgent, candidate_space, schedule_space
 from kope.agents.schedules import Config, config_key
-from kope.experience import retrieve_experience
+from kope.agents.search import WIDENED, MemoryAdvice, Scorer, Search, Space, evolve
+from kope.experience import measured_evidence, retrieve_experience
 from kope.memory.schema import AttemptRecord, TaskRecord
 from kope.memory.store import ExperienceStore
 from kope.optimize import task_view
@@ -136,8 +130,8 @@ def test_rows_come_from_timed_attempts_of_the_family_weighted_by_similarity() ->
 def test_too_little_evidence_fits_no_model() -> None:
     few = [Row(_workload(s, s, s), _matmul(2), 2.0, 1.0) for s in (32, 64, 128)]
     assert cost_model.fit(few) is None
-    unlike = few + [Row(_workload(s, s, s), _matmul(1), 1.0, 0.2**2) for s in (32, 64)]
-    assert cost_model.fit(unlike) is None  # rows of unlike operators do not count
+    unlike = [Row(_workload(s, s, s), _matmul(1), 1.0, 0.2**2) for s in (32, 48, 64, 96, 128)]
+    assert cost_model.fit(unlike) is None  # many rows of unlike operators weigh too little
     model = cost_model.fit(few + [Row(_workload(256, 256, 256), _matmul(1), 1.0, 1.0)])
     assert model is not None and model.blend == 0.0  # no operator's ranking to check it on
 
@@ -343,3 +337,117 @@ def test_retrieved_attempts_carry_their_operators_loops(tmp_path: Path) -> None:
     workload = cost_model.task_workload(here, analyze(prepare_payload(here.payload)))
     assert workload == Workload((64, 64, 40), 2, 64 * 40 + 40 * 64, 64 * 64)
     assert cost_model.experience_workload(items[0]).loops == (48, 64, 40)
+
+
+# -- the search that learns ---------------------------------------------------------------------
+
+
+def _toy_view() -> TaskView:
+    """An operator of no target's: the search must not care which."""
+    return TaskView("toy-key", "toy.op", "toy", "", (), (), "nowhere", {})
+
+
+def _toy(a: int, b: int = 1) -> Config:
+    return {"family": "toy", "a": a, "b": b}
+
+
+def _toy_record(index: int, config: Config, speedup: float, size: int) -> Experience:
+    """An attempt of a toy operator of loops (size, size) and similarity 0.3: too unlike to
+    reuse a configuration as is, or for its decision values to count."""
+    return Experience(
+        f"r{index}", f"toy{size}", f"toy({size})", "toy.op", ((size, size),), 0.3, "d",
+        config, "verified", speedup, None, outputs=((size, size),), loop_ranges=(size, size),
+    )  # fmt: skip
+
+
+def _planted_toy_evidence() -> list[Experience]:
+    """On four toy operators, `a` decides the speed (1 + a / 4) and `b` does not."""
+    return [
+        _toy_record(16 * i + 2 * a + b, _toy(a, b), 1.0 + a / 4, size)
+        for i, size in enumerate((32, 64, 128, 256))
+        for a in range(1, 9)
+        for b in (1, 2)
+    ]
+
+
+def _toy_space() -> Space:
+    # The static prior prefers small `a`: the opposite of what the evidence shows.
+    return Space([(_toy(a, b), 10.0 - a) for a in range(1, 9) for b in (1, 2)])
+
+
+def _feedback(index: int, config: Config, speedup: float) -> Feedback:
+    return Feedback(f"h{index}", "d", config, "verified", None, 10 / speedup, 10.0, speedup, 1.0)
+
+
+def test_the_search_learns_from_the_stores_evidence_and_knows_no_target() -> None:
+    """With no evidence the static prior decides; with the measured records of similar
+    operators, a flat prior's first attempt is what the evidence shows best, and so is the
+    static prior's: the model decides, the prior breaks ties."""
+    here = Workload((96, 96), 1, 96 * 96, 96 * 96)
+    cold = Search(seed=0).next(_toy_space(), ProposalRequest(_toy_view()), here)
+    assert cold is not None and cold.config["a"] == 1 and cold.why == "highest prior"
+    request = ProposalRequest(_toy_view(), evidence=_planted_toy_evidence())
+    for prior_weight in (0.0, 1.0):
+        warm = Search(seed=0, prior_weight=prior_weight).next(_toy_space(), request, here)
+        assert warm is not None and warm.config["a"] == 8, (prior_weight, warm)
+        assert warm.why == "highest score by the cost model"
+
+
+def test_evolution_mutates_the_elites_where_the_space_renders_them() -> None:
+    """An elite proven elsewhere, off this space's grid, is mutated one decision at a time
+    into the values the space uses; only what the space's generator can render is kept."""
+    space = Space([(_toy(1, 1), 1.0), (_toy(2, 2), 0.0)])
+    elite = [_toy_record(0, _toy(3, 1), 2.0, 64)]
+    excluded = {config_key(c) for c, _ in space.points}
+    assert evolve(space, elite, [], excluded) == []  # renders nothing off its grid
+    space.renders = lambda config: config["a"] != 2
+    mutants = evolve(space, elite, [], excluded)
+    assert sorted(map(config_key, mutants)) == sorted(map(config_key, [_toy(3, 1), _toy(3, 2)]))
+
+
+def test_a_trusted_model_stops_the_search_when_nothing_better_is_expected() -> None:
+    here = Workload((96, 96), 1, 96 * 96, 96 * 96)
+    history = [_feedback(i, _toy(a), 1.0 + a / 4) for i, a in enumerate((8, 7, 6))]
+    search = Search(seed=0, prior_weight=0.0)
+    request = ProposalRequest(_toy_view(), history=history, evidence=_planted_toy_evidence())
+    assert search.next(_toy_space(), request, here) is None
+    assert "expects no remaining candidate" in search.stop_reason
+    # Two verified kernels are not yet enough to stop on.
+    request = ProposalRequest(_toy_view(), history=history[:2], evidence=_planted_toy_evidence())
+    assert search.next(_toy_space(), request, here) is not None and not search.stop_reason
+
+
+def test_measured_evidence_is_every_attempt_of_the_nearest_operators(tmp_path: Path) -> None:
+    """The cost model's rows come from the store's records, not only what ACMI packs under a
+    token budget: every attempt of the nearest operators with a configuration, less figures
+    the machine's load disturbed and re-measures, and never the operator's own."""
+    store = ExperienceStore(tmp_path)
+    views = {"seen": _mm(48, 40, 64), "new": _mm(64, 40, 64)}
+    for name, view in views.items():
+        store.add_task(
+            TaskRecord(
+                view.key, view.op, view.label, name,
+                [[list(s.shape), s.dtype] for s in view.inputs],
+                [[list(s.shape), s.dtype] for s in view.outputs],
+                "cpu", "cpu|test", payload=store.put_artifact(view.payload),
+            )
+        )  # fmt: skip
+    for i in range(30):
+        config = _matmul(1 + i % 2, (8, 16, 1 + i % 3))
+        store.add_attempt(
+            AttemptRecord(
+                views["seen"].key, "agent", "verified", config={**config, "n": i},
+                speedup_vs_eager=1.0 + i / 10, timing_quality="clean",
+            )
+        )  # fmt: skip
+    seen = views["seen"].key
+    store.add_attempt(
+        AttemptRecord(seen, "agent", "verified", config=_matmul(2), speedup_vs_eager=9.0,
+                      timing_quality="contaminated")
+    )  # fmt: skip
+    store.add_attempt(AttemptRecord(views["new"].key, "agent", "verified", config=_matmul(1)))
+    packed, _ = retrieve_experience(store, views["new"].key, 300)
+    evidence = measured_evidence(store, views["new"].key)
+    assert len(packed) < 30 and len(evidence) == 30
+    assert {e.task_key for e in evidence} == {seen} and all(e.same_target for e in evidence)
+    assert all(e.loop_ranges == (48, 64, 40) for e in evidence)

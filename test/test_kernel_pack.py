@@ -75,6 +75,9 @@ def test_a_pack_runs_without_kope_and_its_results_come_back(name: str, tmp_path:
     assert recorded[0].latency_us is None  # the interpreter times nothing
     first = next(a for a in store.attempts(task.key) if a.source == "agent")
     assert recorded[0].transferred_from == first.id
+    # The device's record carries the interpreted attempt's configuration, for the cost model
+    # of that device (an LLM's kernel has none; the heuristic agent's carry theirs).
+    assert recorded[0].config == first.config
 
 
 def test_a_pack_catches_a_kernel_that_is_wrong_on_the_device(tmp_path: Path) -> None:

@@ -33,7 +33,9 @@ def make_agent(name: str, prior: str = "static", **config: Any) -> Agent:
     """Agent `name` configured by `config`; `prior` reaches only agents that have one (the
     options' validation refuses a flat prior for those that do not)."""
     cls = agent_class(name)
-    return cls(prior=prior, **config) if cls.has_prior else cls(**config)
+    if cls.has_prior:
+        config["prior"] = prior
+    return cls(**config)
 
 
 __all__ = [

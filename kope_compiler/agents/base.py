@@ -55,6 +55,7 @@ class Experience:
     loop_ranges: tuple[int, ...] = ()
     linalg_ops: int = 0
     work: int = 0  # the iterations of its payload's largest linalg op (0: unknown)
+    same_target: bool = True  # measured on this target and hardware (a merged store's may not)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,9 @@ class ProposalRequest:
     history: list[Feedback] = field(default_factory=list)
     attempts_left: int = 1
     seed: int = 0
+    # The store's measured records of the nearest operators (`kope.experience.measured_evidence`):
+    # what a learned cost model trains on, beyond what ACMI packs into the context.
+    evidence: list[Experience] = field(default_factory=list)
 
 
 @dataclass
@@ -117,6 +121,9 @@ class Agent(ABC):
     name: ClassVar[str]
     # Whether the agent takes `prior=` ("static" | "flat"): a hand-written ranking to flatten.
     has_prior: ClassVar[bool] = False
+
+    # Why the last `propose` returned None, where the agent says (the report's stop reason).
+    stop_reason: str = ""
 
     @abstractmethod
     def propose(self, request: ProposalRequest) -> Proposal | Rejected | None:

@@ -8,7 +8,12 @@ input and output sizes. Of the configuration: every decision as log2 of its valu
 ones element by element, flags as 0/1), the work per thread, and how each tile fits the loop it
 tiles — tiles per extent and the share a padded last tile wastes, which no tree could derive
 from the logs alone. A row weighs the square of its operator's similarity, as the decision
-values of `kope.agents.heuristic.learn` do; this operator's own attempts weigh 1.
+values of `kope.agents.search.learn` do, and at least `CROSS_OP_WEIGHT` where it was measured
+on this target: ACMI's similarity puts another operator of the same kernel family (a softmax
+beside a layer norm, both rows kernels) too far away to count, but its features say what it
+shares with this one, and the held-out `trust` says whether that transfers. This operator's
+own attempts weigh 1. The rows come from the store's measured records of the nearest
+operators (`kope.experience.measured_evidence`), not only from what ACMI packs into a context.
 
 The regressor is scikit-learn's `GradientBoostingRegressor` (50 trees of depth 3 at a
 learning rate of 0.2, a fixed random_state: deterministic). Leave-one-operator-out on 565
@@ -16,9 +21,9 @@ timed attempts of 90 operators from earlier stores, its first pick reached 0.81-
 held-out operator's best (a random pick: 0.75), as 100 trees at 0.1 did in half the fitting
 time, and as well as a random forest or extra trees, better on shapes unlike any it was
 trained on; histogram boosting's default leaf size (20) learned nothing from that little data.
-Below `MIN_ROWS` rows of similar operators nothing is fitted: the agent then ranks by its
-static prior, as before it learned. Above it, the model's share of the score also scales with
-its `trust`: how well it orders the attempts of operators held out of its fitting.
+Below `MIN_ROWS` rows or `MIN_EVIDENCE` of their weight nothing is fitted: the agent then
+ranks by its static prior, as before it learned. Above it, the model's share of the score
+scales with its `trust`: how well it orders the attempts of operators held out of its fitting.
 """
 
 from __future__ import annotations
@@ -35,10 +40,11 @@ from kope.agents.base import Experience, Feedback, TaskView
 from kope.agents.schedules import Config, principal_op
 from kope.passes.analysis import PayloadInfo
 
-MIN_ROWS = 4  # timed attempts of operators at least MIN_SIMILARITY alike, before a model fits
-MIN_SIMILARITY = 0.5
-HALF_EVIDENCE = 4.0  # summed row weight (one operator's attempts) giving half of MAX_BLEND
-MAX_BLEND = 0.9  # the model's share of the score with plentiful evidence; the prior keeps the rest
+MIN_ROWS = 4  # timed attempts before a model fits
+MIN_EVIDENCE = 1.0  # ... of summed weight: four of an operator half alike, twenty unlike ones
+CROSS_OP_WEIGHT = 0.05  # the least weight of an attempt of the kernel family on this target
+HALF_EVIDENCE = 1.0  # summed row weight (an operator's attempt, twenty unlike ones) for half
+MAX_BLEND = 1.0  # the model's share of the score with plentiful evidence it is shown right on
 TRUST_FOLDS = 4  # held-out groups of operators that measure how far the model ranks right
 RANGE_SLOTS = 7  # loop trip counts kept (a convolution has 7 loops), right-aligned
 # Which decision tiles which loop, per schedule family: (decision, list index or None, loop
@@ -125,6 +131,8 @@ def training_rows(
         if not config or config.get("family") != family:
             continue
         weight = max(0.0, min(1.0, item.similarity)) ** 2
+        if item.same_target:
+            weight = max(weight, CROSS_OP_WEIGHT)
         if weight > 1e-3:
             rows.append(Row(experience_workload(item), config, item.speedup_vs_eager, weight))
     return rows
@@ -203,7 +211,8 @@ class CostModel:
     @property
     def blend(self) -> float:
         """The model's share of a configuration's score: it grows with the evidence and with
-        how well the model ranked the attempts of operators it was not fitted on."""
+        how well the model ranked the attempts of operators it was not fitted on. Shown right
+        on plenty, it decides alone, and the prior only breaks its ties (`search.Scorer`)."""
         return MAX_BLEND * self.trust * self.evidence / (self.evidence + HALF_EVIDENCE)
 
     def predict(self, workload: Workload, configs: Sequence[Config]) -> list[float]:
@@ -259,6 +268,6 @@ def _held_out_concordance(x: np.ndarray, y: np.ndarray, rows: list[Row]) -> floa
 
 
 def fit(rows: list[Row]) -> CostModel | None:
-    """A model of these rows, or None while too few come from similar operators."""
-    similar = sum(1 for row in rows if row.weight >= MIN_SIMILARITY**2)
-    return CostModel(rows) if similar >= MIN_ROWS else None
+    """A model of these rows, or None while they are too few or weigh too little."""
+    enough = len(rows) >= MIN_ROWS and sum(row.weight for row in rows) >= MIN_EVIDENCE
+    return CostModel(rows) if enough else None

@@ -2,60 +2,29 @@
 
 For MLIR targets (CPU) it writes transform-dialect schedules (`kope.agents.schedules`) for
 the operator's linalg payload; for Triton targets (CUDA, Ascend) it writes Triton kernels
-translated from that payload (`kope.agents.triton_kernels`). It searches either space with
-this policy:
-
-1. Candidates: a grid per kernel family (threads, cache and register tiles, k-unroll, rows per
-   step, vector length, polynomial math), ordered by a static prior (a crude cost model: use
-   every core on big work, keep 16 accumulators in vector registers, vectorize math). A core
-   grid is widened by more tile, unroll, row and vector choices; until a cost model is fitted
-   a widened point ranks below every core point (`WIDENED`), so with no experience the search
-   is the core grid's, in the prior's order, and the widened points follow it; once a cost
-   model is fitted, they compete, losing only ties to core points (`UNPROVEN`) except on
-   exploring attempts.
-2. Memory: experience from similar operators reorders the candidates. Once at least
-   `cost_model.MIN_ROWS` timed attempts of operators at least half alike are known (this
-   session's own attempts count), a learned cost model (`kope.agents.cost_model`, gradient-
-   boosted trees fitted on their measured speedups, refitted every attempt) predicts each
-   candidate's log speedup, and the score blends prior and prediction with a weight that
-   grows with the evidence and with how well the model, fitted without some operators,
-   ranks their attempts (`CostModel.trust`). With less, a decision value (e.g. `threads=2`,
-   `register=8x32x1`) that sped up similar operators gains, in proportion to the similarity
-   and the log of the speedup. Either way, a decision value that failed on a similar
-   operator loses, a whole configuration that failed on a very similar operator is not tried
-   again, and a configuration proven on a very similar operator earns a bonus by its gain, so
-   the first attempt reuses it when the evidence outweighs the prior.
-3. Search: after the first verified kernel, it climbs: the next attempt changes one decision
-   of the best kernel so far (the highest-scoring such neighbour; of kernels whose figures tie
-   within noise, the first found); every third attempt explores the best untried
-   configuration instead.
-4. Stopping: when the space is exhausted; when, after four verified attempts, the best kernel
-   is still under 0.3x eager and the last three did not improve it, or after six it is still
-   under 0.5x (eager is already best); or when eight attempts in, the last five improved
-   nothing by 2% (converged). Where nothing is timed (Triton's interpreter, no device), after
-   `UNTIMED_KERNELS` verified kernels: the device ranks them (`kope export`).
+translated from that payload (`kope.agents.triton_kernels`). This module holds the spaces
+of the CPU schedules: a grid per kernel family (threads, cache and register tiles, k-unroll,
+rows per step, vector length, polynomial math), each point with a static prior's score (a
+crude cost model: use every core on big work, keep 16 accumulators in vector registers,
+vectorize math), the core grid widened by more tile, unroll, row and vector choices, and
+`renders`, which configurations off the grid (proven elsewhere, or mutated) a payload can
+take. The search over any space, which learns from the experience store, is
+`kope.agents.search`'s; with `prior="flat"` it searches with no hand-written ranking at all.
+Where nothing is timed (Triton's interpreter, no device) it stops after `UNTIMED_KERNELS`
+verified kernels: the device ranks them (`kope export`).
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import math
-import random
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 from kope.agents import cost_model
-from kope.agents.base import (
-    Agent,
-    Experience,
-    Feedback,
-    Proposal,
-    ProposalRequest,
-    TaskView,
-)
+from kope.agents.base import Agent, Feedback, Proposal, ProposalRequest, TaskView
 from kope.agents.schedules import (
     CONVOLUTIONS,
     DEPTHWISE,
@@ -72,27 +41,19 @@ from kope.agents.schedules import (
     transposing,
     work,
 )
+from kope.agents.search import BIG_WORK, WIDENED, Choice, Search, Space
 from kope.agents.triton_kernels import describe_config as describe_triton
 from kope.agents.triton_kernels import render_triton, triton_space, unsupported_reason
-from kope.memory.store import first_of_the_fastest
 from kope.passes.analysis import CONTRACTIONS, PayloadInfo, analyze, prepare_payload
 from kope.vocabulary.kernels import FORM_MLIR, FORM_TRITON
 
 log = logging.getLogger("kope.agents.heuristic")
 
 APPROXIMABLE = {"math.exp", "math.erf", "math.tanh"}
-BIG_WORK = 1 << 16  # iterations above which threads are expected to pay off
 # Rows operators from half of that on go either way (a 64x768 layer norm: 22.6 us on one
 # thread, 19.2 on two, eager 26.3), so both counts rank alike and both are tried early.
 EITHER_ROWS = BIG_WORK // 2
 FEW_ROWS = 4  # a product of fewer rows than the shortest usual register tile
-# Prior points a widened grid point gives up while nothing is learned: more than the prior's
-# whole span plus the seeded jitter, so that with no experience the core grid is searched
-# first, in its own order. Under a fitted cost model it gives up only UNPROVEN, more than the
-# jitter: where the model cannot tell a widened point from its core twin (a decision no
-# similar operator varied), the core point goes first, except on an exploring attempt.
-WIDENED = 5.0
-UNPROVEN = 0.5
 # Verified Triton kernels per operator where nothing is timed (under Triton's interpreter):
 # more would only verify more variants that no figure ranks.
 UNTIMED_KERNELS = 3
@@ -379,135 +340,46 @@ def schedule_space(
     return space, {key for key, (_, _, wide) in unique.items() if wide}
 
 
-def decisions(config: Config) -> list[tuple[str, str]]:
-    """The decision values of a configuration, e.g. ("threads", "2")."""
-    return [
-        (k, config_key(v) if isinstance(v, list) else str(v))
-        for k, v in sorted(config.items())
-        if k != "family"
-    ]
-
-
-# -- memory ------------------------------------------------------------------------------------
-
-
-@dataclass
-class MemoryAdvice:
-    value: dict[tuple[str, str], float]  # decision value -> score learned from timed attempts
-    penalty: dict[tuple[str, str], float]  # decision value -> score lost to failed attempts
-    banned: set[str]  # configurations that failed on a very similar operator
-    bonus: dict[str, tuple[float, str]]  # config key -> (score bonus, attempt it was proven by)
-
-
-MIN_TRANSFER = 0.85  # similarity below which a configuration is not reused as is
-VALUE_SCALE = 3.0  # weight of learned log speedups against the prior's units
-
-
-def learn(experience: Iterable[Experience], family: str, big: bool | None = None) -> MemoryAdvice:
-    """What experience says about each decision value and each configuration.
-
-    A decision value's learned worth is how much better than average (in log speedup over
-    eager) the attempts that used it did, weighted by the square of their operator's
-    similarity, and scaled by the confidence that weight gives (evidence from unlike
-    operators moves nothing). A configuration proven on an operator at least MIN_TRANSFER
-    similar earns a bonus in proportion to similarity and gain; one that failed on an
-    operator at least 0.8 similar is banned; failures count against their decision values.
-
-    Whether threads pay depends on the work (`BIG_WORK`), so where this operator's work
-    (`big`) is on the other side of it from an attempt's operator, that attempt says nothing
-    of threads and its configuration is not reused as is: one proven on a 128x256 GELU ran
-    on one thread, and reused on a 257x513 one it ran at 0.6x the prior's two-thread pick.
-    """
-    verified: list[tuple[float, float, list[tuple[str, str]]]] = []
-    value: dict[tuple[str, str], float] = {}
-    penalty: dict[tuple[str, str], float] = {}
-    banned: set[str] = set()
-    bonus: dict[str, tuple[float, str]] = {}
-    for item in experience:
-        config = item.config
-        if not config or config.get("family") != family:
-            continue
-        weight = max(0.0, min(1.0, item.similarity)) ** 2
-        if item.verdict == "verified" and not item.speedup_vs_eager:
-            continue  # verified, never timed (interpreted): says nothing of speed, nor failure
-        if item.verdict == "verified" and item.speedup_vs_eager:
-            gain = math.log(max(item.speedup_vs_eager, 1e-3))
-            crossing = big is not None and item.work and (item.work >= BIG_WORK) != big
-            used = [d for d in decisions(config) if not (crossing and d[0] == "threads")]
-            verified.append((weight, gain, used))
-            if item.similarity >= MIN_TRANSFER and gain > 0 and not crossing:
-                key = config_key(config)
-                score = VALUE_SCALE * item.similarity * gain
-                if score > bonus.get(key, (0.0, ""))[0]:
-                    bonus[key] = (score, item.attempt_id)
-        else:
-            for decision in decisions(config):
-                penalty[decision] = penalty.get(decision, 0.0) - 0.5 * weight
-            if item.similarity >= 0.8:
-                banned.add(config_key(config))
-    total = sum(w for w, _, _ in verified)
-    if total > 0:
-        baseline = sum(w * g for w, g, _ in verified) / total
-        sums: dict[tuple[str, str], list[float]] = {}
-        for weight, gain, used in verified:
-            for decision in used:
-                entry = sums.setdefault(decision, [0.0, 0.0])
-                entry[0] += weight * (gain - baseline)
-                entry[1] += weight
-        for decision, (weighted, weights) in sums.items():
-            confidence = weights / (weights + 1.0)
-            value[decision] = VALUE_SCALE * confidence * weighted / weights
-    return MemoryAdvice(value, penalty, banned, bonus)
-
-
-class Scorer:
-    """A candidate's score: its prior and what memory says of it.
-
-    With a fitted cost model, `(1 - b) * prior + b * VALUE_SCALE * predicted log speedup`
-    (b: the model's blend, growing with the evidence), a widened point's less UNPROVEN unless
-    `exploring`; without one, the prior (a widened point's less WIDENED) plus the learned
-    decision values. Failed decision values and the proven-transfer bonus apply to both."""
-
-    def __init__(
-        self,
-        advice: MemoryAdvice,
-        model: cost_model.CostModel | None,
-        here: cost_model.Workload,
-        prior_weight: float,
-        widened: set[str],
-        exploring: bool = False,
-    ):
-        self.advice = advice
-        self.model = model
-        self.here = here
-        self.prior_weight = prior_weight
-        self.widened = widened
-        self.exploring = exploring
-
-    def scores(self, candidates: Sequence[tuple[Config, float]]) -> list[float]:
-        advice = self.advice
-        learned: list[float]
-        if self.model is None:
-            blend = 0.0
-            learned = [
-                sum(advice.value.get(d, 0.0) for d in decisions(config))
-                - (WIDENED if config_key(config) in self.widened else 0.0)
-                for config, _ in candidates
-            ]
-        else:
-            blend = self.model.blend
-            predicted = self.model.predict(self.here, [config for config, _ in candidates])
-            handicap = 0.0 if self.exploring else UNPROVEN
-            learned = [
-                blend * VALUE_SCALE * p - (handicap if config_key(config) in self.widened else 0.0)
-                for p, (config, _) in zip(predicted, candidates, strict=True)
-            ]
-        scores = []
-        for (config, prior), gained in zip(candidates, learned, strict=True):
-            score = (1.0 - blend) * self.prior_weight * prior + gained
-            score += sum(advice.penalty.get(d, 0.0) for d in decisions(config))
-            scores.append(score + advice.bonus.get(config_key(config), (0.0, ""))[0])
-        return scores
+def renders(info: PayloadInfo, capabilities: dict[str, Any], config: Config) -> bool:
+    """Whether `config`, off this payload's grid (proven on another operator, or a mutation
+    of one), renders for it under the rules its family's grid keeps: a packable panel and a
+    k unroll that the product's k takes (contraction), whole row steps (rows), channel and
+    column tiles the convolution holds (conv, depthwise)."""
+    family = config.get("family")
+    threads = int(config.get("threads", 1))
+    if threads not in _threads(capabilities) or not fits(info, config):
+        return False
+    if config.get("approximate_math") and not info.math & APPROXIMABLE:
+        return False  # no tanh, erf or exp to approximate: the exact kernel under another name
+    if config.get("narrow_f64") and not info.wide_f64:
+        return False
+    if family == "contraction":
+        plain = info.plain_matmul
+        register = config.get("register") or [0, 0, 1]
+        return plain is None or k_unroll(plain, register[2]) == register[2]
+    if family == "rows":
+        return info.kind in ("reduction", "elementwise") and not ragged_rows(
+            info, threads, int(config.get("rows", 1))
+        )
+    if family == "conv":
+        conv = info.find(CONVOLUTIONS)
+        if conv is None:
+            return False
+        f_dim, ow_dim, c_dim = conv_dims(conv)
+        f, ow, c = (int(config.get(k, 0)) for k in ("channels", "columns", "inputs"))
+        channels, columns, inputs = conv.ranges[f_dim], conv.ranges[ow_dim], conv.ranges[c_dim]
+        return (
+            0 < f <= channels
+            and 0 < ow <= columns
+            and c > 0
+            and not inputs % c
+            and (not channels % (threads * f))
+        )
+    if family == "depthwise":
+        conv = info.find(DEPTHWISE)
+        f = int(config.get("channels", 0))
+        return conv is not None and 0 < f <= conv.ranges[3] and not conv.ranges[3] % (threads * f)
+    return family == "transpose" and transposing(info)
 
 
 # -- the agent ---------------------------------------------------------------------------------
@@ -525,12 +397,11 @@ class HeuristicAgent(Agent):
         if prior not in PRIORS:
             raise ValueError(f"prior={prior!r} is not one of {', '.join(PRIORS)}")
         self.seed = seed
-        self.jitter = jitter  # seeded noise on the prior: different seeds explore differently
+        self.jitter = jitter
         self.prior = prior
         # flat: no hand-written ranking at all (what experience finds on its own)
-        self.prior_weight = 1.0 if prior == "static" else 0.0
+        self.search = Search(seed, jitter, prior_weight=1.0 if prior == "static" else 0.0)
         self._prepared: dict[tuple[str, bool, bool], str] = {}
-        self._transferred: str | None = None  # the attempt the last choice reuses
 
     def _payload(self, request: ProposalRequest, config: Config | None = None) -> str:
         """The task's payload prepared as `config` asks (polynomial math, f64 narrowed)."""
@@ -553,19 +424,19 @@ class HeuristicAgent(Agent):
 
     def _propose_schedule(self, request: ProposalRequest) -> Proposal | None:
         info = analyze(self._payload(request))
-        space, widened = schedule_space(info, request.task.capabilities)
-        found = self._search(space, request, info, widened)
+        points, widened = schedule_space(info, request.task.capabilities)
+        space = Space(points, widened, partial(renders, info, request.task.capabilities))
+        found = self._search(space, request, info)
         if found is None:
             return None
-        choice, parent, why = found
-        payload = self._payload(request, choice)
-        source = kernel_source(payload, analyze(payload), choice)
+        payload = self._payload(request, found.config)
+        source = kernel_source(payload, analyze(payload), found.config)
         return Proposal(
             source=source,
-            decision=f"{describe(choice)} ({why})",
-            config=choice,
-            parent=parent,
-            transferred_from=self._transferred,
+            decision=f"{describe(found.config)} ({found.why})",
+            config=found.config,
+            parent=found.parent,
+            transferred_from=found.transferred_from,
         )
 
     def _propose_triton(self, request: ProposalRequest) -> Proposal | None:
@@ -585,122 +456,38 @@ class HeuristicAgent(Agent):
         except Exception:  # its loops only sharpen the cost model's features
             log.warning("%s: the payload's loops are unknown to the cost model", task.label)
             info = None
-        found = self._search(space, request, info)
+        # The Triton generator renders only its own points: no configuration off them.
+        found = self._search(Space(space), request, info)
         if found is None:
             return None
-        choice, parent, why = found
         try:
             source = render_triton(
-                task.payload, task.inputs, task.outputs, choice, task.capabilities
+                task.payload, task.inputs, task.outputs, found.config, task.capabilities
             )
         except Exception:
-            log.exception("%s: the Triton kernel generator failed on %s", task.label, choice)
+            log.exception("%s: the Triton kernel generator failed on %s", task.label, found.config)
             return None
         return Proposal(
             source=source,
-            decision=f"{describe_triton(choice)} ({why})",
+            decision=f"{describe_triton(found.config)} ({found.why})",
             form=FORM_TRITON,
-            config=choice,
-            parent=parent,
-            transferred_from=self._transferred,
+            config=found.config,
+            parent=found.parent,
+            transferred_from=found.transferred_from,
         )
 
     def _search(
         self,
-        space: list[tuple[Config, float]],
+        space: Space,
         request: ProposalRequest,
         info: PayloadInfo | None = None,
-        widened: set[str] | None = None,
-    ) -> tuple[Config, str | None, str] | None:
-        """The next configuration of `space` by prior, memory and the session's history: the
-        configuration, the attempt it refines, and why it was chosen; None to stop."""
-        self._transferred = None
-        if not space or _should_stop(request.history):
-            return None
-        family = space[0][0]["family"]
-        big = work(info) >= BIG_WORK if info is not None else None
-        advice = learn(request.experience, family, big)
+    ) -> Choice | None:
+        """The next configuration of `space` (`kope.agents.search`); None to stop."""
         here = cost_model.task_workload(request.task, info)
-        model = cost_model.fit(
-            cost_model.training_rows(request.experience, request.history, here, family)
-        )
-        exploring = _exploring(request.history)
-        scorer = Scorer(advice, model, here, self.prior_weight, widened or set(), exploring)
-        tried = {config_key(f.config) for f in request.history if f.config}
-        rng = random.Random(f"{self.seed}:{request.task.key}")
-        candidates = [
-            (config, prior)
-            for config, prior in space
-            if config_key(config) not in tried and config_key(config) not in advice.banned
-        ]
-        on_grid = {config_key(config) for config, _ in candidates}
-        for key in advice.bonus:  # proven configurations off this grid, with no prior
-            if key not in tried and key not in advice.banned and key not in on_grid:
-                config = json.loads(key)
-                if info is None or fits(info, config):
-                    candidates.append((config, 0.0))
-        scored = [
-            (score + rng.uniform(0.0, self.jitter), config)
-            for score, (config, _) in zip(scorer.scores(candidates), candidates, strict=True)
-        ]
-        choice, parent = self._choose(scored, request)
-        if choice is None:
-            return None
-        self._transferred = advice.bonus.get(config_key(choice), (0.0, None))[1]
-        why = self._why(choice, parent, self._transferred, request, model is not None)
-        return choice, parent, why
-
-    def _choose(
-        self, scored: list[tuple[float, Config]], request: ProposalRequest
-    ) -> tuple[Config | None, str | None]:
-        """The next configuration, and the attempt it refines (if it changes the best one)."""
-        if not scored:
-            return None, None
-        scored.sort(key=lambda s: -s[0])
-        history = request.history
-        if not history:
-            return scored[0][1], None
-        best = _best(history)
-        if best is not None and best.config and not _exploring(history):
-            neighbours = [(s, c) for s, c in scored if _distance(c, best.config) == 1]
-            if neighbours:
-                return neighbours[0][1], best.attempt_id
-        failed = [f for f in history if f.verdict != "verified" and f.config]
-        if failed and best is None:
-            bad = {d for f in failed for d in decisions(f.config or {})}
-            clean = [(s, c) for s, c in scored if not (set(decisions(c)) & bad)]
-            if clean:
-                return clean[0][1], None
-        return scored[0][1], None
-
-    @staticmethod
-    def _why(
-        config: Config,
-        parent: str | None,
-        transferred: str | None,
-        request: ProposalRequest,
-        learned: bool,
-    ) -> str:
-        if transferred:
-            source = next((e for e in request.experience if e.attempt_id == transferred), None)
-            where = source.task_label if source else "a similar operator"
-            return f"best schedule of {where}"
-        if parent:
-            best = next((f for f in request.history if f.attempt_id == parent), None)
-            changed = [
-                k
-                for k, _ in decisions(config)
-                if best and best.config and config.get(k) != best.config.get(k)
-            ]
-            return f"changes {', '.join(changed) or 'nothing'} of the best so far"
-        if request.history:
-            return "exploring"
-        return "highest score by the cost model" if learned else "highest prior"
-
-
-def _exploring(history: list[Feedback]) -> bool:
-    """Whether the next attempt explores (every third) instead of refining the best."""
-    return len(history) % 3 == 2
+        big = work(info) >= BIG_WORK if info is not None else None
+        choice = self.search.next(space, request, here, big)
+        self.stop_reason = self.search.stop_reason
+        return choice
 
 
 def _verified(history: list[Feedback]) -> int:
@@ -710,30 +497,3 @@ def _verified(history: list[Feedback]) -> int:
 def triton_unsupported(task: TaskView) -> str:
     reason = unsupported_reason(task.payload, task.inputs, task.outputs, task.capabilities)
     return reason or "no configuration fits"
-
-
-def _best(history: list[Feedback]) -> Feedback | None:
-    """The attempt the climb refines: the first of those within noise (WIN_MARGIN) of the
-    fastest, so that a tie, which the machine decides, does not send two runs of the same seed
-    down different paths."""
-    verified = [f for f in history if f.verdict == "verified" and f.speedup_vs_eager]
-    return first_of_the_fastest(verified, lambda f: f.speedup_vs_eager or 0.0)
-
-
-def _distance(a: Config, b: Config) -> int:
-    keys = set(a) | set(b)
-    return sum(1 for k in keys if a.get(k) != b.get(k))
-
-
-def _best_speedup(history: list[Feedback]) -> float:
-    return max((f.speedup_vs_eager or 0.0 for f in history if f.verdict == "verified"), default=0.0)
-
-
-def _should_stop(history: list[Feedback]) -> bool:
-    verified = [f for f in history if f.verdict == "verified" and f.speedup_vs_eager]
-    best_now = _best_speedup(history)
-    if len(verified) >= 4 and best_now < 0.3 and best_now <= _best_speedup(history[:-3]) * 1.05:
-        return True
-    if len(verified) >= 6 and best_now < 0.5:
-        return True
-    return len(history) >= 8 and best_now <= _best_speedup(history[:-5]) * 1.02

@@ -1,0 +1,124 @@
+"""Does experience replace hand knowledge? Issue 44's goals on the held-out suite.
+
+    python benchmarks/prior_ablation.py [--warm-store DIR] [--budget 4] [--seeds 0,1,2]
+                                        [--memory] [--report out.json]
+
+1. The warm store: `kope precompile FILE --prior flat --budget 4 --store DIR` over every file
+   of `benchmarks/suite/` (skipped when `--warm-store DIR` already holds a store, so a second
+   run measures against the same experience).
+2. `kope bench --suite benchmarks/heldout --ablate prior --warm-store DIR`: the static prior and
+   the flat prior, each from an empty store per operator, against the flat prior starting
+   from a copy of the warm store (`flat_warm`), on operators the agent was not developed on.
+   Goal: flat_warm >= 0.97x static's geomean speedup over eager.
+3. With `--memory`, also `kope bench --suite benchmarks/heldout --ablate memory --warm-store
+   DIR` (static prior): goal memory_on >= 1.2x memory_off, pass rate not lower.
+4. With `--cost N`, also the memory ablation at budget N (16: the goal's) and one seed: the
+   attempts after which the warm arm's geomean best-so-far (eager where no kernel beats it,
+   by each attempt's own clean figure) reaches the cold arm's after all N; goal <= N / 4.
+
+Run it on a quiet machine (`shared/tools/quiet-check.sh`) with nothing else running: every
+arm's winners are re-timed together, but the search itself reads the figures it measures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from kope.cli import main as kope
+
+HERE = Path(__file__).resolve().parent
+SUITE, HELD_OUT = HERE / "suite", HERE / "heldout"
+GOAL_PRIOR, GOAL_MEMORY = 0.97, 1.2
+
+
+def gather(store: Path, budget: int) -> float:
+    """Precompile every suite file into `store` with the flat prior; the wall time."""
+    start = time.monotonic()
+    for path in sorted(SUITE.glob("[!_]*.py")):
+        argv = ["precompile", str(path), "--prior", "flat", "--budget", str(budget)]
+        if kope([*argv, "--store", str(store)]) != 0:
+            print(f"warm store: {path.name} failed; the store keeps what it recorded")
+    return time.monotonic() - start
+
+
+def bench(ablate: str, warm: Path, budget: int, seeds: str, report: Path) -> dict:
+    argv = ["bench", "--suite", str(HELD_OUT), "--ablate", ablate, "--warm-store", str(warm)]
+    kope([*argv, "--budget", str(budget), "--seeds", seeds, "--report", str(report)])
+    return json.loads(report.read_text())
+
+
+def curve(report: dict, arm: str, budget: int) -> list[float]:
+    """The arm's geomean over operators (and seeds) of the best speedup so far after each
+    attempt: 1.0 where no kernel beats eager yet (eager runs)."""
+    rows = [r for r in report["operators"] if r["arm"] == arm]
+    points = []
+    for i in range(budget):
+        best = []
+        for r in rows:
+            seen = [s for s in r["trajectory"][: i + 1] if s]
+            best.append(max([1.0, *seen]))
+        points.append(math.exp(sum(math.log(b) for b in best) / max(len(best), 1)))
+    return points
+
+
+def ratio(report: dict, arm: str, base: str) -> float:
+    arms = report["arms"]
+    return arms[arm]["geomean_speedup_vs_eager"] / arms[base]["geomean_speedup_vs_eager"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--warm-store", type=Path, help="the warm store (gathered if empty)")
+    parser.add_argument("--budget", type=int, default=4)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--memory", action="store_true", help="also the memory ablation")
+    parser.add_argument("--cost", type=int, metavar="N", help="also the cost at budget N")
+    parser.add_argument("--report", type=Path, default=Path("prior_ablation.json"))
+    args = parser.parse_args()
+    warm = args.warm_store or Path(f"kope-warm-store-b{args.budget}")
+    if not (warm / "experience.log").is_file():
+        took = gather(warm, args.budget)
+        print(f"warm store: {warm}, gathered in {took:.0f} s")
+    figures: dict = {"warm_store": str(warm), "budget": args.budget, "seeds": args.seeds}
+    prior = bench("prior", warm, args.budget, args.seeds, args.report.with_suffix(".prior.json"))
+    figures["flat_warm/static"] = ratio(prior, "flat_warm", "static")
+    figures["flat/static"] = ratio(prior, "flat", "static")
+    figures["arms"] = {a: prior["arms"][a] for a in prior["arms"]}
+    if args.memory:
+        memory = bench(
+            "memory", warm, args.budget, args.seeds, args.report.with_suffix(".memory.json")
+        )
+        figures["memory_on/memory_off"] = ratio(memory, "memory_on", "memory_off")
+        figures["memory_arms"] = {a: memory["arms"][a] for a in memory["arms"]}
+    if args.cost:
+        cost = bench("memory", warm, args.cost, "0", args.report.with_suffix(".cost.json"))
+        cold, hot = curve(cost, "memory_off", args.cost), curve(cost, "memory_on", args.cost)
+        reached = next((i + 1 for i, g in enumerate(hot) if g >= cold[-1]), None)
+        figures["cost"] = {"cold": cold, "warm": hot, "warm_attempts_to_cold_final": reached}
+    args.report.write_text(json.dumps(figures, indent=2, default=str) + "\n")
+    print(
+        f"\nflat_warm / static: {figures['flat_warm/static']:.3f}x (goal >= {GOAL_PRIOR}); "
+        f"flat / static: {figures['flat/static']:.3f}x"
+    )
+    if args.memory:
+        print(
+            f"memory_on / memory_off: {figures['memory_on/memory_off']:.3f}x "
+            f"(goal >= {GOAL_MEMORY})"
+        )
+    if args.cost:
+        cost = figures["cost"]
+        print(
+            f"cost: the cold agent's geomean after {args.cost} attempts, {cost['cold'][-1]:.3f}x, "
+            f"reached by the warm store after {cost['warm_attempts_to_cold_final'] or 'never'} "
+            f"(goal <= {args.cost // 4}); warm curve " + " ".join(f"{g:.2f}" for g in cost["warm"])
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
