@@ -35,10 +35,11 @@ SUBCOMMANDS = (
     "compact",
     "merge",
     "remeasure",
+    "import-results",
 )
-"""Every `kope memory` subcommand, in the order `--help` lists them. `remeasure` needs a
-target to time kernels on, which memory knows nothing of: the `kope` command line registers it
-through `store_command` on the subparsers `add_commands` returns."""
+"""Every `kope memory` subcommand, in the order `--help` lists them. `remeasure` and
+`import-results` need a target, which memory knows nothing of: the `kope` command line
+registers them through `store_command` on the subparsers `add_commands` returns."""
 
 
 def add_commands(subparsers: Any) -> Any:

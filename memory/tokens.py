@@ -5,7 +5,8 @@
 pre-tokenizers do (words with their leading space, digit groups of at most three, runs of
 punctuation, whitespace runs) and charges each piece by its class and length, with costs
 fitted on KOPE's own prompts (MLIR payloads, transform schedules, rendered contexts) against
-the o200k_base tokenizer. `benchmarks/memory_tokens.py` measures its error; see the README.
+the o200k_base tokenizer. `benchmarks/memory_tokens.py` measures its error (figures:
+docs/measurements.md).
 `BpeCounter` uses the real o200k tokenizer of the `bpe-openai` package when it is installed
 (it ships its vocabulary, so it too works offline; tiktoken downloads its files and does not).
 """

@@ -2,10 +2,11 @@
 fitted on the timed attempts of similar operators and of this one.
 
 A training row is one timed attempt: features of its operator and of its configuration -> the
-log of its speedup over eager. Of the operator: the loop trip counts of the op its schedule
-tiles (right-aligned, log2), its work (their product), the payload's linalg op count, and its
-input and output sizes. Of the configuration: every decision as log2 of its value (list-valued
-ones element by element, flags as 0/1), the work per thread, and how each tile fits the loop it
+log of its speedup over eager, less the mean of its operator's attempts (`relative`). Of the
+operator: the loop trip counts of the op its schedule tiles (right-aligned, log2), its work
+(their product), the payload's linalg op count, and its input and output sizes. Of the
+configuration: every decision as log2 of its value (list-valued ones element by element, flags
+as 0/1), the work per thread, and how each tile fits the loop it
 tiles — tiles per extent and the share a padded last tile wastes, which no tree could derive
 from the logs alone. A row weighs the square of its operator's similarity, as the decision
 values of `kope.agents.search.learn` do, and at least `CROSS_OP_WEIGHT` where it was measured
@@ -195,14 +196,39 @@ def features(
     return row
 
 
+def relative(rows: list[Row]) -> tuple[list[Row], list[float]]:
+    """The rows of operators with at least two timed attempts, and each one's log speedup
+    less its operator's weighted mean: what sets one configuration apart from another on the
+    same operator, which is what a search ranks. Log speedups over eager vary far more from
+    operator to operator (0.06x to 26x on one suite) than from configuration to configuration,
+    and a model of them spends its trees on which operator it is (as MetaSchedule normalizes
+    each workload's throughputs)."""
+    groups: dict[Workload, list[Row]] = {}
+    for row in rows:
+        groups.setdefault(row.workload, []).append(row)
+    kept: list[Row] = []
+    targets: list[float] = []
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        logs = [math.log(max(r.speedup, 1e-3)) for r in members]
+        total = sum(r.weight for r in members)
+        mean = sum(r.weight * v for r, v in zip(members, logs, strict=True)) / total
+        kept += members
+        targets += [v - mean for v in logs]
+    return kept, targets
+
+
 class CostModel:
-    """Predicted log speedup over eager of configurations on an operator."""
+    """Predicted log speedup of configurations on an operator, relative to the mean of its
+    configurations (`relative`): comparable between configurations of one operator."""
 
     def __init__(self, rows: list[Row]):
+        rows, targets = relative(rows)
         self.schema = _schema(row.config for row in rows)
         self.evidence = sum(row.weight for row in rows)
         x = np.array([features(r.workload, r.config, self.schema) for r in rows])
-        y = np.array([math.log(max(r.speedup, 1e-3)) for r in rows])
+        y = np.array(targets)
         self.regressor = _regressor()
         self.regressor.fit(x, y, sample_weight=np.array([r.weight for r in rows]))
 
@@ -268,6 +294,8 @@ def _held_out_concordance(x: np.ndarray, y: np.ndarray, rows: list[Row]) -> floa
 
 
 def fit(rows: list[Row]) -> CostModel | None:
-    """A model of these rows, or None while they are too few or weigh too little."""
-    enough = len(rows) >= MIN_ROWS and sum(row.weight for row in rows) >= MIN_EVIDENCE
-    return CostModel(rows) if enough else None
+    """A model of these rows, or None while too few of them compare configurations on one
+    operator, or they weigh too little."""
+    compared, _ = relative(rows)
+    enough = len(compared) >= MIN_ROWS and sum(row.weight for row in compared) >= MIN_EVIDENCE
+    return CostModel(compared) if enough else None

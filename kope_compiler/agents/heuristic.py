@@ -354,6 +354,8 @@ def renders(info: PayloadInfo, capabilities: dict[str, Any], config: Config) -> 
     if config.get("narrow_f64") and not info.wide_f64:
         return False
     if family == "contraction":
+        if info.kind != "contraction":
+            return False
         plain = info.plain_matmul
         register = config.get("register") or [0, 0, 1]
         return plain is None or k_unroll(plain, register[2]) == register[2]
