@@ -1,7 +1,8 @@
 """Does experience replace hand knowledge? Issue 44's goals on the held-out suite.
 
     python benchmarks/prior_ablation.py [--warm-store DIR] [--budget 4] [--seeds 0,1,2]
-                                        [--memory] [--report out.json]
+                                        [--memory] [--cost 16] [--no-prior]
+                                        [--report out.json]
 
 1. The warm store: `kope precompile FILE --prior flat --budget 4 --store DIR` over every file
    of `benchmarks/suite/` (skipped when `--warm-store DIR` already holds a store, so a second
@@ -78,6 +79,7 @@ def main() -> int:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--memory", action="store_true", help="also the memory ablation")
     parser.add_argument("--cost", type=int, metavar="N", help="also the cost at budget N")
+    parser.add_argument("--no-prior", action="store_true", help="skip the prior ablation")
     parser.add_argument("--report", type=Path, default=Path("prior_ablation.json"))
     args = parser.parse_args()
     warm = args.warm_store or Path(f"kope-warm-store-b{args.budget}")
@@ -85,10 +87,12 @@ def main() -> int:
         took = gather(warm, args.budget)
         print(f"warm store: {warm}, gathered in {took:.0f} s")
     figures: dict = {"warm_store": str(warm), "budget": args.budget, "seeds": args.seeds}
-    prior = bench("prior", warm, args.budget, args.seeds, args.report.with_suffix(".prior.json"))
-    figures["flat_warm/static"] = ratio(prior, "flat_warm", "static")
-    figures["flat/static"] = ratio(prior, "flat", "static")
-    figures["arms"] = {a: prior["arms"][a] for a in prior["arms"]}
+    if not args.no_prior:
+        path = args.report.with_suffix(".prior.json")
+        prior = bench("prior", warm, args.budget, args.seeds, path)
+        figures["flat_warm/static"] = ratio(prior, "flat_warm", "static")
+        figures["flat/static"] = ratio(prior, "flat", "static")
+        figures["arms"] = {a: prior["arms"][a] for a in prior["arms"]}
     if args.memory:
         memory = bench(
             "memory", warm, args.budget, args.seeds, args.report.with_suffix(".memory.json")
@@ -101,10 +105,11 @@ def main() -> int:
         reached = next((i + 1 for i, g in enumerate(hot) if g >= cold[-1]), None)
         figures["cost"] = {"cold": cold, "warm": hot, "warm_attempts_to_cold_final": reached}
     args.report.write_text(json.dumps(figures, indent=2, default=str) + "\n")
-    print(
-        f"\nflat_warm / static: {figures['flat_warm/static']:.3f}x (goal >= {GOAL_PRIOR}); "
-        f"flat / static: {figures['flat/static']:.3f}x"
-    )
+    if not args.no_prior:
+        print(
+            f"\nflat_warm / static: {figures['flat_warm/static']:.3f}x (goal >= {GOAL_PRIOR}); "
+            f"flat / static: {figures['flat/static']:.3f}x"
+        )
     if args.memory:
         print(
             f"memory_on / memory_off: {figures['memory_on/memory_off']:.3f}x "
