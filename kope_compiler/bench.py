@@ -49,6 +49,7 @@ from kope.errors import KopeError
 from kope.measuring import seed_for, stored_kernel, threads_now
 from kope.memory.store import ExperienceStore
 from kope.optimize import Budget, is_proposal
+from kope.options import Options
 from kope.precompile import geomean, precompile, trace_tasks
 from kope.report import PASS_RATE, shorten, table_lines
 from kope.report import speedup_text as _x
@@ -401,7 +402,7 @@ def summarize(
         "budget": config.budget,
         "seeds": list(config.seeds),
         "ablate": config.ablate,
-        "prior": config.agent_config.get("prior", "static"),
+        "prior": config.agent_config.get("prior", Options.default("prior")),
         "warm_store": str(config.warm_store) if config.warm_store else None,
         "pass_rate_means": PASS_RATE,
         "arms": arms,

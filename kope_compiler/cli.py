@@ -619,7 +619,8 @@ def _bench_command(args: argparse.Namespace) -> int:
             "target": args.target,
             "agent": args.agent,
             "timeout_s": args.timeout_s,
-            "prior": "static" if ablate == "prior" else args.prior,
+            # The prior ablation sets each arm's prior itself.
+            "prior": _default("prior") if ablate == "prior" else args.prior,
         }
     )
     _check_output(args.report)
@@ -698,7 +699,7 @@ def _warm_store(given: str) -> Path:
     from kope.memory.merge import MergeError, check_sources
 
     try:
-        (path,) = check_sources([Path(given)], Path(given).expanduser() / "none")
+        (path,) = check_sources([Path(given)], None)
     except MergeError as err:
         raise KopeError(f"--warm-store: {err}") from None
     return path

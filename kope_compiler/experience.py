@@ -21,7 +21,7 @@ from kope.agents.base import Experience
 from kope.agents.schedules import principal_op, work
 from kope.memory import retrieve
 from kope.memory.schema import AttemptRecord, TaskRecord
-from kope.memory.similarity import Features, distance, features
+from kope.memory.similarity import Features, distance, distances, features
 from kope.memory.store import ExperienceStore
 from kope.passes.analysis import analyze
 from kope.vocabulary.evidence import TIMING_CONTAMINATED
@@ -41,8 +41,6 @@ def measured_evidence(store: ExperienceStore, key: str) -> list[Experience]:
     """Every recorded attempt with a configuration of the `EVIDENCE_TASKS` tasks nearest to
     task `key` (itself excluded: the agent's history holds its own), with the similarity
     ACMI's retrieval computes: what a learned cost model trains on."""
-    from kope.memory.similarity import distances
-
     task = store.task(key)
     if task is None:
         return []

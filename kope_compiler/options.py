@@ -119,7 +119,7 @@ class Options:
             raise OptionError(
                 f"option prior={self.prior!r} is not valid; choose one of: {', '.join(PRIORS)}"
             )
-        if self.prior != "static" and not agent_class(self.agent).has_prior:
+        if self.prior != Options.default("prior") and not agent_class(self.agent).has_prior:
             raise OptionError(
                 f"option prior={self.prior!r}: the {self.agent} agent has no hand-written prior "
                 "to flatten; leave prior out, or use agent='heuristic'"

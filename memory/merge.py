@@ -111,9 +111,10 @@ class MergeReport:
         return sum(s.added[k] for s in self.sources for k in KINDS if k != "artifact")
 
 
-def check_sources(sources: Iterable[Path], into: Path) -> list[Path]:
-    """The sources as paths, after checking that each is an existing store other than `into`;
-    MergeError otherwise (before anything is opened or written)."""
+def check_sources(sources: Iterable[Path], into: Path | None) -> list[Path]:
+    """The sources as paths, after checking that each is an existing store other than `into`
+    (None: merged later into stores not known yet); MergeError otherwise (before anything is
+    opened or written)."""
     checked = []
     for source in sources:
         path = Path(source).expanduser()
@@ -122,7 +123,7 @@ def check_sources(sources: Iterable[Path], into: Path) -> list[Path]:
                 f"{path} is not an experience store (no {LOG_NAME} in it); "
                 "give the directory a store lives in (its $KOPE_HOME)"
             )
-        if _same_directory(path, Path(into).expanduser()):
+        if into is not None and _same_directory(path, Path(into).expanduser()):
             raise MergeError(
                 f"{path} is the store being merged into; a store cannot be merged into itself "
                 "(give another --into)"

@@ -29,11 +29,11 @@ def agent_class(name: str) -> type[Agent]:
     return cls
 
 
-def make_agent(name: str, prior: str = "static", **config: Any) -> Agent:
-    """Agent `name` configured by `config`; `prior` reaches only agents that have one (the
-    options' validation refuses a flat prior for those that do not)."""
+def make_agent(name: str, prior: str | None = None, **config: Any) -> Agent:
+    """Agent `name` configured by `config`; `prior`, where given, reaches only agents that
+    have one (the options' validation refuses a flat prior for those that do not)."""
     cls = agent_class(name)
-    if cls.has_prior:
+    if cls.has_prior and prior is not None:
         config["prior"] = prior
     return cls(**config)
 

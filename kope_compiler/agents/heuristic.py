@@ -32,7 +32,6 @@ from kope.agents.schedules import (
     config_key,
     conv_dims,
     describe,
-    fits,
     k_unroll,
     kernel_source,
     packable,
@@ -44,7 +43,7 @@ from kope.agents.schedules import (
 from kope.agents.search import BIG_WORK, WIDENED, Choice, Search, Space
 from kope.agents.triton_kernels import describe_config as describe_triton
 from kope.agents.triton_kernels import render_triton, triton_space, unsupported_reason
-from kope.passes.analysis import CONTRACTIONS, PayloadInfo, analyze, prepare_payload
+from kope.passes.analysis import CONTRACTIONS, PayloadInfo, PlainMatmul, analyze, prepare_payload
 from kope.vocabulary.kernels import FORM_MLIR, FORM_TRITON
 
 log = logging.getLogger("kope.agents.heuristic")
@@ -133,10 +132,8 @@ def _packed_points(
     for (t, (mr, nr, kr), cache), wide in _grid(
         [threads, registers, caches], [[], more_registers, more_caches]
     ):
-        if not packable(info, mr, nr):
+        if not _packed_fits(info, plain, mr, nr, kr):
             continue
-        if k_unroll(plain, kr) != kr:
-            continue  # it would render as the point that does not unroll k
         score = 1.0 + (2.0 if (t > 1) == big else 0.0)
         if mr in heights and (nr == 2 * lanes or plain.m < FEW_ROWS):
             score += 1.0 if mr == favoured[t] else 0.5
@@ -245,9 +242,7 @@ def schedule_space(
         for (t, f, ow, c), wide in _grid(
             [threads, tiles, widths, [1, 4]], [[], [32, 4], [4 * lanes], [2, 8]]
         ):
-            # Thread chunks hold whole channel tiles, and input-channel tiles divide the
-            # input channels (a partial one makes the 1-D conv dynamic).
-            if f > channels or ow > columns or inputs % c or channels % (t * f):
+            if not _conv_tiles_fit(channels, columns, inputs, t, f, ow, c):
                 continue
             score = (2.0 if (t > 1) == big else 0.0) + (1.0 if f == 16 else 0.0)
             score += 0.5 if columns % ow == 0 else 0.0
@@ -266,7 +261,7 @@ def schedule_space(
         widths = sorted({w for w in (2 * lanes, lanes) if w <= columns} | {min(columns, lanes)})
         wider = [w for w in (4 * lanes,) if w <= columns and w not in widths]
         for (t, f, ow), wide in _grid([threads, [8, 4, 1], widths], [[], [16, 2], wider]):
-            if f > channels or channels % (t * f):
+            if not _depthwise_fits(channels, t, f):
                 continue
             score = (2.0 if (t > 1) == big else 0.0) + (1.0 if f == 8 else 0.5 if f == 4 else 0)
             score += 0.5 if columns % ow == 0 else 0.0
@@ -340,14 +335,38 @@ def schedule_space(
     return space, {key for key, (_, _, wide) in unique.items() if wide}
 
 
+def _packed_fits(info: PayloadInfo, plain: PlainMatmul, mr: int, nr: int, kr: int) -> bool:
+    """B packs in panels of this register tile, and k takes its unroll (else it would render
+    as the point that does not unroll k)."""
+    return packable(info, mr, nr) and k_unroll(plain, kr) == kr
+
+
+def _conv_tiles_fit(
+    channels: int, columns: int, inputs: int, threads: int, f: int, ow: int, c: int
+) -> bool:
+    """Thread chunks hold whole channel tiles, and input-channel tiles divide the input
+    channels (a partial one makes the 1-D conv dynamic)."""
+    return (
+        0 < f <= channels
+        and 0 < ow <= columns
+        and c > 0
+        and not inputs % c
+        and (not channels % (threads * f))
+    )
+
+
+def _depthwise_fits(channels: int, threads: int, f: int) -> bool:
+    return 0 < f <= channels and not channels % (threads * f)
+
+
 def renders(info: PayloadInfo, capabilities: dict[str, Any], config: Config) -> bool:
     """Whether `config`, off this payload's grid (proven on another operator, or a mutation
-    of one), renders for it under the rules its family's grid keeps: a packable panel and a
-    k unroll that the product's k takes (contraction), whole row steps (rows), channel and
-    column tiles the convolution holds (conv, depthwise)."""
+    of one), renders for it under the rules its family's grid keeps (the same predicates):
+    a packable panel with a k unroll k takes (packed contraction), whole row steps (rows),
+    channel and column tiles the convolution holds (conv, depthwise)."""
     family = config.get("family")
     threads = int(config.get("threads", 1))
-    if threads not in _threads(capabilities) or not fits(info, config):
+    if threads not in _threads(capabilities):
         return False
     if config.get("approximate_math") and not info.math & APPROXIMABLE:
         return False  # no tanh, erf or exp to approximate: the exact kernel under another name
@@ -356,31 +375,26 @@ def renders(info: PayloadInfo, capabilities: dict[str, Any], config: Config) -> 
     if family == "contraction":
         if info.kind != "contraction":
             return False
+        if not config.get("pack"):
+            return True
         plain = info.plain_matmul
-        register = config.get("register") or [0, 0, 1]
-        return plain is None or k_unroll(plain, register[2]) == register[2]
+        mr, nr, kr = config["register"]
+        return plain is not None and _packed_fits(info, plain, mr, nr, kr)
     if family == "rows":
-        return info.kind in ("reduction", "elementwise") and not ragged_rows(
-            info, threads, int(config.get("rows", 1))
-        )
+        rows = int(config.get("rows", 1))
+        return info.kind in ("reduction", "elementwise") and not ragged_rows(info, threads, rows)
     if family == "conv":
         conv = info.find(CONVOLUTIONS)
         if conv is None:
             return False
         f_dim, ow_dim, c_dim = conv_dims(conv)
         f, ow, c = (int(config.get(k, 0)) for k in ("channels", "columns", "inputs"))
-        channels, columns, inputs = conv.ranges[f_dim], conv.ranges[ow_dim], conv.ranges[c_dim]
-        return (
-            0 < f <= channels
-            and 0 < ow <= columns
-            and c > 0
-            and not inputs % c
-            and (not channels % (threads * f))
-        )
+        extents = conv.ranges[f_dim], conv.ranges[ow_dim], conv.ranges[c_dim]
+        return _conv_tiles_fit(*extents, threads, f, ow, c)
     if family == "depthwise":
         conv = info.find(DEPTHWISE)
         f = int(config.get("channels", 0))
-        return conv is not None and 0 < f <= conv.ranges[3] and not conv.ranges[3] % (threads * f)
+        return conv is not None and _depthwise_fits(conv.ranges[3], threads, f)
     return family == "transpose" and transposing(info)
 
 

@@ -918,14 +918,6 @@ def packable(info: PayloadInfo, rows: int, width: int) -> bool:
     return plain is not None and plain.m >= rows and plain.n >= width
 
 
-def fits(info: PayloadInfo, config: Config) -> bool:
-    """Whether `config` (proven on another operator) can be rendered for this payload: every
-    configuration of a family can, except a packed one on a payload `packable` refuses."""
-    if config.get("pack"):
-        return packable(info, config["register"][0], config["register"][1])
-    return True
-
-
 @dataclass(frozen=True)
 class _Panels:
     """How a packed kernel shares its work: `count` panels of `width` (the last ones maybe

@@ -152,7 +152,10 @@ def learn(experience: Iterable[Experience], family: str, big: bool | None = None
     value: dict[tuple[str, str], float] = {}
     penalty: dict[tuple[str, str], float] = {}
     banned: set[str] = set()
-    bonus: dict[str, tuple[float, str]] = {}
+    # Only the best proven configuration seeds: a bonus on every configuration proven there
+    # would hold the climb among them (a thin store proved only one-thread kernels of a big
+    # GELU, and the bonus kept two threads, 1.9x faster, from ever being tried).
+    bonus: dict[str, tuple[float, str]] = {}  # at most one entry
     for item in experience:
         config = item.config
         if not config or config.get("family") != family:
@@ -166,10 +169,9 @@ def learn(experience: Iterable[Experience], family: str, big: bool | None = None
             used = [d for d in decisions(config) if not (crossing and d[0] == "threads")]
             verified.append((weight, gain, used))
             if item.similarity >= MIN_TRANSFER and gain > 0 and not crossing:
-                key = config_key(config)
                 score = VALUE_SCALE * item.similarity * gain
-                if score > bonus.get(key, (0.0, ""))[0]:
-                    bonus[key] = (score, item.attempt_id)
+                if score > max((b for b, _ in bonus.values()), default=0.0):
+                    bonus = {config_key(config): (score, item.attempt_id)}
         else:
             for decision in decisions(config):
                 penalty[decision] = penalty.get(decision, 0.0) - 0.5 * weight
@@ -187,11 +189,7 @@ def learn(experience: Iterable[Experience], family: str, big: bool | None = None
         for decision, (weighted, weights) in sums.items():
             confidence = weights / (weights + 1.0)
             value[decision] = VALUE_SCALE * confidence * weighted / weights
-    # Only the best proven configuration seeds: a bonus on every configuration proven there
-    # would hold the climb among them (a thin store proved only one-thread kernels of a big
-    # GELU, and the bonus kept two threads, 1.9x faster, from ever being tried).
-    best = max(bonus.items(), key=lambda kv: kv[1][0], default=None)
-    return MemoryAdvice(value, penalty, banned, dict([best]) if best else {})
+    return MemoryAdvice(value, penalty, banned, bonus)
 
 
 class Scorer:
@@ -331,6 +329,12 @@ class Search:
         candidates += [(c, 0.0) for c in proven] + [(c, floor) for c in mutants]
         if not candidates:
             return None
+        if model is not None and _nothing_better_expected(model, here, history, candidates):
+            self.stop_reason = (
+                f"the cost model (trust {model.trust:.2f}) expects no remaining candidate to "
+                f"beat the best by more than {WIN_MARGIN:.0%}"
+            )
+            return None
         handicapped = space.widened | {config_key(c) for c in mutants}
         exploring = _exploring(history)
         scorer = Scorer(advice, model, here, self.prior_weight, handicapped, exploring)
@@ -341,12 +345,6 @@ class Search:
             (score + rng.uniform(0.0, jitter), config)
             for score, (config, _) in zip(scores, candidates, strict=True)
         ]
-        if model is not None and _nothing_better_expected(model, here, history, candidates):
-            self.stop_reason = (
-                f"the cost model (trust {model.trust:.2f}) expects no remaining candidate to "
-                f"beat the best by more than {WIN_MARGIN:.0%}"
-            )
-            return None
         config, parent = choose(scored, history)
         if config is None:
             return None
