@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
 from kope.cli import main as kope
+from kope.precompile import geomean
 
 HERE = Path(__file__).resolve().parent
 SUITE, HELD_OUT = HERE / "suite", HERE / "heldout"
@@ -63,7 +63,7 @@ def curve(report: dict, arm: str, budget: int) -> list[float]:
         for r in rows:
             seen = [s for s in r["trajectory"][: i + 1] if s]
             best.append(max([1.0, *seen]))
-        points.append(math.exp(sum(math.log(b) for b in best) / max(len(best), 1)))
+        points.append(geomean(list(best)) or 1.0)
     return points
 
 

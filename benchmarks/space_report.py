@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import statistics
 import sys
 import tempfile
@@ -31,7 +30,7 @@ from kope.compiler import target_for
 from kope.memory.store import ExperienceStore
 from kope.optimize import Budget, is_proposal, task_view
 from kope.passes.analysis import analyze, prepare_payload
-from kope.precompile import precompile, trace_tasks
+from kope.precompile import geomean, precompile, trace_tasks
 from kope.suite import load_suite
 from kope.vocabulary.evidence import TIMING_CLEAN, VERIFIED
 
@@ -54,10 +53,6 @@ def space_of(task, target) -> tuple[str, int, int, int]:
             config = {"family": family, **dict(zip(schema, combo, strict=True))}
             reachable += space.can_render(config)
     return family, len(points) - len(widened), len(widened), reachable
-
-
-def geomean(values: list[float]) -> float | None:
-    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else None
 
 
 def main() -> int:
