@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import statistics
 import sys
 import time
@@ -51,6 +52,29 @@ def _add_option(parser: argparse.ArgumentParser, name: str, help: str | None = N
         parser.add_argument(flag, type=type(default), default=default, help=text)
     else:
         parser.add_argument(flag, default=default, help=text)
+
+
+def _add_cuda_arch(parser: argparse.ArgumentParser) -> None:
+    from kope.targets.device_compile import ARCH_VARIABLE, ARCHITECTURES, DEFAULT_ARCHITECTURES
+
+    parser.add_argument(
+        "--cuda-arch",
+        type=_architectures,
+        metavar="LIST",
+        help="GPU architectures each verified --target cuda kernel is compiled for by Triton's "
+        f"compiler, without the device: comma-separated, of {', '.join(ARCHITECTURES)}, or "
+        f"none (default: ${ARCH_VARIABLE}, else {','.join(DEFAULT_ARCHITECTURES)})",
+    )
+
+
+def _architectures(text: str) -> str:
+    """`--cuda-arch`, checked; `main` hands it to the CUDA target through its variable."""
+    from kope.targets.device_compile import parse_architectures
+
+    try:
+        return ",".join(parse_architectures(text)) or "none"
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _add_model(parser: argparse.ArgumentParser) -> None:
@@ -339,6 +363,14 @@ def _add_export(sub: Any) -> None:
     )
     p.add_argument("--target", required=True, choices=["cuda", "ascend"], help="the device")
     p.add_argument("-o", "--output", required=True, help="the pack's folder")
+    p.add_argument(
+        "--per-task",
+        type=positive(int),
+        metavar="N",
+        help="at most N kernels per task, the best roofline estimates first, so that a short "
+        "device run times the likeliest winners (default: every kernel that compiles)",
+    )
+    _add_cuda_arch(p)
     _add_option(p, "store")
     p.set_defaults(run=_export_command)
 
@@ -351,7 +383,7 @@ def _export_command(args: argparse.Namespace) -> int:
     from kope.vocabulary.home import kope_home
 
     store = store_at(Path(args.store) if args.store else kope_home())
-    summary = export_pack(store, args.target, Path(args.output))
+    summary = export_pack(store, args.target, Path(args.output), per_task=args.per_task)
     for label, why in summary.skipped:
         print(f"{label}: left out ({why})")
     if not summary.kernels:
@@ -478,6 +510,7 @@ def _add_precompile(sub: Any) -> None:
     _add_option(p, "workers")
     p.add_argument("--seed", type=int, default=0, help="seed of the agent (default: 0)")
     _add_option(p, "timeout_s")
+    _add_cuda_arch(p)
     p.add_argument("--llm-base-url", help="OpenAI-compatible endpoint (default: $OPENAI_BASE_URL)")
     p.add_argument("--llm-model", help="model name (default: $KOPE_LLM_MODEL)")
     p.add_argument(
@@ -857,6 +890,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.log:
         logging.basicConfig(format="[%(name)s] %(levelname)s: %(message)s")
         logging.getLogger("kope").setLevel(args.log.upper())
+    if getattr(args, "cuda_arch", None):
+        from kope.targets.device_compile import ARCH_VARIABLE
+
+        os.environ[ARCH_VARIABLE] = args.cuda_arch  # read by the CUDA target, here and in Ray
     try:
         code: int = args.run(args)
         return code

@@ -52,7 +52,15 @@ log = logging.getLogger("kope.cluster")
 # Dispatches of one operator after the first, when its worker or node dies.
 RETRIES = 2
 # Environment variables forwarded to tasks: the LLM agent's endpoint, model and key.
-FORWARDED_ENV = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "KOPE_LLM_MODEL", "KOPE_LLM_API_KEY")
+# What a task on another node needs from this process's environment: the LLM endpoint, and
+# the GPU architectures CUDA kernels are compiled for (`kope.targets.device_compile`).
+FORWARDED_ENV = (
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+    "KOPE_LLM_MODEL",
+    "KOPE_LLM_API_KEY",
+    "KOPE_CUDA_ARCH",
+)
 CLUSTER_CHOICES = "ray (a local cluster KOPE starts), ray://HOST:PORT, or auto (RAY_ADDRESS)"
 
 

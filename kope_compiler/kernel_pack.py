@@ -36,6 +36,7 @@ from kope.memory.schema import AttemptRecord, TaskRecord
 from kope.memory.store import ExperienceStore
 from kope.passes.keys import task_key
 from kope.targets import verify
+from kope.targets.device_compile import failed
 from kope.targets.host import package_version
 from kope.targets.measure import estimate_work
 from kope.targets.triton import triton_target_key
@@ -74,10 +75,20 @@ class PackSummary:
 
 
 def export_pack(
-    store: ExperienceStore, target: str, out: Path, limit_bytes: int = PACK_LIMIT_BYTES
+    store: ExperienceStore,
+    target: str,
+    out: Path,
+    limit_bytes: int = PACK_LIMIT_BYTES,
+    per_task: int | None = None,
 ) -> PackSummary:
     """Write the store's verified Triton kernels of `target` and what the runner needs to
-    verify and time them into the folder `out`."""
+    verify and time them into the folder `out`.
+
+    On a target that compiles for GPU architectures (`TritonTarget.architectures`), a kernel
+    goes in only if Triton's compiler took it for every one of them and it fits each (an
+    attempt verified before KOPE compiled kernels is compiled now, in an isolated worker);
+    each task's kernels go in the order of their roofline estimates, the `per_task` best
+    where given, so a short device run times the likeliest first."""
     found: list[tuple[TaskRecord, list[AttemptRecord]]] = []
     for record in store.tasks():
         if record.target != target:
@@ -96,6 +107,10 @@ def export_pack(
             f"so there is nothing to export: run `kope precompile MODEL --target {target}` "
             f"into it first (without the device, Triton's interpreter verifies the kernels)"
         )
+    from kope.targets import get_target
+
+    made = get_target(target, workers=1)
+    architectures: tuple[str, ...] = getattr(made, "architectures", ())
     out.mkdir(parents=True, exist_ok=True)
     (out / "kernels").mkdir(exist_ok=True)
     (out / "data").mkdir(exist_ok=True)
@@ -104,43 +119,110 @@ def export_pack(
     summary = PackSummary(out, bytes=sum((out / n).stat().st_size for n in RUNNER_FILES))
     tasks: dict[str, Any] = {}
     kernels: list[dict[str, Any]] = []
-    for record, verified in found:
-        entry, why = _task_entry(store, record, out, limit_bytes - summary.bytes)
-        if entry is None:
-            summary.skipped.append((record.label, why))
-            continue
-        summary.bytes += entry.pop("bytes")
-        tasks[record.key] = entry
-        seen: set[str] = set()
-        for attempt in verified:
-            text = store.get_artifact(attempt.artifact or "")
-            digest = Kernel(text or "", FORM_TRITON).digest
-            if text is None or digest in seen:
+    try:
+        for record, verified in found:
+            entry, why = _task_entry(store, record, out, limit_bytes - summary.bytes)
+            if entry is None:
+                summary.skipped.append((record.label, why))
                 continue
-            seen.add(digest)
-            path = f"kernels/{digest[:24]}.py"
-            (out / path).write_text(text)
-            summary.bytes += len(text.encode())
-            kernels.append(
-                {
-                    "task": record.key,
-                    "digest": digest,
-                    "path": path,
-                    "attempt": attempt.id,
-                    "decision": attempt.decision,
-                }
-            )
+            ready = _device_ready(store, record, verified, made, architectures, summary)
+            if not ready:
+                summary.skipped.append(
+                    (record.label, "no verified kernel compiles for " + ", ".join(architectures))
+                )
+                (out / entry["data"]).unlink()
+                continue
+            summary.bytes += entry.pop("bytes")
+            tasks[record.key] = entry
+            for attempt, text, compiled in ready[:per_task]:
+                digest = Kernel(text, FORM_TRITON).digest
+                path = f"kernels/{digest[:24]}.py"
+                (out / path).write_text(text)
+                summary.bytes += len(text.encode())
+                kernels.append(
+                    {
+                        "task": record.key,
+                        "digest": digest,
+                        "path": path,
+                        "attempt": attempt.id,
+                        "decision": attempt.decision,
+                        "device_compile": compiled,
+                    }
+                )
+    finally:
+        made.close()
     manifest = {
         "id": uuid.uuid4().hex,
         "created": time.time(),
         "target": target,
         "kope": package_version("kope"),
+        "architectures": list(architectures),
         "tasks": tasks,
         "kernels": kernels,
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     summary.tasks, summary.kernels = len(tasks), len(kernels)
     return summary
+
+
+def _device_ready(
+    store: ExperienceStore,
+    record: TaskRecord,
+    verified: list[AttemptRecord],
+    target: Any,
+    architectures: tuple[str, ...],
+    summary: PackSummary,
+) -> list[tuple[AttemptRecord, str, dict[str, Any] | None]]:
+    """The task's distinct verified kernels that compile for every architecture, each with
+    its compile records, best roofline estimate first (all of them, in the store's order,
+    where nothing is compiled); a refused kernel is noted in `summary.skipped`."""
+    ready: list[tuple[float, int, AttemptRecord, str, dict[str, Any] | None]] = []
+    seen: set[str] = set()
+    for order, attempt in enumerate(verified):
+        text = store.get_artifact(attempt.artifact or "")
+        if text is None or Kernel(text, FORM_TRITON).digest in seen:
+            continue
+        seen.add(Kernel(text, FORM_TRITON).digest)
+        compiled = attempt.device_compile
+        if architectures and not all(a in (compiled or {}) for a in architectures):
+            compiled = _compile_now(store, record, text, target)
+        if not architectures:
+            ready.append((0.0, order, attempt, text, None))
+            continue
+        assert compiled is not None
+        refused = [
+            f"{a}: {compiled[a].get('error')}" for a in architectures if not compiled[a].get("ok")
+        ]
+        if refused:
+            summary.skipped.append((record.label, f"kernel {attempt.id} left out: {refused[0]}"))
+            continue
+        mine = {a: compiled[a] for a in architectures}
+        ready.append((_estimate(mine), order, attempt, text, mine))
+    ready.sort(key=lambda found: found[:2])
+    return [(attempt, text, compiled) for _, _, attempt, text, compiled in ready]
+
+
+def _estimate(compiled: dict[str, dict[str, Any]]) -> float:
+    """One kernel's rank among its task's: the geometric mean of its roofline estimates."""
+    estimates = [float(r.get("estimate_us") or 0.0) for r in compiled.values()]
+    if not estimates or min(estimates) <= 0:
+        return math.inf
+    return math.exp(sum(math.log(e) for e in estimates) / len(estimates))
+
+
+def _compile_now(
+    store: ExperienceStore, record: TaskRecord, text: str, target: Any
+) -> dict[str, dict[str, Any]]:
+    """Compile a kernel verified before KOPE compiled kernels for the device (isolated)."""
+    payload = store.get_artifact(record.payload or "")
+    task = task_from_record(record, payload) if payload else None
+    if task is None:
+        return {a: failed("its task cannot be rebuilt here") for a in target.architectures}
+    result = Evaluation(VERIFIED)
+    target.compile_for_devices(
+        task.spec, Kernel(text, FORM_TRITON), result, estimate_work(task.spec, payload)
+    )
+    return result.device_compile or {}
 
 
 def _task_entry(

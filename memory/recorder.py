@@ -55,6 +55,7 @@ def attempt_of(event: AttemptEvaluated) -> AttemptRecord:
         spread_us=kernel.spread_us if kernel else None,
         repeats=kernel.repeats if kernel else 0,
         threads=threads,
+        device_compile=evaluation.device_compile,
         eager_us=eager.median_us if eager else None,
         reference_us=reference.median_us if reference else None,
         speedup_vs_eager=eager.median_us / kernel.median_us if kernel and eager else None,

@@ -126,6 +126,10 @@ class AttemptRecord:
     wait_share: float | None = None  # run-queue wait / wall time of the measuring threads
     load: float | None = None  # 1-minute load average when the timing started
     confirms: str | None = None  # the attempt whose winning figure this one re-measured
+    # A GPU kernel compiled without the device for each architecture of its target: per
+    # architecture ("sm_90") {"ok", "registers", "spills", "shared_bytes", "error", ...} and
+    # "estimate_us", a roofline estimate (never a timing). None: not compiled.
+    device_compile: dict[str, dict[str, Any]] | None = None
 
 
 @dataclass

@@ -160,6 +160,14 @@ class Target(ABC):
             return f"uses layout {tensor.layout}"
         return None
 
+    def compile_for_devices(
+        self, task: TaskSpec, kernel: Kernel, result: Evaluation, work: Any
+    ) -> None:
+        """For a verified `result`: compile `kernel` for the devices the target names but this
+        process may lack (`result.device_compile`), and make what cannot run there a failure.
+        Most targets build for the machine they run on and have nothing to add."""
+        return None
+
     def builds(self, kernel: Kernel) -> bool:
         return kernel.form in self.kernel_forms
 

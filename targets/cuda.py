@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from kope.targets.device_compile import configured_architectures
 from kope.targets.triton import TritonTarget
 
 
@@ -35,6 +36,10 @@ class CudaTarget(TritonTarget):
         'num_stages (2 to 4). Write `tl.dot(a, b, input_precision="ieee")`: TF32 is off; '
         "each dimension of a tl.dot block is at least 16."
     )
+
+    @classmethod
+    def default_architectures(cls) -> tuple[str, ...]:
+        return configured_architectures()
 
     @classmethod
     def device_present(cls) -> bool:

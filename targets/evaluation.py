@@ -136,6 +136,8 @@ def evaluate(
     if outcome.ok:
         result: Evaluation = outcome.value
         result.notes[:0] = notes
+        if result.verified and kernel is not None:
+            target.compile_for_devices(task, kernel, result, work)
         return result
     in_build = outcome.phase in ("start", "build")
     if outcome.failure == "timeout":

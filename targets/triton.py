@@ -21,31 +21,36 @@ from __future__ import annotations
 
 import functools
 import os
-import resource
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from kope.targets import device_compile
 from kope.targets.base import BuildError, BuiltKernel, Target
+from kope.targets.device_compile import (
+    ARCHITECTURES,
+    COMPILE_ENV,
+    CompileJob,
+    parse_architectures,
+)
 from kope.targets.host import package_version
 from kope.targets.triton_sandbox import BUILTINS, TL_NAMES, KernelRefused, load_launcher
-from kope.targets.worker import SCRATCH_VARIABLE
+from kope.targets.worker import SCRATCH_VARIABLE, WorkerPool, limit_resources
+from kope.vocabulary.evidence import COMPILE_ERROR, Evaluation
 from kope.vocabulary.kernels import FORM_MLIR, FORM_TRITON, Kernel
 from kope.vocabulary.specs import DTYPES, TaskSpec
+
+if TYPE_CHECKING:
+    from kope.targets.measure import Work
 
 # The dtypes Triton kernels take here (float64 has no `tl.dot`, but elementwise code runs).
 TRITON_DTYPES = frozenset(
     {"float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8"}
     & set(DTYPES)
 )
-# A worker running Triton kernels may not grow past this share of the machine's memory: a
-# kernel that allocates without bound takes down its worker, not the machine.
-MEMORY_SHARE = 0.75
-# Nor write files larger than this (a kernel has no business writing any).
-FILE_LIMIT_BYTES = 1 << 30
 
 
 def triton_version() -> str:
@@ -131,6 +136,27 @@ class TritonTarget(Target):
     # The flavour's rules for kernels, appended to the prompt (`describe`).
     constraints: ClassVar[str] = ""
 
+    def __init__(
+        self,
+        workers: int = 1,
+        timeout_s: float = 60.0,
+        architectures: Sequence[str] | None = None,
+    ):
+        super().__init__(workers, timeout_s)
+        # The GPU architectures each verified kernel is compiled for by Triton's own compiler
+        # (`kope.targets.device_compile`); () where the flavour's compiler cannot run here.
+        self.architectures = (
+            self.default_architectures()
+            if architectures is None
+            else (parse_architectures(architectures))
+        )
+        self._compile_pool: Any = None
+
+    @classmethod
+    def default_architectures(cls) -> tuple[str, ...]:
+        """The architectures kernels are compiled for unless the caller names them."""
+        return ()
+
     # -- the device ---------------------------------------------------------------------------
     @classmethod
     def device_present(cls) -> bool:
@@ -213,7 +239,55 @@ class TritonTarget(Target):
         torch.set_num_threads(eager_threads)
         if cls.interpreting():
             widen_interpreted_bf16_dot()
-        _limit_resources()
+        limit_resources()
+
+    # -- compiling for the device -------------------------------------------------------------
+    def compile_for_devices(
+        self, task: TaskSpec, kernel: Kernel, result: Evaluation, work: Work
+    ) -> None:
+        """Compile a verified kernel for each of `architectures` in a compile worker and
+        record it (`result.device_compile`, with a roofline estimate where it compiled); a
+        kernel that does not compile, or cannot run well, on any of them is a compile error."""
+        if not self.architectures or kernel.form != FORM_TRITON:
+            return
+        if self._compile_pool is None:
+            self._compile_pool = WorkerPool(
+                self.workers, preload="kope.targets.device_compile", env=COMPILE_ENV
+            )
+        job = CompileJob(task, kernel.source, self.architectures)
+        outcome = self._compile_pool.call(
+            "kope.targets.device_compile:compile_job", job, self.timeout_s
+        )
+        if outcome.ok:
+            records: dict[str, dict[str, Any]] = outcome.value
+        else:
+            what = {"crash": "crashed", "timeout": "timed out"}.get(outcome.failure or "", "raised")
+            detail = outcome.detail.splitlines()[0] if outcome.detail else ""
+            why = (
+                f"the compiler {what} after {self.timeout_s:g} s"
+                if what == "timed out"
+                else (f"the compiler {what}: {detail}")
+            )
+            records = {arch: device_compile.failed(why) for arch in self.architectures}
+        tensor_cores = "tl.dot" in kernel.source and any(
+            s.dtype in ("float16", "bfloat16") for s in task.inputs
+        )
+        for arch, record in records.items():
+            estimate = device_compile.estimate_us(record, ARCHITECTURES[arch], work, tensor_cores)
+            record["estimate_us"] = None if estimate is None else round(estimate, 3)
+        result.device_compile = records
+        refused = [f"{arch}: {r['error']}" for arch, r in records.items() if not r["ok"]]
+        if refused:
+            result.verdict = COMPILE_ERROR
+            result.error = (
+                "verified, but Triton's compiler refuses it for the device: " + "; ".join(refused)
+            )
+
+    def close(self) -> None:
+        super().close()
+        if self._compile_pool is not None:
+            self._compile_pool.close()
+            self._compile_pool = None
 
     # -- describing ---------------------------------------------------------------------------
     def key(self) -> str:
@@ -257,23 +331,6 @@ def widen_interpreted_bf16_dot() -> None:
         return dot(widen(a), widen(b), *rest)
 
     builder.create_dot = widened
-
-
-def _limit_resources() -> None:
-    """Bound the worker's memory and file writes (lowering a limit is always permitted)."""
-    try:
-        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return
-    for limit, value in (
-        (resource.RLIMIT_AS, int(pages * size * MEMORY_SHARE)),
-        (resource.RLIMIT_FSIZE, FILE_LIMIT_BYTES),
-        (resource.RLIMIT_CORE, 0),
-    ):
-        soft, hard = resource.getrlimit(limit)
-        wanted = value if hard == resource.RLIM_INFINITY else min(value, hard)
-        if soft == resource.RLIM_INFINITY or soft > wanted:
-            resource.setrlimit(limit, (wanted, hard))
 
 
 def launch_signature(task: TaskSpec | None) -> str:

@@ -49,6 +49,7 @@ import logging
 import os
 import pickle
 import queue
+import resource
 import select
 import shutil
 import signal
@@ -453,6 +454,32 @@ def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
         for name, value in environ.items()
         if name != "KOPE_LOG" and not any(word in name.upper() for word in _SECRET_WORDS)
     }
+
+
+# A worker running code an agent wrote (a Triton kernel, its launcher) may not grow past this
+# share of the machine's memory: a kernel that allocates without bound takes down its
+# worker, not the machine.
+MEMORY_SHARE = 0.75
+# Nor write files larger than this (a kernel has no business writing any).
+FILE_LIMIT_BYTES = 1 << 30
+
+
+def limit_resources() -> None:
+    """Bound this worker's memory and file writes, and drop core dumps (lowering a limit is
+    always permitted)."""
+    try:
+        pages, size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return
+    for limit, value in (
+        (resource.RLIMIT_AS, int(pages * size * MEMORY_SHARE)),
+        (resource.RLIMIT_FSIZE, FILE_LIMIT_BYTES),
+        (resource.RLIMIT_CORE, 0),
+    ):
+        soft, hard = resource.getrlimit(limit)
+        wanted = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        if soft == resource.RLIM_INFINITY or soft > wanted:
+            resource.setrlimit(limit, (wanted, hard))
 
 
 class WorkerPool:

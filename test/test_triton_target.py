@@ -249,3 +249,12 @@ def test_precompile_gives_every_operator_a_verified_triton_kernel(
         assert row["attempts"] <= 3 and row["winner"] == "eager", row
     attempts = [a for t in store.tasks() for a in store.attempts(t.key) if a.source == "agent"]
     assert attempts and all(a.form == FORM_TRITON and a.latency_us is None for a in attempts)
+    # Each CUDA kernel went through Triton's real compiler for sm_80 and sm_90 too (the
+    # record `kope memory export` carries); Ascend's compiler needs its toolkit: none ran.
+    for attempt in attempts:
+        if name == "ascend":
+            assert attempt.device_compile is None
+            continue
+        assert attempt.device_compile is not None
+        assert sorted(attempt.device_compile) == ["sm_80", "sm_90"]
+        assert all(r["ok"] and r["registers"] > 0 for r in attempt.device_compile.values())

@@ -102,6 +102,10 @@ class Evaluation:
     # The thread count the figures mean: the measuring process's torch threads, which eager
     # runs with and parallel kernels use (0: not measured).
     threads: int = 0
+    # A GPU kernel compiled for each architecture its target names, without the device
+    # (`kope.targets.device_compile`): {"sm_90": {"ok", "registers", "spills",
+    # "shared_bytes", "error", ..., "estimate_us"}}; None where nothing was compiled.
+    device_compile: dict[str, dict[str, Any]] | None = None
 
     @property
     def verified(self) -> bool:
