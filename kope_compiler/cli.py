@@ -77,6 +77,12 @@ def _architectures(text: str) -> str:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _estimate_text(op: dict[str, Any]) -> str:
+    """An untimed operator's timing cell: its best roofline estimate, where one was made."""
+    estimate = op.get("estimate_us")
+    return "untimed" if estimate is None else f"untimed, est {estimate:.3g} µs"
+
+
 def _add_model(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "model",
@@ -816,7 +822,7 @@ def format_report(report: dict[str, Any]) -> str:
                 op["winner"],
                 _x(op["speedup_vs_eager"], quality),
                 _x(op["speedup_vs_reference"], quality),
-                timing_text(op) if timed else "untimed",
+                timing_text(op) if timed else _estimate_text(op),
                 str(op["attempts"]),
                 verdicts,
             )
@@ -829,6 +835,12 @@ def format_report(report: dict[str, Any]) -> str:
             f"{s['target']} -o PACK` takes them to the device "
             f"(benchmarks/{'npu' if s['target'] == 'ascend' else 'gpu'}_check.sh)"
         )
+        if any(op.get("estimate_us") is not None for op in report["operators"]):
+            lines.append(
+                "est: the best kernel's roofline estimate on the GPUs it was compiled for, from "
+                "its registers, shared memory and grid: an estimate, not a timing; a kernel "
+                "Triton's compiler refuses counts as compile_error"
+            )
     elif any(op.get("timing_quality") != "clean" for op in report["operators"]):
         lines.append(
             "~: a figure that is not clean (measured under load, or before KOPE judged timings); "

@@ -24,6 +24,7 @@ from kope.memory.schema import AttemptRecord, TaskRecord
 from kope.memory.similarity import Features, distance, distances, features
 from kope.memory.store import ExperienceStore
 from kope.passes.analysis import analyze
+from kope.targets.device_compile import estimate_of
 from kope.vocabulary.evidence import TIMING_CONTAMINATED
 
 log = logging.getLogger("kope.experience")
@@ -95,6 +96,7 @@ def _experience(
         linalg_ops=loops[1],
         work=loops[2],
         same_target=same_target,
+        estimate_us=estimate_of(attempt.device_compile),
     )
 
 

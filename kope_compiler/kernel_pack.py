@@ -36,7 +36,7 @@ from kope.memory.schema import AttemptRecord, TaskRecord
 from kope.memory.store import ExperienceStore
 from kope.passes.keys import task_key
 from kope.targets import verify
-from kope.targets.device_compile import failed
+from kope.targets.device_compile import estimate_of, failed
 from kope.targets.host import package_version
 from kope.targets.measure import estimate_work
 from kope.targets.triton import triton_target_key
@@ -197,17 +197,9 @@ def _device_ready(
             summary.skipped.append((record.label, f"kernel {attempt.id} left out: {refused[0]}"))
             continue
         mine = {a: compiled[a] for a in architectures}
-        ready.append((_estimate(mine), order, attempt, text, mine))
+        ready.append((estimate_of(mine) or math.inf, order, attempt, text, mine))
     ready.sort(key=lambda found: found[:2])
     return [(attempt, text, compiled) for _, _, attempt, text, compiled in ready]
-
-
-def _estimate(compiled: dict[str, dict[str, Any]]) -> float:
-    """One kernel's rank among its task's: the geometric mean of its roofline estimates."""
-    estimates = [float(r.get("estimate_us") or 0.0) for r in compiled.values()]
-    if not estimates or min(estimates) <= 0:
-        return math.inf
-    return math.exp(sum(math.log(e) for e in estimates) / len(estimates))
 
 
 def _compile_now(

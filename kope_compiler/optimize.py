@@ -35,6 +35,7 @@ from kope.memory.schema import AttemptRecord
 from kope.memory.store import ExperienceStore
 from kope.options import Options
 from kope.targets.base import Target
+from kope.targets.device_compile import estimate_of
 from kope.task import Task
 from kope.vocabulary.events import AttemptEvaluated, ChoiceMade, Events
 from kope.vocabulary.evidence import (
@@ -89,6 +90,11 @@ class TaskSummary:
     timing_quality: str = TIMING_UNKNOWN
     clean_rounds: int = 0
     rounds: int = 0
+    # On a target that compiles for GPUs it lacks: the agent's kernels Triton's compiler took
+    # for every architecture, and the best one's roofline estimate (microseconds; never a
+    # timing).
+    device_compiled: int = 0
+    estimate_us: float | None = None
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -282,6 +288,7 @@ def _feedback(attempt: AttemptRecord, store: ExperienceStore) -> Feedback:
         attempt.speedup_vs_eager,
         attempt.speedup_vs_reference,
         source=kernel.source if kernel is not None else "",
+        estimate_us=estimate_of(attempt.device_compile),
     )
 
 
@@ -311,6 +318,11 @@ def summarize(
     eager_us = figures.eager_us if figures else None
     ref_us = figures.reference_us if figures and figures.verdict == VERIFIED else None
     best_us = pinned.latency_us if pinned is not None else eager_us
+    estimates = [
+        e
+        for a in agent_attempts
+        if a.verdict == VERIFIED and (e := estimate_of(a.device_compile)) is not None
+    ]
     return TaskSummary(
         key=task.key,
         op=task.op,
@@ -332,6 +344,8 @@ def summarize(
         timing_quality=figures.timing_quality if figures else TIMING_UNKNOWN,
         clean_rounds=figures.clean_rounds if figures else 0,
         rounds=figures.rounds if figures else 0,
+        device_compiled=len(estimates),
+        estimate_us=min(estimates, default=None),
     )
 
 

@@ -88,6 +88,8 @@ LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 LAUNCH_US = 3.0
 # The share of its peaks a kernel reaches with the whole GPU busy: a roofline is a bound.
 ACHIEVABLE = 0.8
+# The share of a multiprocessor's warps that hides memory latency well enough for full speed.
+LATENCY_HIDING_SHARE = 0.25
 # A compile worker's environment: triton imported for real compilation, compiling every
 # time (a cached kernel has no `ptxas -v` report to read), the report printed.
 COMPILE_ENV = {"TRITON_INTERPRET": "0", "TRITON_ALWAYS_COMPILE": "1", "TRITON_DUMP_PTXAS_LOG": "1"}
@@ -387,6 +389,15 @@ def refusal(record: dict[str, Any], arch: Architecture) -> str | None:
     return None
 
 
+def estimate_of(records: dict[str, dict[str, Any]] | None) -> float | None:
+    """One kernel's roofline estimate over its architectures (their geometric mean, in
+    microseconds); None where it was not compiled, or did not compile for one of them."""
+    estimates = [float(r.get("estimate_us") or 0.0) for r in (records or {}).values()]
+    if not estimates or min(estimates) <= 0:
+        return None
+    return math.exp(sum(math.log(e) for e in estimates) / len(estimates))
+
+
 def occupancy(record: dict[str, Any], arch: Architecture) -> float:
     """The share of a multiprocessor's warps the kernel keeps resident (0 when it cannot run)."""
     warps = int(record.get("num_warps") or 4)
@@ -405,17 +416,24 @@ def estimate_us(
 ) -> float | None:
     """A roofline estimate of one call on `arch`'s part (microseconds), None when the kernel
     cannot run there: the operator's bytes at the part's bandwidth or its flops (two per loop
-    iteration) at its peak, whichever bounds it, divided by the share of the GPU the kernel
-    keeps busy (its programs over the blocks the multiprocessors hold at its occupancy, and
-    that occupancy over a quarter of the warps, which hides memory latency), plus a launch."""
+    iteration) at its peak, whichever bounds it, over the share of the GPU the kernel keeps
+    busy, plus a launch. That share is the multiprocessors its programs reach, times how well
+    each hides memory latency (a quarter of its warps resident, `LATENCY_HIDING_SHARE`, runs
+    at full speed; the warps a kernel can keep resident are bounded by its occupancy), times
+    the last wave's waste where programs come in more than one wave."""
     if not record.get("ok"):
         return None
     resident = occupancy(record, arch)
     if resident <= 0:
         return None
     warps = int(record.get("num_warps") or 4)
-    slots = arch.multiprocessors * resident * arch.max_warps_per_sm / warps
-    busy = min(1.0, int(record.get("programs") or 1) / slots) * min(1.0, resident / 0.25)
+    programs = max(1, int(record.get("programs") or 1))
+    reached = min(arch.multiprocessors, programs)
+    warps_per_sm = min(resident * arch.max_warps_per_sm, programs * warps / reached)
+    hiding = min(1.0, warps_per_sm / (LATENCY_HIDING_SHARE * arch.max_warps_per_sm))
+    waves = programs / (arch.multiprocessors * resident * arch.max_warps_per_sm / warps)
+    tail = waves / math.ceil(waves) if waves > 1 else 1.0
+    busy = reached / arch.multiprocessors * hiding * tail
     peak = arch.tensor_tflops if tensor_cores else arch.fp32_tflops
     memory_s = work.bytes / (arch.bandwidth_gbs * 1e9 * ACHIEVABLE)
     compute_s = 2 * work.iterations / (peak * 1e12 * ACHIEVABLE)

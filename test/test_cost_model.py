@@ -9,6 +9,7 @@ import hashlib
 import json
 import math
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,33 @@ def test_rows_come_from_timed_attempts_of_the_family_weighted_by_similarity() ->
     rows = cost_model.training_rows(experience, history, here, "contraction")
     assert [(r.speedup, r.weight) for r in rows] == [(1.25, 1.0), (1.5, pytest.approx(0.81))]
     assert rows[0].workload == here and rows[1].workload.loops == (64, 64, 32)
+
+
+def test_roofline_estimates_stand_in_where_no_device_timed_an_operator() -> None:
+    """On a device nothing here can time (a Triton target), an attempt's roofline estimate is
+    a row at half weight, as 1 / estimate; an operator with timings keeps only its timings."""
+    here = _workload(64, 64, 64)
+
+    def untimed(index: int, threads: int, loops: tuple[int, ...], estimate: float) -> Experience:
+        item = _attempt(index, _matmul(threads), 1.0, loops, similarity=1.0)
+        return replace(item, speedup_vs_eager=None, estimate_us=estimate)
+
+    estimated = [
+        untimed(0, 2, (64, 64, 32), 4.0),
+        untimed(1, 1, (64, 64, 32), 8.0),
+        replace(_attempt(2, _matmul(1), 1.5, (32, 32, 32), similarity=1.0), estimate_us=2.0),
+        untimed(3, 2, (32, 32, 32), 1.0),
+    ]
+    history = [Feedback("h", "d", _matmul(2), "verified", None, None, None, None, None)]
+    history.append(replace(history[0], attempt_id="h2", estimate_us=5.0))
+    rows = cost_model.training_rows(estimated, history, here, "contraction")
+    got = sorted((r.workload.loops, r.speedup, r.weight) for r in rows)
+    assert got == [
+        ((32, 32, 32), 1.5, 1.0),  # timed: its operator's estimate (attempt 3) is dropped
+        ((64, 64, 32), 0.125, cost_model.ESTIMATE_WEIGHT),
+        ((64, 64, 32), 0.25, cost_model.ESTIMATE_WEIGHT),
+        ((64, 64, 64), 0.2, cost_model.ESTIMATE_WEIGHT),
+    ]
 
 
 def test_too_little_evidence_fits_no_model() -> None:

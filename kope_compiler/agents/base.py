@@ -56,6 +56,9 @@ class Experience:
     linalg_ops: int = 0
     work: int = 0  # the iterations of its payload's largest linalg op (0: unknown)
     same_target: bool = True  # measured on this target and hardware (a merged store's may not)
+    # Where no device timed it: a roofline estimate of its device time in microseconds from
+    # its compiled resources (`kope.targets.device_compile.estimate_of`), never a timing.
+    estimate_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class Feedback:
     speedup_vs_eager: float | None
     speedup_vs_reference: float | None
     source: str = ""  # the kernel text the attempt proposed (what a passive context replays)
+    estimate_us: float | None = None  # a roofline estimate where untimed (see `Experience`)
 
 
 @dataclass

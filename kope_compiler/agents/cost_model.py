@@ -44,6 +44,10 @@ from kope.passes.analysis import PayloadInfo
 MIN_ROWS = 4  # timed attempts before a model fits
 MIN_EVIDENCE = 1.0  # ... of summed weight: four of an operator half alike, twenty unlike ones
 CROSS_OP_WEIGHT = 0.05  # the least weight of an attempt of the kernel family on this target
+# The weight of a roofline estimate (`Experience.estimate_us`) beside a timing's: a model of the
+# device, trained on where no device has timed anything, and never beside a timing of its own
+# operator (an operator's rows are all timings or all estimates).
+ESTIMATE_WEIGHT = 0.5
 HALF_EVIDENCE = 1.0  # summed row weight (an operator's attempt, twenty unlike ones) for half
 MAX_BLEND = 1.0  # the model's share of the score with plentiful evidence it is shown right on
 TRUST_FOLDS = 4  # held-out groups of operators that measure how far the model ranks right
@@ -116,27 +120,38 @@ def training_rows(
     experience: Iterable[Experience], history: Iterable[Feedback], here: Workload, family: str
 ) -> list[Row]:
     """The timed attempts of `family`'s configurations: retrieved ones weighted by their
-    operator's similarity squared, this session's own (the operator itself) by 1."""
+    operator's similarity squared, this session's own (the operator itself) by 1. Where no
+    device timed an operator's attempts, their roofline estimates stand in at
+    `ESTIMATE_WEIGHT` (as 1 / estimate: `relative` keeps only differences within an operator)."""
     rows: list[Row] = []
+    estimated: list[Row] = []
     own: set[str] = set()
     for feedback in history:
         config = feedback.config
-        if feedback.verdict == "verified" and feedback.speedup_vs_eager and config:
-            if config.get("family") == family:
+        if feedback.verdict == "verified" and config and config.get("family") == family:
+            if feedback.speedup_vs_eager:
                 rows.append(Row(here, config, feedback.speedup_vs_eager, 1.0))
+            elif feedback.estimate_us:
+                estimated.append(Row(here, config, 1.0 / feedback.estimate_us, ESTIMATE_WEIGHT))
         own.add(feedback.attempt_id)
     for item in experience:
         config = item.config
-        if item.attempt_id in own or item.verdict != "verified" or not item.speedup_vs_eager:
+        if item.attempt_id in own or item.verdict != "verified":
             continue
         if not config or config.get("family") != family:
             continue
         weight = max(0.0, min(1.0, item.similarity)) ** 2
         if item.same_target:
             weight = max(weight, CROSS_OP_WEIGHT)
-        if weight > 1e-3:
+        if weight <= 1e-3:
+            continue
+        if item.speedup_vs_eager:
             rows.append(Row(experience_workload(item), config, item.speedup_vs_eager, weight))
-    return rows
+        elif item.estimate_us:
+            weight *= ESTIMATE_WEIGHT
+            estimated.append(Row(experience_workload(item), config, 1.0 / item.estimate_us, weight))
+    timed = {row.workload for row in rows}
+    return rows + [row for row in estimated if row.workload not in timed]
 
 
 def _log2(value: float) -> float:
