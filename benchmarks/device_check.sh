@@ -35,5 +35,6 @@ else:
 print(f"torch {torch.__version__}, triton {triton.__version__}, "
       f"device: {device or 'none (the kernels run under the interpreter, untimed)'}")
 PY
-# Each kernel runs in a child process with this limit; the whole check stays within 8 minutes.
+# Each kernel runs with this limit (in a child process, replaced after a crash, a hang or an
+# error); the whole check stays within 8 minutes.
 timeout 470 "$python" "$pack/runner.py" "$pack" --timeout-s "${KOPE_KERNEL_TIMEOUT_S:-60}"

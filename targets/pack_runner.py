@@ -9,8 +9,9 @@ needs only the standard library, torch and triton:
 
     python PACK/runner.py PACK [--results FILE] [--timeout-s S]
 
-Each kernel runs in a child process of its own (a crash or a hang is that kernel's recorded
-failure) with the screen and sandbox KOPE builds with. Per kernel: outputs poisoned with NaN,
+Kernels run one after another in a child process (a crash, a hang or an error is that
+kernel's recorded failure, and the next kernel gets a new child) with the screen and
+sandbox KOPE builds with. Per kernel: outputs poisoned with NaN,
 compared against the stored reference outputs and against eager on the device; then, on a
 device, eager and the kernel timed alternately by `triton.testing.do_bench` (L2 flushed
 between calls; the median, with the method named in the results). Without a device it runs
@@ -26,6 +27,7 @@ import json
 import math
 import os
 import platform
+import select
 import subprocess
 import sys
 import tempfile
@@ -102,7 +104,7 @@ def _mismatch(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -
 
 
 def run_one(pack: Path, index: int) -> dict[str, Any]:
-    """Verify and time kernel `index` of the pack; runs in its own child process."""
+    """Verify and time kernel `index` of the pack; runs in the child process (`serve`)."""
     manifest = json.loads((pack / "manifest.json").read_text())
     entry = manifest["kernels"][index]
     task = manifest["tasks"][entry["task"]]
@@ -113,7 +115,7 @@ def run_one(pack: Path, index: int) -> dict[str, Any]:
     data = torch.load(pack / task["data"], weights_only=True)
     inputs = [t.to(device) for t in data["inputs"]]
     result: dict[str, Any] = {"kernel": entry["digest"], "task": entry["task"]}
-    # The kernel's source file (`load_launcher`), removed with this child process.
+    # The kernel's source file (`load_launcher`), removed when this kernel is done.
     scratch = tempfile.TemporaryDirectory(prefix="kope-pack-", ignore_cleanup_errors=True)
     try:
         launch = sandbox.load_launcher((pack / entry["path"]).read_text(), Path(scratch.name))
@@ -172,45 +174,116 @@ def run_one(pack: Path, index: int) -> dict[str, Any]:
     }
 
 
+class _Child:
+    """The child process kernels run in, one after another (`serve`): it pays for starting
+    Python, importing torch and triton and making the device's context once, not per
+    kernel. A kernel that crashes it, hangs or raises costs only a new child."""
+
+    def __init__(self, pack: Path, env: dict[str, str]):
+        self.stderr = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), str(pack), "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            env=env,
+        )
+        self.buffer = b""
+
+    def run(self, index: int, timeout_s: float) -> dict[str, Any]:
+        """Kernel `index`'s result; raises TimeoutError, or EOFError when the child died."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{index}\n".encode())
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + timeout_s
+        fd = self.proc.stdout.fileno()
+        while True:
+            line, found, rest = self.buffer.partition(b"\n")
+            if found:
+                self.buffer = rest
+                if line.startswith(b"{"):
+                    result: dict[str, Any] = json.loads(line)
+                    return result
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                raise EOFError
+            self.buffer += chunk
+
+    def tail(self) -> str:
+        self.stderr.seek(0)
+        lines = self.stderr.read().decode(errors="replace").strip().splitlines()
+        return " | ".join(lines[-3:])
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.stderr.close()
+
+
+def serve(pack: Path) -> None:
+    """The child's loop: a kernel index per line in, its result as one JSON line out. A
+    kernel that raised may have left the device's context unusable: the child then exits,
+    and the parent starts another for the next kernel."""
+    for line in sys.stdin:
+        index = int(line)
+        try:
+            result = run_one(pack, index)
+        except Exception as err:
+            entry = json.loads((pack / "manifest.json").read_text())["kernels"][index]
+            error = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+            print(json.dumps({**_failure(entry, "runtime_error", error), "fatal": True}))
+            sys.stdout.flush()
+            return
+        print(json.dumps(result))
+        sys.stdout.flush()
+
+
+def _failure(entry: dict[str, Any], verdict: str, error: str) -> dict[str, Any]:
+    return {"kernel": entry["digest"], "task": entry["task"], "verdict": verdict, "error": error}
+
+
 def run_pack(pack: Path, timeout_s: float) -> dict[str, Any]:
-    """Every kernel of the pack, each in a child process; the results file's content."""
+    """Every kernel of the pack, in a child process that a crash, a hang or an error
+    replaces (`_Child`); the results file's content."""
     manifest = json.loads((pack / "manifest.json").read_text())
     device, name = device_of(manifest["target"])
     env = dict(os.environ)
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"
     results = []
-    for index, entry in enumerate(manifest["kernels"]):
-        started = time.perf_counter()
-        try:
-            done = subprocess.run(
-                [sys.executable, str(Path(__file__).resolve()), str(pack), "--one", str(index)],
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                env=env,
-            )
-            lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-            if done.returncode == 0 and lines:
-                result = json.loads(lines[-1])
-            else:
-                tail = (done.stderr or "").strip().splitlines()[-3:]
-                result = {
-                    "kernel": entry["digest"],
-                    "task": entry["task"],
-                    "verdict": "runtime_error",
-                    "error": f"the runner's child exited with status {done.returncode}: "
-                    + " | ".join(tail),
-                }
-        except subprocess.TimeoutExpired:
-            result = {
-                "kernel": entry["digest"],
-                "task": entry["task"],
-                "verdict": "timeout",
-                "error": f"no result within {timeout_s:g} s",
-            }
-        result["wall_s"] = time.perf_counter() - started
-        results.append(result)
+    child: _Child | None = None
+    try:
+        for index, entry in enumerate(manifest["kernels"]):
+            started = time.perf_counter()
+            child = child or _Child(pack, env)
+            try:
+                result = child.run(index, timeout_s)
+                if result.pop("fatal", False):
+                    child.close()
+                    child = None
+            except TimeoutError:
+                result = _failure(entry, "timeout", f"no result within {timeout_s:g} s")
+                child.close()
+                child = None
+            except EOFError:
+                child.proc.wait()
+                error = (
+                    f"the runner's child exited with status {child.proc.returncode}: "
+                    + child.tail()
+                )
+                result = _failure(entry, "runtime_error", error)
+                child.close()
+                child = None
+            result["wall_s"] = time.perf_counter() - started
+            results.append(result)
+    finally:
+        if child is not None:
+            child.close()
     return {
         "version": RESULTS_VERSION,
         "pack": manifest["id"],
@@ -269,10 +342,10 @@ def main(argv: list[str] | None = None) -> int:
         "--results", type=Path, help="where to write results (default PACK/results.json)"
     )
     parser.add_argument("--timeout-s", type=float, default=120.0, help="per kernel")
-    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.one is not None:
-        print(json.dumps(run_one(args.pack, args.one)))
+    if args.serve:
+        serve(args.pack)
         return 0
     results = run_pack(args.pack, args.timeout_s)
     out = args.results or args.pack / "results.json"

@@ -102,3 +102,39 @@ def test_a_pack_catches_a_kernel_that_is_wrong_on_the_device(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads((pack / "results.json").read_text())["results"][0]
     assert result["verdict"] == "mismatch" and "reference lowering" in result["error"]
+
+
+def test_a_kernel_that_hangs_or_raises_costs_only_its_own_result(tmp_path: Path) -> None:
+    """The runner's kernels share a child process; one that hangs is killed at its limit and
+    one that raises ends its child, and the kernels after each still run, in a new child."""
+    target = get_target("cuda", workers=1, timeout_s=30.0)
+    graph = make_fx(lambda x: torch.softmax(x, -1), tracing_mode="fake")(torch.randn(8, 37))
+    task = partition(graph, target).tasks[0]
+    store = ExperienceStore(tmp_path / "store")
+    with ScriptedOpenAIServer([Reply(content=f"```python\n{SOFTMAX}```\n")]) as server:
+        agent = make_agent("llm", base_url=server.base_url, model="scripted", max_retries=0)
+        optimize_task(task, target, store, agent, Budget(attempts=1))
+        agent.close()
+    target.close()
+    pack = tmp_path / "pack"
+    export_pack(store, "cuda", pack)
+    manifest = json.loads((pack / "manifest.json").read_text())
+    (good,) = manifest["kernels"]
+    shape = "    rows, cols = in0.shape\n"
+    hang = SOFTMAX.replace(shape, shape + "    while True:\n        rows = rows + 0\n")
+    raises = SOFTMAX.replace(shape, "    rows, cols = in0.shape[5]\n")
+    for name, text in (("hang", hang), ("raises", raises)):
+        (pack / f"kernels/{name}.py").write_text(text)
+    bad = [{**good, "digest": name, "path": f"kernels/{name}.py"} for name in ("hang", "raises")]
+    manifest["kernels"] = [bad[0], good, bad[1], good]
+    (pack / "manifest.json").write_text(json.dumps(manifest))
+    done = subprocess.run(
+        [sys.executable, str(pack / "runner.py"), str(pack), "--timeout-s", "30"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = json.loads((pack / "results.json").read_text())["results"]
+    assert [r["verdict"] for r in results] == ["timeout", VERIFIED, "runtime_error", VERIFIED]
+    assert "IndexError" in results[2]["error"]
