@@ -283,8 +283,26 @@ def _line(a: AttemptRecord) -> str:
     decision = f" {a.decision}" if a.decision and not a.confirms else ""
     return (
         f"{a.id[:16]} {a.source:9s} {a.verdict:13s} {latency:>11s}{speed}{quality}"
-        f"{confirms}{decision}"
+        f"{confirms}{decision}{_device_compile(a)}"
     )
+
+
+def _device_compile(a: AttemptRecord) -> str:
+    """What Triton's compiler made of a GPU kernel, per architecture: its registers, spills,
+    shared memory and roofline estimate (labelled: never a timing), or why it refused."""
+    parts = []
+    for arch, r in sorted((a.device_compile or {}).items()):
+        if not r.get("ok") and r.get("registers") is None:
+            parts.append(f"{arch} refused")
+            continue
+        estimate = r.get("estimate_us")
+        parts.append(
+            f"{arch} {r.get('registers')} regs, {r.get('spills')} B spilled, "
+            f"{r.get('shared_bytes')} B shared"
+            + (f", est {estimate:.3g} us" if estimate else "")
+            + ("" if r.get("ok") else " (refused)")
+        )
+    return f" [{'; '.join(parts)}]" if parts else ""
 
 
 def _context(args: argparse.Namespace, store: ExperienceStore) -> int:

@@ -188,3 +188,16 @@ def test_only_kernels_that_compile_enter_a_pack(
     (entry,) = manifest["kernels"]
     assert entry["attempt"] == attempts[1].id
     assert all(entry["device_compile"][a]["ok"] for a in DEFAULT_ARCHITECTURES)
+
+
+def test_memory_show_names_each_architecture_s_resources_and_refusals() -> None:
+    from kope.memory.cli import _line
+    from kope.memory.schema import AttemptRecord
+
+    compiled = {
+        "sm_80": {"ok": True, "registers": 40, "spills": 0, "shared_bytes": 6144},
+        "sm_90": {"ok": False, "registers": None, "spills": None, "shared_bytes": None},
+    }
+    compiled["sm_80"]["estimate_us"] = 4.25
+    line = _line(AttemptRecord("t", "agent", COMPILE_ERROR, device_compile=compiled))
+    assert "[sm_80 40 regs, 0 B spilled, 6144 B shared, est 4.25 us; sm_90 refused]" in line
