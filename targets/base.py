@@ -18,13 +18,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 
 from kope.vocabulary.evidence import Evaluation
 from kope.vocabulary.kernels import FORM_MLIR, Kernel
 from kope.vocabulary.specs import DTYPES, TaskSpec, dtype_name
+
+if TYPE_CHECKING:
+    from kope.targets.measure import Work
 
 
 class BuildError(Exception):
@@ -161,7 +164,7 @@ class Target(ABC):
         return None
 
     def compile_for_devices(
-        self, task: TaskSpec, kernel: Kernel, result: Evaluation, work: Any
+        self, task: TaskSpec, kernel: Kernel, result: Evaluation, work: Work
     ) -> None:
         """For a verified `result`: compile `kernel` for the devices the target names but this
         process may lack (`result.device_compile`), and make what cannot run there a failure.

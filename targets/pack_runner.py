@@ -260,24 +260,22 @@ def run_pack(pack: Path, timeout_s: float) -> dict[str, Any]:
     try:
         for index, entry in enumerate(manifest["kernels"]):
             started = time.perf_counter()
-            child = child or _Child(pack, env)
+            running = child or _Child(pack, env)
+            child = running
             try:
-                result = child.run(index, timeout_s)
-                if result.pop("fatal", False):
-                    child.close()
-                    child = None
+                result = running.run(index, timeout_s)
+                keep = not result.pop("fatal", False)
             except TimeoutError:
                 result = _failure(entry, "timeout", f"no result within {timeout_s:g} s")
-                child.close()
-                child = None
+                keep = False
             except EOFError:
-                child.proc.wait()
-                error = (
-                    f"the runner's child exited with status {child.proc.returncode}: "
-                    + child.tail()
-                )
+                running.proc.wait()
+                status = running.proc.returncode
+                error = f"the runner's child exited with status {status}: {running.tail()}"
                 result = _failure(entry, "runtime_error", error)
-                child.close()
+                keep = False
+            if not keep:
+                running.close()
                 child = None
             result["wall_s"] = time.perf_counter() - started
             results.append(result)

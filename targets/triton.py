@@ -39,7 +39,7 @@ from kope.targets.device_compile import (
 from kope.targets.host import package_version
 from kope.targets.triton_sandbox import BUILTINS, TL_NAMES, KernelRefused, load_launcher
 from kope.targets.worker import SCRATCH_VARIABLE, WorkerPool, limit_resources
-from kope.vocabulary.evidence import COMPILE_ERROR, Evaluation
+from kope.vocabulary.evidence import COMPILE_ERROR, TIMEOUT, Evaluation
 from kope.vocabulary.kernels import FORM_MLIR, FORM_TRITON, Kernel
 from kope.vocabulary.specs import DTYPES, TaskSpec
 
@@ -260,14 +260,12 @@ class TritonTarget(Target):
         )
         if outcome.ok:
             records: dict[str, dict[str, Any]] = outcome.value
+        elif outcome.failure == "timeout":
+            why = f"the compiler ran past {self.timeout_s:g} s"
+            records = {arch: device_compile.failed(why) for arch in self.architectures}
         else:
-            what = {"crash": "crashed", "timeout": "timed out"}.get(outcome.failure or "", "raised")
-            detail = outcome.detail.splitlines()[0] if outcome.detail else ""
-            why = (
-                f"the compiler {what} after {self.timeout_s:g} s"
-                if what == "timed out"
-                else (f"the compiler {what}: {detail}")
-            )
+            detail = outcome.detail.splitlines()[0] if outcome.detail else outcome.failure
+            why = f"the compile worker failed: {detail}"
             records = {arch: device_compile.failed(why) for arch in self.architectures}
         tensor_cores = "tl.dot" in kernel.source and any(
             s.dtype in ("float16", "bfloat16") for s in task.inputs
@@ -278,7 +276,7 @@ class TritonTarget(Target):
         result.device_compile = records
         refused = [f"{arch}: {r['error']}" for arch, r in records.items() if not r["ok"]]
         if refused:
-            result.verdict = COMPILE_ERROR
+            result.verdict = TIMEOUT if outcome.failure == "timeout" else COMPILE_ERROR
             result.error = (
                 "verified, but Triton's compiler refuses it for the device: " + "; ".join(refused)
             )
