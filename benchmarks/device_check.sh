@@ -3,8 +3,11 @@
 #   bash benchmarks/device_check.sh cuda|ascend PACK      (gpu_check.sh and npu_check.sh call it)
 #
 # On KOPE's machine (no device needed), make the pack:
-#   kope precompile MODEL --target cuda        # kernels verified under Triton's interpreter
+#   kope precompile MODEL --target cuda        # verified under Triton's interpreter, compiled
+#                                              # for sm_80 and sm_90 by Triton's compiler
 #   kope export --target cuda -o gpu-pack      # kernels, inputs, reference outputs, runner
+# or the prepared one of the e2e models, each operator's best-estimated kernel, rehearsed:
+#   python benchmarks/gpu_pack.py --out gpu-pack --store gpu-store --rehearse
 # On the device's machine (torch and triton only, with torch_npu and triton-ascend for
 # ascend; installs nothing; the pack is under 40 MiB):
 #   bash benchmarks/gpu_check.sh gpu-pack

@@ -6,8 +6,10 @@ crash, a hang or an exception there to a verdict. `evaluate_job` runs in the wor
 the candidate (and the oracle kernel) with the target's `build`, verifies it on fresh random
 and edge inputs in the target's device buffers (poisoned outputs inside canaries, inputs
 checked unchanged), times it interleaved with eager ATen (the target's `synchronize` after
-each call), and checks what the timed calls returned. A target supplies only its `Target`
-hooks; nothing here knows which target it runs for.
+each call), and checks what the timed calls returned. A verified kernel then goes to the
+target's `compile_for_devices` (the CUDA target compiles it for GPU architectures this
+machine lacks: `kope.targets.device_compile`). A target supplies only its `Target` hooks;
+nothing here knows which target it runs for.
 """
 
 from __future__ import annotations
