@@ -94,20 +94,6 @@ LATENCY_HIDING_SHARE = 0.25
 # time (a cached kernel has no `ptxas -v` report to read), the report printed.
 COMPILE_ENV = {"TRITON_INTERPRET": "0", "TRITON_ALWAYS_COMPILE": "1", "TRITON_DUMP_PTXAS_LOG": "1"}
 
-# Triton's pointer types, by torch dtype name.
-_POINTER_TYPES = {
-    "float32": "fp32",
-    "float16": "fp16",
-    "bfloat16": "bf16",
-    "float64": "fp64",
-    "int64": "i64",
-    "int32": "i32",
-    "int16": "i16",
-    "int8": "i8",
-    "uint8": "u8",
-    "bool": "i1",
-}
-
 
 def configured_architectures() -> tuple[str, ...]:
     """The architectures CUDA kernels are compiled for: `KOPE_CUDA_ARCH`, else the default."""
@@ -239,10 +225,13 @@ def _argument_type(kernel: str, name: str, value: Any) -> str:
     import torch
 
     if isinstance(value, torch.Tensor):
+        from kope.vocabulary.specs import DTYPES
+
         dtype = str(value.dtype).removeprefix("torch.")
-        if dtype not in _POINTER_TYPES:
+        if dtype not in DTYPES:
             raise TraceError(f"{kernel}: argument {name} is a {dtype} tensor")
-        return "*" + _POINTER_TYPES[dtype]
+        short = DTYPES[dtype]  # Triton spells MLIR's floats fp32, fp16, fp64 (bf16 as is)
+        return "*" + ("fp" + short[1:] if short.startswith("f") else short)
     if isinstance(value, bool):
         return "i1"
     if isinstance(value, int):

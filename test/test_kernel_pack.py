@@ -80,9 +80,8 @@ def test_a_pack_runs_without_kope_and_its_results_come_back(name: str, tmp_path:
     assert recorded[0].config == first.config
 
 
-def test_a_pack_catches_a_kernel_that_is_wrong_on_the_device(tmp_path: Path) -> None:
-    """The runner compares with the stored reference outputs itself: a kernel swapped for a
-    wrong one after export is a mismatch there."""
+def _softmax_pack(tmp_path: Path) -> Path:
+    """A CUDA pack of one softmax kernel (tmp_path/pack), from a store it was verified into."""
     target = get_target("cuda", workers=1, timeout_s=30.0)
     graph = make_fx(lambda x: torch.softmax(x, -1), tracing_mode="fake")(torch.randn(8, 37))
     task = partition(graph, target).tasks[0]
@@ -94,6 +93,13 @@ def test_a_pack_catches_a_kernel_that_is_wrong_on_the_device(tmp_path: Path) -> 
     target.close()
     pack = tmp_path / "pack"
     export_pack(store, "cuda", pack)
+    return pack
+
+
+def test_a_pack_catches_a_kernel_that_is_wrong_on_the_device(tmp_path: Path) -> None:
+    """The runner compares with the stored reference outputs itself: a kernel swapped for a
+    wrong one after export is a mismatch there."""
+    pack = _softmax_pack(tmp_path)
     kernel = next((pack / "kernels").iterdir())
     kernel.write_text(WRONG)
     done = subprocess.run(
@@ -107,17 +113,7 @@ def test_a_pack_catches_a_kernel_that_is_wrong_on_the_device(tmp_path: Path) -> 
 def test_a_kernel_that_hangs_or_raises_costs_only_its_own_result(tmp_path: Path) -> None:
     """The runner's kernels share a child process; one that hangs is killed at its limit and
     one that raises ends its child, and the kernels after each still run, in a new child."""
-    target = get_target("cuda", workers=1, timeout_s=30.0)
-    graph = make_fx(lambda x: torch.softmax(x, -1), tracing_mode="fake")(torch.randn(8, 37))
-    task = partition(graph, target).tasks[0]
-    store = ExperienceStore(tmp_path / "store")
-    with ScriptedOpenAIServer([Reply(content=f"```python\n{SOFTMAX}```\n")]) as server:
-        agent = make_agent("llm", base_url=server.base_url, model="scripted", max_retries=0)
-        optimize_task(task, target, store, agent, Budget(attempts=1))
-        agent.close()
-    target.close()
-    pack = tmp_path / "pack"
-    export_pack(store, "cuda", pack)
+    pack = _softmax_pack(tmp_path)
     manifest = json.loads((pack / "manifest.json").read_text())
     (good,) = manifest["kernels"]
     shape = "    rows, cols = in0.shape\n"
