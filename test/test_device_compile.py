@@ -34,7 +34,7 @@ from kope.targets.measure import Work
 from kope.targets.triton import TritonTarget
 from kope.task import Task
 from kope.testing import Reply, ScriptedOpenAIServer
-from kope.vocabulary.evidence import COMPILE_ERROR, VERIFIED
+from kope.vocabulary.evidence import COMPILE_ERROR, TIMEOUT, VERIFIED
 from kope.vocabulary.kernels import FORM_TRITON, Kernel
 
 pytest.importorskip("triton")
@@ -60,6 +60,28 @@ def launch(in0, in1, out0):
     _mm[(1,)](in0, in1, out0, M=16, N=16, K=8, BK=BK)
 """
 FITS = MATMUL.replace("BK=BK", "BK=16")
+# The same product in one 256x256x128 float32 tile: moments for the interpreter, minutes of
+# Triton's compiler (float32 dots are FMA loops here).
+HUGE = """\
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _mm(a, b, c, BLOCK: tl.constexpr, BK: tl.constexpr):
+    r = tl.arange(0, BLOCK)
+    k = tl.arange(0, BK)
+    rows = r[:, None] < 16
+    cols = r[None, :] < 16
+    x = tl.load(a + r[:, None] * 8 + k[None, :], mask=rows & (k[None, :] < 8), other=0.0)
+    y = tl.load(b + k[:, None] * 16 + r[None, :], mask=(k[:, None] < 8) & cols, other=0.0)
+    acc = tl.dot(x.to(tl.float32), y.to(tl.float32), input_precision="ieee")
+    tl.store(c + r[:, None] * 16 + r[None, :], acc.to(tl.float16), mask=rows & cols)
+
+
+def launch(in0, in1, out0):
+    _mm[(1,)](in0, in1, out0, BLOCK=256, BK=128)
+"""
 REFUSED = MATMUL.replace("BK=BK", "BK=8")
 
 
@@ -201,3 +223,19 @@ def test_memory_show_names_each_architecture_s_resources_and_refusals() -> None:
     compiled["sm_80"]["estimate_us"] = 4.25
     line = _line(AttemptRecord("t", "agent", COMPILE_ERROR, device_compile=compiled))
     assert "[sm_80 40 regs, 0 B spilled, 6144 B shared, est 4.25 us; sm_90 refused]" in line
+
+
+def test_a_compiler_that_runs_past_the_limit_is_a_timeout(matmul: Task) -> None:
+    """Past the target's limit the compile worker is killed and the attempt is a timeout (a
+    loaded machine may be the cause, not the kernel), never a verified kernel; the next
+    kernel compiles in a new worker."""
+    cuda = get_target("cuda", workers=1, timeout_s=20.0)
+    assert isinstance(cuda, TritonTarget)
+    try:
+        result = cuda.evaluate(matmul.spec, Kernel(HUGE, FORM_TRITON), oracle=matmul.reference)
+        again = cuda.evaluate(matmul.spec, Kernel(FITS, FORM_TRITON), oracle=matmul.reference)
+    finally:
+        cuda.close()
+    assert result.verdict == TIMEOUT and result.trials >= 2, result.error
+    assert "the compiler ran past 20 s" in (result.error or "")
+    assert again.verdict == VERIFIED, again.error
