@@ -5,6 +5,8 @@ verified against the reference lowering; nothing is timed, and every failure is 
 
 from __future__ import annotations
 
+import io
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from kope.agents import make_agent
 from kope.errors import KopeError
+from kope.memory.export import export
 from kope.memory.store import ExperienceStore
 from kope.optimize import Budget, optimize_task
 from kope.partition import partition
@@ -258,3 +261,9 @@ def test_precompile_gives_every_operator_a_verified_triton_kernel(
         assert attempt.device_compile is not None
         assert sorted(attempt.device_compile) == ["sm_80", "sm_90"]
         assert all(r["ok"] and r["registers"] > 0 for r in attempt.device_compile.values())
+    if name == "cuda":  # `kope memory export`'s JSON carries them
+        out = io.StringIO()
+        export(store, "json", out)
+        records = [n["record"] for n in json.loads(out.getvalue())["nodes"]]
+        exported = [r for r in records if r.get("t") == "attempt" and r["source"] == "agent"]
+        assert exported and all(r["device_compile"]["sm_90"]["ok"] for r in exported)
