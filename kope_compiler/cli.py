@@ -902,10 +902,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.log:
         logging.basicConfig(format="[%(name)s] %(levelname)s: %(message)s")
         logging.getLogger("kope").setLevel(args.log.upper())
-    if getattr(args, "cuda_arch", None):
-        from kope.targets.device_compile import ARCH_VARIABLE
+    from kope.targets.device_compile import ARCH_VARIABLE, configured_architectures
 
+    if getattr(args, "cuda_arch", None):
         os.environ[ARCH_VARIABLE] = args.cuda_arch  # read by the CUDA target, here and in Ray
+    try:
+        configured_architectures()
+    except ValueError as err:  # a bad KOPE_CUDA_ARCH: said once, plainly, before any work
+        print(f"kope: error: {err}", file=sys.stderr)
+        return 2
     try:
         code: int = args.run(args)
         return code

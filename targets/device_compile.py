@@ -98,7 +98,12 @@ COMPILE_ENV = {"TRITON_INTERPRET": "0", "TRITON_ALWAYS_COMPILE": "1", "TRITON_DU
 def configured_architectures() -> tuple[str, ...]:
     """The architectures CUDA kernels are compiled for: `KOPE_CUDA_ARCH`, else the default."""
     given = os.environ.get(ARCH_VARIABLE)
-    return DEFAULT_ARCHITECTURES if given is None else parse_architectures(given)
+    if given is None:
+        return DEFAULT_ARCHITECTURES
+    try:
+        return parse_architectures(given)
+    except ValueError as err:
+        raise ValueError(f"{ARCH_VARIABLE}={given!r}: {err}, or none") from None
 
 
 def parse_architectures(names: Sequence[str] | str) -> tuple[str, ...]:

@@ -151,6 +151,9 @@ def test_architectures_are_named_as_users_write_them(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv(ARCH_VARIABLE, "none")
     assert CudaTarget().architectures == ()
     assert CudaTarget(architectures=["sm_75"]).architectures == ("sm_75",)
+    monkeypatch.setenv(ARCH_VARIABLE, "hopper")
+    with pytest.raises(ValueError, match="KOPE_CUDA_ARCH='hopper': unknown GPU architecture"):
+        CudaTarget()
 
 
 def test_what_does_not_fit_an_architecture_is_refused_with_the_reason() -> None:
