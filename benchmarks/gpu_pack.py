@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from kope.memory.store import ExperienceStore
 from kope.optimize import Budget
 from kope.precompile import precompile
 from kope.targets import get_target
+from kope.targets.device_compile import estimate_of
 
 sys.path.insert(0, str(Path(__file__).parent))
 from e2e import MODELS, _model  # noqa: E402
@@ -90,9 +90,8 @@ def estimate_rank(pack: Path, results_path: Path) -> float | None:
     measured = {r["kernel"]: r["kernel_us"] for r in results if "kernel_us" in r}
     by_task: dict[str, list[tuple[float, float]]] = {}
     for entry in manifest["kernels"]:
-        estimates = [r.get("estimate_us") for r in (entry.get("device_compile") or {}).values()]
-        if entry["digest"] in measured and estimates and all(estimates):
-            estimate = math.exp(sum(math.log(e) for e in estimates) / len(estimates))
+        estimate = estimate_of(entry.get("device_compile"))
+        if entry["digest"] in measured and estimate is not None:
             by_task.setdefault(entry["task"], []).append((estimate, measured[entry["digest"]]))
     concordant = discordant = 0
     for pairs in by_task.values():

@@ -180,9 +180,12 @@ def _device_ready(
     seen: set[str] = set()
     for order, attempt in enumerate(verified):
         text = store.get_artifact(attempt.artifact or "")
-        if text is None or Kernel(text, FORM_TRITON).digest in seen:
+        if text is None:
             continue
-        seen.add(Kernel(text, FORM_TRITON).digest)
+        digest = Kernel(text, FORM_TRITON).digest
+        if digest in seen:
+            continue
+        seen.add(digest)
         compiled = attempt.device_compile
         if architectures and not all(a in (compiled or {}) for a in architectures):
             compiled = _compile_now(store, record, text, target)

@@ -82,8 +82,10 @@ ARCHITECTURES: dict[str, Architecture] = {
 # extensions; `--cuda-arch` sets it) names others, or none ("none").
 DEFAULT_ARCHITECTURES = ("sm_80", "sm_90")
 ARCH_VARIABLE = "KOPE_CUDA_ARCH"
-# The launch options a `kernel[grid](...)` call may pass beside the kernel's arguments.
+# The launch options a `kernel[grid](...)` call may pass beside the kernel's arguments, and
+# the warps a launch runs with when it names none (Triton's default).
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+DEFAULT_WARPS = 4
 # What one launch costs on the device beyond its work (the estimate's floor).
 LAUNCH_US = 3.0
 # The share of its peaks a kernel reaches with the whole GPU busy: a roofline is a bound.
@@ -143,7 +145,7 @@ class Launch:
 
     @property
     def num_warps(self) -> int:
-        return self.options.get("num_warps", 4)
+        return self.options.get("num_warps", DEFAULT_WARPS)
 
 
 class _Recorder:
@@ -359,9 +361,13 @@ def _cubin_registers(cubin: bytes) -> int:
 
 
 # -- what it means --------------------------------------------------------------------------------
+def _warps(record: dict[str, Any]) -> int:
+    return int(record.get("num_warps") or DEFAULT_WARPS)
+
+
 def refusal(record: dict[str, Any], arch: Architecture) -> str | None:
     """Why a kernel compiled for `arch` cannot run well there, or None."""
-    warps = int(record.get("num_warps") or 4)
+    warps = _warps(record)
     threads = warps * 32
     if threads > arch.max_threads_per_block:
         return f"{threads} threads per block; {arch.name} allows {arch.max_threads_per_block}"
@@ -394,7 +400,7 @@ def estimate_of(records: dict[str, dict[str, Any]] | None) -> float | None:
 
 def occupancy(record: dict[str, Any], arch: Architecture) -> float:
     """The share of a multiprocessor's warps the kernel keeps resident (0 when it cannot run)."""
-    warps = int(record.get("num_warps") or 4)
+    warps = _warps(record)
     limits = [arch.max_blocks_per_sm, arch.max_warps_per_sm // warps]
     registers = int(record.get("registers") or 0)
     if registers:
@@ -420,7 +426,7 @@ def estimate_us(
     resident = occupancy(record, arch)
     if resident <= 0:
         return None
-    warps = int(record.get("num_warps") or 4)
+    warps = _warps(record)
     programs = max(1, int(record.get("programs") or 1))
     reached = min(arch.multiprocessors, programs)
     warps_per_sm = min(resident * arch.max_warps_per_sm, programs * warps / reached)

@@ -103,9 +103,8 @@ def _mismatch(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -
     return None
 
 
-def run_one(pack: Path, index: int) -> dict[str, Any]:
+def run_one(pack: Path, manifest: dict[str, Any], index: int) -> dict[str, Any]:
     """Verify and time kernel `index` of the pack; runs in the child process (`serve`)."""
-    manifest = json.loads((pack / "manifest.json").read_text())
     entry = manifest["kernels"][index]
     task = manifest["tasks"][entry["task"]]
     sandbox, specs = _sibling("triton_sandbox"), _sibling("specs")
@@ -229,12 +228,13 @@ def serve(pack: Path) -> None:
     """The child's loop: a kernel index per line in, its result as one JSON line out. A
     kernel that raised may have left the device's context unusable: the child then exits,
     and the parent starts another for the next kernel."""
+    manifest = json.loads((pack / "manifest.json").read_text())
     for line in sys.stdin:
         index = int(line)
         try:
-            result = run_one(pack, index)
+            result = run_one(pack, manifest, index)
         except Exception as err:
-            entry = json.loads((pack / "manifest.json").read_text())["kernels"][index]
+            entry = manifest["kernels"][index]
             error = f"{type(err).__name__}: {err}".splitlines()[0][:300]
             print(json.dumps({**_failure(entry, "runtime_error", error), "fatal": True}))
             sys.stdout.flush()

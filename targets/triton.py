@@ -260,12 +260,13 @@ class TritonTarget(Target):
         )
         if outcome.ok:
             records: dict[str, dict[str, Any]] = outcome.value
-        elif outcome.failure == "timeout":
-            why = f"the compiler ran past {self.timeout_s:g} s"
-            records = {arch: device_compile.failed(why) for arch in self.architectures}
         else:
             detail = outcome.detail.splitlines()[0] if outcome.detail else outcome.failure
-            why = f"the compile worker failed: {detail}"
+            why = (
+                f"the compiler ran past {self.timeout_s:g} s"
+                if outcome.failure == "timeout"
+                else f"the compile worker failed: {detail}"
+            )
             records = {arch: device_compile.failed(why) for arch in self.architectures}
         tensor_cores = "tl.dot" in kernel.source and any(
             s.dtype in ("float16", "bfloat16") for s in task.inputs
