@@ -280,13 +280,18 @@ def time_backends(fns: dict[str, Callable[[], Any]], config: Any, repeat: int) -
     return row
 
 
-def model_parser(doc: str) -> argparse.ArgumentParser:
+def model_parser(doc: str, default_budget: int = 8) -> argparse.ArgumentParser:
     """The arguments every whole-model benchmark here takes: the precompile budget, the store
     and whether inductor is timed too."""
     parser = argparse.ArgumentParser(
         description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--precompile", type=int, default=8, help="agent budget (0: none)")
+    parser.add_argument(
+        "--precompile",
+        type=int,
+        default=default_budget,
+        help=f"agent budget (0: none; default {default_budget})",
+    )
     parser.add_argument("--no-inductor", action="store_true", help="skip the inductor column")
     parser.add_argument("--store", help="experience store (default: a fresh temporary one)")
     return parser
@@ -304,12 +309,16 @@ def store_and_header(args: argparse.Namespace, prefix: str) -> Path:
     return store
 
 
-def main() -> None:
-    parser = model_parser(__doc__)
+def main(
+    default_models: dict[str, Any] = MODELS, doc: str | None = __doc__, default_budget: int = 8
+) -> None:
+    """The command line; `benchmarks/unseen_models.py` runs it over its own models."""
+    parser = model_parser(doc or "", default_budget)
+    others = [m for m in {**MODELS, **EXTRA_MODELS} if m not in default_models]
     parser.add_argument(
         "--models",
-        default=",".join(MODELS),
-        help=f"comma-separated (default: all six; also: {', '.join(EXTRA_MODELS)})",
+        default=",".join(default_models),
+        help=f"comma-separated (default: {', '.join(default_models)}; also: {', '.join(others)})",
     )
     parser.add_argument(
         "--repeat",
