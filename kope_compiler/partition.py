@@ -320,7 +320,9 @@ def drop_unused_outputs(gm: fx.GraphModule, within: set[fx.Node] | None = None) 
 
 # Row-wise reductions a fused group may hold besides elementwise ops: with them RMSNorm, layer
 # norm and softmax as user code writes them (x * rsqrt(mean(x * x) + eps), exp(x - amax) /
-# sum) become one Task, one pass over each row, instead of one Task and one pass per step.
+# sum) become one Task, one pass over each row, instead of one Task and one pass per step;
+# and a group norm takes the activation and residual after it (a diffusion UNet's GroupNorm
+# + SiLU), whose rows are its groups.
 _ROW_OPS = frozenset(
     (
         "sum.dim_IntList",
@@ -333,6 +335,7 @@ _ROW_OPS = frozenset(
         "_softmax.default",
         "_log_softmax.default",
         "layer_norm.default",
+        "group_norm.default",
     )
 )
 # Eval-mode batch norm is elementwise per channel (its `training` argument, here index 5).

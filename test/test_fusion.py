@@ -75,6 +75,19 @@ class LinearBnRelu(nn.Module):
         return torch.relu(self.bn(self.linear(x)))
 
 
+class GroupNormSilu(nn.Module):
+    """A diffusion UNet's residual block without its convolution: GroupNorm, SiLU, skip."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.GroupNorm(3, 12)
+        nn.init.uniform_(self.norm.weight, 0.5, 1.5)
+        nn.init.uniform_(self.norm.bias, -0.5, 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + nn.functional.silu(self.norm(x))
+
+
 class ScaledSoftmax(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         return torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, dim=-1)
@@ -129,6 +142,11 @@ CASES = {
     "layer_norm": (HandLayerNorm(), (torch.randn(5, 37, 33),), {"mean", "sub", "sqrt", "div"}),
     "gelu_tanh": (GeluTanh(), (torch.randn(37, 129),), {"tanh", "mul", "add"}),
     "linear_bn_relu": (LinearBnRelu(), (torch.randn(11, 5),), {"batch_norm", "relu"}),
+    "group_norm_silu": (
+        GroupNormSilu(),
+        (torch.randn(2, 12, 7, 9) * 3 + 1,),
+        {"group_norm", "silu", "add"},
+    ),
     "scaled_softmax": (
         ScaledSoftmax(),
         (torch.randn(3, 37, 16), torch.randn(3, 29, 16)),
