@@ -27,6 +27,7 @@ from kope.passes.emulate_bf16 import EmulateBf16
 from kope.passes.hoist_allocs import HoistAllocs
 from kope.passes.integer_powers import ExpandPowers
 from kope.passes.memref_copy import MemrefCopyToLinalg
+from kope.passes.reshape_destinations import ReshapeDestinations
 from kope.passes.schedule import ApplySchedule
 from kope.passes.small_arguments import ExpandLog1pExpm1
 
@@ -83,6 +84,7 @@ class LowerCpu(PipelinePass):
             DestinationAbi(),
             "inline",
             "symbol-dce",
+            ReshapeDestinations(),  # results written out through reshapes: computed in place
             "eliminate-empty-tensors",  # results are computed in the destinations, not copied
             BUFFERIZE,
             "buffer-deallocation-pipeline",
