@@ -711,11 +711,18 @@ def test_functions_of_small_arguments_keep_their_digits(tmp_path) -> None:
         assert error.numel() == 0 or float(error.max()) < 1e-6, (name, float(error.max()))
 
 
-def test_a_graph_that_writes_its_inputs_is_timed_without_writing_them(tmp_path) -> None:
+def test_a_graph_that_writes_its_inputs_is_timed_without_writing_them(
+    tmp_path, monkeypatch
+) -> None:
     """Batch norm in train mode under no_grad updates its running statistics: such a graph
     goes through aot_autograd, which used to skip the whole-graph check (and its report
     line). It is checked on aot_autograd's functional graph, so the timing's many calls leave
-    the statistics as three calls of eager's leave them."""
+    the statistics as three calls of eager's leave them. Whether any of its operators beats
+    eager depends on the machine's load (on a busy one none did, and no check ran), so the
+    graph is checked as though one did: what is tested is what its timing writes."""
+    import kope.backend as backend
+
+    monkeypatch.setattr(backend, "_uses_kernels", lambda report: True)
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(32, 64), torch.nn.BatchNorm1d(64), torch.nn.GELU(), torch.nn.Linear(64, 8)
