@@ -26,10 +26,10 @@ import ray
 import torch
 
 from kope.memory.store import ExperienceStore
-from kope.models import load_model
-from kope.optimize import Budget
-from kope.precompile import precompile
 from kope.targets import get_target
+from kope.tools.models import load_model
+from kope.tools.precompile import precompile
+from kope.tuner.optimize import Budget
 
 
 def run_arm(model_name: str, target_name: str, budget: int, cpus: int | None) -> dict[str, Any]:

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from kope.cli import main
 from kope.memory import Recorder, distil_insights
 from kope.memory.log import RecordLog
 from kope.memory.merge import MergeError, merge_stores
 from kope.memory.schema import SIMILAR, AttemptRecord, TaskRecord
 from kope.memory.store import LOG_NAME, ExperienceStore
+from kope.tools.cli import main
 from kope.vocabulary.events import AttemptEvaluated, TaskSeen
 from kope.vocabulary.evidence import (
     SOURCE_AGENT,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kope.errors import OptionError
-from kope.options import Options
+from kope.core.errors import OptionError
+from kope.core.options import Options
 
 
 def test_defaults() -> None:
@@ -115,7 +115,7 @@ def _cli_actions(
     parser: argparse.ArgumentParser | None = None, prefix: str = ""
 ) -> list[tuple[str, argparse.Action]]:
     """(command, action) of every argument of every `kope` subcommand, nested ones too."""
-    from kope.cli import build_parser
+    from kope.tools.cli import build_parser
 
     found = []
     for action in (parser or build_parser())._actions:

@@ -17,18 +17,18 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kope import measuring
-from kope.cli import main
-from kope.eager_json import task_from_record
-from kope.measuring import task_seen
+from kope.core.task import Task
+from kope.frontend.partition import partition
 from kope.memory.recorder import Recorder
 from kope.memory.schema import CONFIRMS, TRANSFERRED_FROM, AttemptRecord, TaskRecord, hardware_of
 from kope.memory.store import ExperienceStore, winner
-from kope.optimize import summarize
-from kope.partition import partition
-from kope.selection import choose
 from kope.targets.base import Target
-from kope.task import Task
+from kope.tools.cli import main
+from kope.tools.eager_json import task_from_record
+from kope.tuner import measuring
+from kope.tuner.measuring import task_seen
+from kope.tuner.optimize import summarize
+from kope.tuner.selection import choose
 from kope.vocabulary.evidence import (
     SOURCE_AGENT,
     SOURCE_EAGER,
@@ -430,7 +430,7 @@ def test_memory_remeasure_replaces_a_contaminated_figure(
     store = store_with(tmp_path, relu_task, target)
     assert choose(relu_task, target, store, "auto").kernel == "eager"
     target.quality = TIMING_CLEAN
-    monkeypatch.setattr("kope.compiler.target_for", lambda *args: target)
+    monkeypatch.setattr("kope.frontend.compiler.target_for", lambda *args: target)
     assert main(["memory", "remeasure", relu_task.key[:12], "--store", str(store.root)]) == 0
     out = capsys.readouterr().out
     assert "re-measured 1 of 1 tasks" in out and "reference" in out

@@ -128,9 +128,9 @@ def test_second_process_reuses_measurements(tmp_path: Path) -> None:
     """A second process with the same store compiles the zoo without measuring anything."""
     script = (
         "import json, sys, torch, kope\n"
-        "from kope.zoo import ZOO\n"
-        "from kope.compiler import store_at\n"
-        "from kope.options import Options\n"
+        "from kope.tools.zoo import ZOO\n"
+        "from kope.frontend.compiler import store_at\n"
+        "from kope.core.options import Options\n"
         "import kope.targets.cpu as cpu\n"
         "calls = []\n"
         "original = cpu.CpuTarget.evaluate\n"

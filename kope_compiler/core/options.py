@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kope.errors import OptionError
+from kope.core.errors import OptionError
 from kope.vocabulary.home import kope_home
 
 KERNEL_POLICIES = ("auto", "reference", "eager")
@@ -36,8 +36,8 @@ class Options:
     fuse: bool = True
     """Fuse connected groups of elementwise and row operators into one kernel each (elementwise
     ones with the matmul before them, as its epilogue), and make the graph rewrites of
-    `kope.rewrites` (batch norm folded, stacks of convolutions channels-last, attention as one
-    kernel)."""
+    `kope.frontend.rewrites` (batch norm folded, stacks of convolutions channels-last, attention
+    as one kernel)."""
     optimize: bool = False
     """Let the agent optimize operators the store has not seen optimized, inline."""
     agent: str = "heuristic"

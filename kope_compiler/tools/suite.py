@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kope.errors import ModelLoadError
+from kope.core.errors import ModelLoadError
 
 Example = tuple[nn.Module, tuple[torch.Tensor, ...]]
 
@@ -157,7 +157,7 @@ def load_suite(directory: str | Path) -> dict[str, Callable[[], Example]]:
 
 def _file_factory(path: Path) -> Callable[[], Example]:
     def factory() -> Example:
-        from kope.models import _from_file  # as `kope precompile FILE.py` reads one
+        from kope.tools.models import _from_file  # as `kope precompile FILE.py` reads one
 
         model, inputs = _from_file(path, seed=0)
         return model.eval(), inputs

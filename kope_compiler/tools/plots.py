@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
-from kope.errors import KopeError
+from kope.core.errors import KopeError
+from kope.frontend.report import shorten
 from kope.memory.schema import CONFIRMS, REFINES, AttemptRecord
 from kope.memory.store import ExperienceStore, speedup_over_baseline
-from kope.report import shorten
 from kope.vocabulary.evidence import (
     COMPILE_ERROR,
     MISMATCH,

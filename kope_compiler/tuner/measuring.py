@@ -3,7 +3,7 @@ eager, confirmations of winning figures, re-validation of an older version's ker
 
 Each evaluation is announced as an event (`kope.vocabulary.events`); the experience store's
 `Recorder` is the listener that records it, so nothing here writes memory. What the store then
-says a task runs is `kope.memory.store.winner`'s rule, read by `kope.selection`.
+says a task runs is `kope.memory.store.winner`'s rule, read by `kope.tuner.selection`.
 
 A figure means the thread count it was measured with (`threads_now()`): under another count
 the Task is measured again, as if unseen. A confirmation re-measures a candidate head to head
@@ -16,11 +16,11 @@ import logging
 
 import torch
 
+from kope.core.task import Task
 from kope.memory.recorder import Recorder, attempt_of
 from kope.memory.schema import AttemptRecord, hardware_of
 from kope.memory.store import ExperienceStore, speedup_over_baseline, wins
 from kope.targets.base import Target
-from kope.task import Task
 from kope.vocabulary.events import AttemptEvaluated, Events, TaskSeen
 from kope.vocabulary.evidence import (
     SOURCE_AGENT,

@@ -20,8 +20,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kope.agents.base import Agent, Feedback, Proposal, ProposalRequest, Rejected, TaskView
-from kope.errors import KopeError
-from kope.measuring import (
+from kope.core.errors import KopeError
+from kope.core.options import Options
+from kope.core.task import Task
+from kope.memory.schema import AttemptRecord
+from kope.memory.store import ExperienceStore
+from kope.targets.base import Target
+from kope.targets.device_compile import estimate_of
+from kope.tuner.measuring import (
     announce,
     confirm,
     known_reference,
@@ -31,12 +37,6 @@ from kope.measuring import (
     stored_kernel,
     threads_now,
 )
-from kope.memory.schema import AttemptRecord
-from kope.memory.store import ExperienceStore
-from kope.options import Options
-from kope.targets.base import Target
-from kope.targets.device_compile import estimate_of
-from kope.task import Task
 from kope.vocabulary.events import AttemptEvaluated, ChoiceMade, Events
 from kope.vocabulary.evidence import (
     COMPILE_ERROR,
@@ -155,7 +155,7 @@ def optimize_task(
     tokens = 0
     start = time.monotonic()
     stopped = "budget spent"
-    from kope.experience import measured_evidence, retrieve_experience
+    from kope.tuner.experience import measured_evidence, retrieve_experience
 
     # Other operators' records change only between operators: read once per operator.
     evidence = measured_evidence(store, task.key)
