@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from torch_mlir import ir
 
 from kope.memory import AttemptRecord, ExperienceStore
+from kope.memory.standing import winner
 from kope.passes.abi import ENTRY, PAYLOAD, find_func, function_type, input_layouts
 from kope.passes.base import ModulePass, PassError, check_target
 from kope.passes.experience import (
@@ -91,7 +92,7 @@ class ApplyKernels(ModulePass):
                 f"its kope.key {key[:12]}... is not the key of its body on target "
                 f"'{self.target}' (outlined for another target, or changed since)"
             )
-        best = store.best(key)
+        best = winner(store.attempts(key)).best
         if best is None or best.source != AGENT:
             log.debug("@%s: %s", symbol_name(func), "unknown" if best is None else best.source)
             return

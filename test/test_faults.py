@@ -16,6 +16,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from kope.frontend.partition import partition
 from kope.memory.recorder import Recorder
+from kope.memory.standing import winner
 from kope.memory.store import ExperienceStore
 from kope.targets.cpu import CpuTarget
 from kope.vocabulary.events import AttemptEvaluated
@@ -140,4 +141,4 @@ def test_failures_are_recorded_and_the_store_carries_on(target: CpuTarget, tmp_p
     assert reopened.get_artifact(reopened.attempts("relu-key")[0].artifact) is not None
     # Unconfirmed, the good kernel is a candidate, not yet the operator's kernel: a choice
     # pins only through a clean confirmation against eager (kope.tuner.selection).
-    assert reopened.best("relu-key") is None
+    assert winner(reopened.attempts("relu-key")).best is None

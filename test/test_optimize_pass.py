@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch_mlir import ir
 
+from kope.memory.standing import winner
 from kope.memory.store import ExperienceStore
 from kope.passes import pass_class
 from kope.targets.jit import JitKernel
@@ -146,7 +147,7 @@ def test_an_imported_model_is_optimized_applied_lowered_and_runs_as_the_backend_
     assert list(chosen) == backend_keys
     recorded.refresh()
     for key in backend_keys:
-        standing = recorded.standing(key)
+        standing = winner(recorded.attempts(key))
         if standing.clean:
             pinned = standing.pinned.id if standing.pinned is not None else None
             assert chosen[key] == pinned, key

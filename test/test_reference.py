@@ -25,6 +25,7 @@ from kope.core.decompositions import REFERENCE_DECOMPOSITIONS
 from kope.core.task import Task
 from kope.frontend.partition import partition
 from kope.memory.schema import AttemptRecord
+from kope.memory.standing import winner
 from kope.memory.store import ExperienceStore
 from kope.targets.cpu import CpuTarget
 from kope.targets.evaluation import cannot_win
@@ -168,7 +169,7 @@ def test_untimed_reference_lets_the_agent_run_and_eager_stays_chosen(
     store.add_attempt(confirmation, text)
     choice = choose(task, untimed_target, store, "auto")
     assert choice.kernel == "agent" and choice.source is not None
-    assert store.best(task.key).id == confirmation.id
+    assert winner(store.attempts(task.key)).best.id == confirmation.id
     assert [a.source for a in store.attempts(task.key)].count(SOURCE_REFERENCE) == 1
 
 

@@ -27,6 +27,7 @@ from kope.agents.base import Agent, Proposal, ProposalRequest
 from kope.frontend.partition import partition
 from kope.frontend.whole_graph import GRAPH_OP
 from kope.memory.recorder import Recorder
+from kope.memory.standing import winner
 from kope.memory.store import ExperienceStore
 from kope.targets.base import BuildError, Target
 from kope.tuner.optimize import Budget, optimize_task
@@ -176,7 +177,7 @@ def test_a_target_and_agent_of_this_file_run_the_whole_loop(
 
     # The choice follows the store's one rule, and dispatch ran what it chose.
     (chosen,) = graph.tasks
-    standing = store.standing(task.key, torch.get_num_threads())
+    standing = winner(store.attempts(task.key), torch.get_num_threads())
     assert chosen.kernel == (standing.pinned.source if standing.pinned else SOURCE_EAGER)
 
 

@@ -41,7 +41,7 @@ from typing import Any
 from kope.agents import cost_model
 from kope.agents.base import Experience, Feedback, ProposalRequest
 from kope.agents.schedules import Config, config_key
-from kope.memory.store import WIN_MARGIN, first_of_the_fastest
+from kope.memory.standing import WIN_MARGIN, first_of_the_fastest
 
 # Prior points a widened or off-grid point gives up while nothing is learned: more than the
 # prior's whole span plus the seeded jitter, so that with no experience the core grid is

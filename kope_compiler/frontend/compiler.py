@@ -27,6 +27,7 @@ from kope.frontend.dispatch import has_symbols, lean, subgraph
 from kope.frontend.partition import Partition, has_fast_path, partition
 from kope.frontend.report import EagerReport, GraphReport, TaskReport, add_graph
 from kope.frontend.whole_graph import AtThreads, graph_structure, settle
+from kope.memory.standing import winner
 from kope.memory.store import ExperienceStore, StoreError
 from kope.targets import get_target
 from kope.targets.base import Target
@@ -267,7 +268,7 @@ def _fast_paths_taken_apart(
     decomposed = copy.deepcopy(gm)
     part = partition(decomposed, target, fuse=options.fuse, fast_paths=True)
     threads = threads_now()
-    known = [t for t in part.tasks if store.standing(t.key, threads).pinned is not None]
+    known = [t for t in part.tasks if winner(store.attempts(t.key), threads).pinned is not None]
     if not known:
         log.info("fused fast path kept whole: no kernel known for its decomposition's parts")
         return gm, None

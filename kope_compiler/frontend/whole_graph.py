@@ -57,7 +57,8 @@ import torch
 
 from kope.frontend.report import GraphDecision, GraphReport, TaskReport
 from kope.memory.schema import AttemptRecord
-from kope.memory.store import WIN_MARGIN, ExperienceStore
+from kope.memory.standing import WIN_MARGIN
+from kope.memory.store import ExperienceStore
 from kope.targets import verify
 from kope.targets.base import Target
 from kope.targets.measure import (

@@ -50,6 +50,7 @@ from kope.core.options import Options
 from kope.core.task import Task
 from kope.frontend.report import PASS_RATE, shorten, table_lines
 from kope.frontend.report import speedup_text as _x
+from kope.memory.standing import winner
 from kope.memory.store import ExperienceStore
 from kope.targets.base import Target
 from kope.targets.measure import MeasureConfig, eager_threads, measure_interleaved, rotating
@@ -322,7 +323,7 @@ def _retime_together(
             continue
         kernels: dict[str, Kernel] = {}
         for arm, store in stores.items():
-            pinned = store.standing(key, threads_now()).pinned
+            pinned = winner(store.attempts(key), threads_now()).pinned
             if pinned is None:
                 continue  # eager runs in this arm
             kernel = task.reference if pinned.source == SOURCE_REFERENCE else None

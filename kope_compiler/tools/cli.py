@@ -15,6 +15,7 @@ from typing import Any
 from kope.core.errors import KopeError
 from kope.core.options import KERNEL_POLICIES, Options, check_options
 from kope.frontend.report import PASS_RATE
+from kope.memory.standing import winner
 from kope.vocabulary.arguments import int_list, positive
 
 DEFAULT_MODEL = "transformer_block"
@@ -484,7 +485,7 @@ def _memory_remeasure_command(args: argparse.Namespace, store: Any) -> int:
             print(f"{record.label}: not re-measured ({why})")
             continue
         new = remeasure(task, target, store)
-        best = store.best(key, threads_now())
+        best = winner(store.attempts(key), threads_now()).best
         kernel = best.source if best is not None else "eager"
         quality = new[-1].timing_quality if new else "unknown"
         speed = ""

@@ -9,7 +9,7 @@ reference lowering computes from them here, the tolerance to compare with, and t
 the runner measured there as attempts of the tasks under the device's own target key: the
 same operator (canonical IR) keyed for that device, each kernel linked to the attempt that
 verified it here. A kernel measured by a second run of a pack confirms its first figure, and
-only a confirmed figure can pin a kernel (`kope.memory.store.winner`).
+only a confirmed figure can pin a kernel (`kope.memory.standing.winner`).
 """
 
 from __future__ import annotations

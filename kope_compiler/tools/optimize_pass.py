@@ -36,6 +36,7 @@ from torch_mlir import ir
 from kope.agents.base import Agent
 from kope.core.options import Options
 from kope.core.task import Task
+from kope.memory.standing import winner
 from kope.memory.store import ExperienceStore
 from kope.passes.base import ModulePass, PassError, check_target
 from kope.passes.experience import STORE_HELP, function_key, outlined_functions, symbol_name
@@ -158,7 +159,7 @@ class OptimizeOperators(ModulePass):
             entries["speedup_vs_eager"] = ir.FloatAttr.get(
                 ir.F64Type.get(), summary.speedup_vs_eager
             )
-        pinned = store.standing(task.key).pinned
+        pinned = winner(store.attempts(task.key)).pinned
         if pinned is not None:
             entries["best_attempt"] = ir.StringAttr.get(pinned.id)
         func.attributes[OPTIMIZED_ATTR] = ir.DictAttr.get(entries)

@@ -5,7 +5,7 @@ verified agent kernel in the store. The first compile of an unseen Task has its 
 measured (`kope.tuner.measuring`: the reference lowering verified against eager, float64 where the
 op allows, both timed interleaved in an isolated worker); the store records it, so a later process
 chooses without measuring again. This module only chooses: it reads the store through
-`kope.memory.store.winner`, the one rule that reports, passes and the loop share.
+`kope.memory.standing.winner`, the one rule that reports, passes and the loop share.
 
 A choice pins only through a clean confirmation: a figure that says a candidate beats eager is
 a claim until a fresh head-to-head re-measurement (`kope.tuner.measuring.confirm`) is clean and
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 from kope.core.task import Task
 from kope.memory.schema import AttemptRecord
-from kope.memory.store import ExperienceStore, Standing
+from kope.memory.standing import Standing, winner
+from kope.memory.store import ExperienceStore
 from kope.targets.base import Target
 from kope.tuner.measuring import (
     DEFERRED,
@@ -130,10 +131,10 @@ def choose(
             reference.timing_quality,
         )
     threads = threads_now()
-    standing = store.standing(task.key, threads)
+    standing = winner(store.attempts(task.key), threads)
     if not standing.clean and (task.key, threads) not in MEASURED:
         remeasure(task, target, store, events)
-        standing = store.standing(task.key, threads)
+        standing = winner(store.attempts(task.key), threads)
     if not standing.clean:
         log.info(
             "%s: its figures are not clean (measured under load, or before KOPE judged "
