@@ -40,6 +40,7 @@ from kope.passes.keys import KERNEL_ATTR, canonical_function, task_key
 from kope.passes.schedule import ApplySchedule
 from kope.vocabulary.kernels import FORM_MLIR
 from kope.vocabulary.layouts import LayoutError, panel_geometry
+from kope.vocabulary.registry import DEFAULT_TARGET
 
 log = logging.getLogger("kope.passes")
 
@@ -60,7 +61,9 @@ class ApplyKernels(ModulePass):
     summary = "Replace each keyed operator's body by the best verified kernel in the store"
 
     store: str = field(default="", metadata={"help": STORE_HELP})
-    target: str = field(default="cpu", metadata={"help": "the target the kernels were verified on"})
+    target: str = field(
+        default=DEFAULT_TARGET, metadata={"help": "the target the kernels were verified on"}
+    )
 
     def __post_init__(self) -> None:
         check_target(self.name, self.target)

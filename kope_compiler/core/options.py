@@ -13,7 +13,7 @@ from typing import Any
 
 from kope.core.errors import OptionError
 from kope.vocabulary.home import kope_home
-from kope.vocabulary.registry import AGENTS, target_names
+from kope.vocabulary.registry import AGENTS, DEFAULT_TARGET, target_names
 
 KERNEL_POLICIES = ("auto", "reference", "eager")
 PRIORS = ("static", "flat")
@@ -23,7 +23,7 @@ PRIORS = ("static", "flat")
 class Options:
     """What a user can choose per compiled model. Every field is an option name."""
 
-    target: str = "cpu"
+    target: str = DEFAULT_TARGET
     """The hardware target that runs the kernels (`kope.targets` lists them)."""
     store: str | None = None
     """The experience store directory; default `$KOPE_HOME` (`~/.cache/kope`)."""

@@ -77,7 +77,9 @@ class OptimizeOperators(ModulePass):
     name = "kope-optimize"
     summary = "Optimize each outlined operator with the agent: propose, verify, time, record"
 
-    target: str = field(default="cpu", metadata={"help": "the target to optimize for"})
+    target: str = field(
+        default=Options.default("target"), metadata={"help": "the target to optimize for"}
+    )
     agent: str = field(
         default=Options.default("agent"), metadata={"help": "heuristic (offline) or llm"}
     )
