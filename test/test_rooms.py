@@ -166,3 +166,10 @@ def test_the_circle_check_sees_a_circle(tmp_path: Path) -> None:
         assert import_circles() == [["kope.a", "kope.b"]]
     finally:
         MODULES = saved
+
+
+def test_the_store_never_applies_the_rule() -> None:
+    """The store records and answers queries; which kernel runs is `kope.memory.standing`'s
+    rule, over the attempts the store returns (the database never decides what runs)."""
+    imported = {name for _, name in kope_imports(MODULES["kope.memory.store"])}
+    assert "kope.memory.standing" not in imported
