@@ -1,4 +1,5 @@
-"""What computing convolutions channels-last (`kope.rewrites.channels_last`) moves, by depth.
+"""What computing convolutions channels-last (`kope.frontend.rewrites.channels_last`) moves,
+by depth.
 
 For stacks of 1, 2 and 4 ResNet basic blocks (e2e's `ResNetBlock`, 1×32×28×28 by default),
 the aten graph KOPE compiles is run four ways, called directly (no dynamo frame): as traced
@@ -28,16 +29,16 @@ import torch.fx as fx
 import torch.nn as nn
 from e2e import ResNetBlock
 
-from kope import rewrites
 from kope.agents.heuristic import candidate_space
 from kope.agents.schedules import kernel_source
-from kope.backend import aten_inference_graph
-from kope.dispatch import fast_operators, subgraph
-from kope.partition import fused_groups
+from kope.core.task import group_inputs, make_task
+from kope.frontend import rewrites
+from kope.frontend.backend import aten_inference_graph
+from kope.frontend.dispatch import fast_operators, subgraph
+from kope.frontend.partition import fused_groups
 from kope.passes.analysis import analyze, prepare_payload
 from kope.targets.cpu import CpuTarget, build_kernel
 from kope.targets.measure import MeasureConfig, measure_interleaved
-from kope.task import group_inputs, make_task
 from kope.vocabulary.kernels import Kernel
 
 

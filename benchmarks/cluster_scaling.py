@@ -25,11 +25,12 @@ from typing import Any
 import ray
 import torch
 
+from kope.core.options import Options
 from kope.memory.store import ExperienceStore
-from kope.models import load_model
-from kope.optimize import Budget
-from kope.precompile import precompile
 from kope.targets import get_target
+from kope.tools.models import load_model
+from kope.tools.precompile import precompile
+from kope.tuner.optimize import Budget
 
 
 def run_arm(model_name: str, target_name: str, budget: int, cpus: int | None) -> dict[str, Any]:
@@ -75,7 +76,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="transformer_block")
     parser.add_argument("--budget", type=int, default=2)
-    parser.add_argument("--target", default="cpu")
+    parser.add_argument("--target", default=Options.default("target"))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(1)  # as each cluster task measures: the arms compare like with like

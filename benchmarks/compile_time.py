@@ -92,7 +92,8 @@ def measure(
     )
     env = {"KOPE_HOME": str(home), "PYTHONPATH": str(scratch)}
     if budget:
-        command = [sys.executable, "-m", "kope.cli", "precompile", f"compile_time_{name}:model"]
+        command = [sys.executable, "-m", "kope.tools.cli", "precompile"]
+        command += [f"compile_time_{name}:model"]
         command += ["--budget", str(budget), "--store", str(store)]
 
         def precompile() -> None:

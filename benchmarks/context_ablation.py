@@ -37,11 +37,11 @@ from typing import Any
 
 from kope.agents.heuristic import schedule_space
 from kope.agents.schedules import describe, kernel_source
-from kope.bench import scratch_dir
-from kope.cli import main
 from kope.memory.tokens import default_counter
 from kope.passes.analysis import analyze, prepare_payload
 from kope.testing import Reply, ScriptedOpenAIServer
+from kope.tools.bench import scratch_dir
+from kope.tools.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 # One operator per family of the suite, in suite order.

@@ -46,7 +46,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import kope
-    from kope.compiler import KernelCall
+    from kope.frontend.compiler import KernelCall
     from kope.targets.measure import measure_interleaved
 
     dispatch_overhead.CHAIN = args.ops
@@ -56,7 +56,7 @@ def main() -> None:
     graphs: list[torch.fx.GraphModule] = []
 
     def keep(gm: torch.fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
-        from kope.backend import kope_backend
+        from kope.frontend.backend import kope_backend
 
         compiled = kope_backend(gm, example_inputs, options)
         owner = getattr(compiled, "__self__", None)

@@ -119,10 +119,10 @@ def dispatch_overhead(repeat: int, store: str) -> None:
 
 
 def precompile_zoo(store: str, budget: int) -> None:
-    from kope.compiler import store_at, target_for
-    from kope.optimize import Budget
-    from kope.precompile import precompile
-    from kope.zoo import ZOO
+    from kope.frontend.compiler import store_at, target_for
+    from kope.tools.precompile import precompile
+    from kope.tools.zoo import ZOO
+    from kope.tuner.optimize import Budget
 
     target = target_for("cpu", 1, 120.0)
     for name, factory in ZOO.items():
@@ -144,7 +144,7 @@ def precompile_zoo(store: str, budget: int) -> None:
 
 
 def zoo_latency(repeat: int, store: str, inductor: bool) -> None:
-    from kope.zoo import ZOO
+    from kope.tools.zoo import ZOO
 
     print("## End-to-end latency, kernels=auto vs eager vs inductor (median µs per call)")
     header = (

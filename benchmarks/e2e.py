@@ -160,7 +160,7 @@ MODELS: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
 
 
 # Models outside the default set, for `--models`: a stack of convolutions deep enough that
-# KOPE computes it channels-last (`kope.rewrites.channels_last`; one block is not), and
+# KOPE computes it channels-last (`kope.frontend.rewrites.channels_last`; one block is not), and
 # decoding steps.
 EXTRA_MODELS: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {
     "resnet_stage": lambda: (nn.Sequential(ResNetBlock(), ResNetBlock()), _inputs(1, 32, 28, 28)),
@@ -247,9 +247,9 @@ def precompile_into(
     store: Path, model: nn.Module, inputs: tuple[torch.Tensor, ...], budget: int
 ) -> dict[str, Any]:
     """`kope precompile` of the model into `store` (heuristic agent, CPU); its summary."""
-    from kope.compiler import store_at, target_for
-    from kope.optimize import Budget
-    from kope.precompile import precompile
+    from kope.frontend.compiler import store_at, target_for
+    from kope.tools.precompile import precompile
+    from kope.tuner.optimize import Budget
 
     report = precompile(
         model,

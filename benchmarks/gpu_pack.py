@@ -28,12 +28,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kope.kernel_pack import export_pack
 from kope.memory.store import ExperienceStore
-from kope.optimize import Budget
-from kope.precompile import precompile
 from kope.targets import get_target
 from kope.targets.device_compile import estimate_of
+from kope.tools.kernel_pack import export_pack
+from kope.tools.precompile import precompile
+from kope.tuner.optimize import Budget
 
 sys.path.insert(0, str(Path(__file__).parent))
 from e2e import MODELS, _model  # noqa: E402

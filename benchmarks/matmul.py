@@ -22,13 +22,13 @@ from typing import Any
 
 import torch
 
-from kope.bench import time_against_eager
-from kope.measuring import stored_kernel
 from kope.memory.store import ExperienceStore
-from kope.optimize import Budget, is_proposal
-from kope.precompile import geomean, precompile, trace_tasks
-from kope.suite import Op
 from kope.targets.cpu import CpuTarget
+from kope.tools.bench import time_against_eager
+from kope.tools.precompile import geomean, precompile, trace_tasks
+from kope.tools.suite import Op
+from kope.tuner.measuring import stored_kernel
+from kope.tuner.optimize import Budget, is_proposal
 from kope.vocabulary.evidence import VERIFIED
 
 SHAPES = "256,512,1024,255x129x193,100x300x77"

@@ -2,7 +2,7 @@
 
     python benchmarks/memory_ablation.py [--budget 4] [--seeds 0,1,2] [--report out.json]
 
-Same agent, same static priors, on the fixed sequence `kope.suite.SEQUENCE` (matmuls of four
+Same agent, same static priors, on the fixed sequence `kope.tools.suite.SEQUENCE` (matmuls of four
 shapes, then softmaxes, then layer norms), at a small budget: mean and spread over seeds of the
 geomean speedup over eager, the pass rate, and the attempts needed to reach 90% of the best
 kernel either arm found. Same as `kope bench ablation`.
@@ -10,7 +10,7 @@ kernel either arm found. Same as `kope bench ablation`.
 
 import sys
 
-from kope.cli import main
+from kope.tools.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", "ablation", *sys.argv[1:]]))

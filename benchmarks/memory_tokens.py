@@ -25,11 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from kope.frontend.partition import partition
 from kope.memory.retrieval import retrieve
 from kope.memory.schema import AttemptRecord, TaskRecord
 from kope.memory.store import ExperienceStore
 from kope.memory.tokens import BpeCounter, EstimatingCounter
-from kope.partition import partition
 from kope.targets.cpu import CpuTarget
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -39,16 +39,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from kope.bench import BenchConfig, run_bench
+from kope.core.options import Options
 from kope.memory.store import ExperienceStore
-from kope.optimize import Budget
-from kope.options import Options
-from kope.precompile import precompile, trace_tasks
-from kope.selection import choose
-from kope.suite import OPSET
 from kope.targets import get_target
 from kope.targets.base import Target
-from kope.zoo import ZOO
+from kope.tools.bench import BenchConfig, run_bench
+from kope.tools.precompile import precompile, trace_tasks
+from kope.tools.suite import OPSET
+from kope.tools.zoo import ZOO
+from kope.tuner.optimize import Budget
+from kope.tuner.selection import choose
 
 SPINNER = (
     "import time, sys\nend = time.monotonic() + float(sys.argv[1])\n"
@@ -141,7 +141,7 @@ def quiet_retime(target: Target, store: Path, names: list[str]) -> dict[str, dic
 # interleaved.
 COMPILE_QUIETLY = """
 import functools, json, statistics, sys, time, torch
-from kope.zoo import ZOO
+from kope.tools.zoo import ZOO
 name, repeats, stores = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
 model, inputs = ZOO[name]()
 with torch.no_grad():

@@ -10,7 +10,7 @@ least a third of the set. Same as `kope bench suite`.
 
 import sys
 
-from kope.cli import main
+from kope.tools.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", "suite", *sys.argv[1:]]))

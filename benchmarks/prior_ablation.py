@@ -29,8 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-from kope.cli import main as kope
-from kope.precompile import geomean
+from kope.tools.cli import main as kope
+from kope.tools.precompile import geomean
 
 HERE = Path(__file__).resolve().parent
 SUITE, HELD_OUT = HERE / "suite", HERE / "heldout"

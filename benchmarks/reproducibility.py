@@ -22,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from context_ablation import DEFAULT_OPS, ROOT  # noqa: E402
 
-from kope.bench import BenchConfig, run_bench, scratch_dir, write_json  # noqa: E402
-from kope.compiler import target_for  # noqa: E402
-from kope.suite import load_suite  # noqa: E402
+from kope.frontend.compiler import target_for  # noqa: E402
+from kope.tools.bench import BenchConfig, run_bench, scratch_dir, write_json  # noqa: E402
+from kope.tools.suite import load_suite  # noqa: E402
 
 
 def main() -> int:

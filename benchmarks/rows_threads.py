@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from kope.compiler import store_at, target_for
-from kope.optimize import Budget
-from kope.precompile import geomean, precompile
+from kope.frontend.compiler import store_at, target_for
+from kope.tools.precompile import geomean, precompile
+from kope.tuner.optimize import Budget
 
 
 class Rows(torch.nn.Module):

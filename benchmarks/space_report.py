@@ -26,12 +26,12 @@ from pathlib import Path
 
 from kope.agents.heuristic import renders, schedule_space
 from kope.agents.search import Space
-from kope.compiler import target_for
+from kope.frontend.compiler import target_for
 from kope.memory.store import ExperienceStore
-from kope.optimize import Budget, is_proposal, task_view
 from kope.passes.analysis import analyze, prepare_payload
-from kope.precompile import geomean, precompile, trace_tasks
-from kope.suite import load_suite
+from kope.tools.precompile import geomean, precompile, trace_tasks
+from kope.tools.suite import load_suite
+from kope.tuner.optimize import Budget, is_proposal, task_view
 from kope.vocabulary.evidence import TIMING_CLEAN, VERIFIED
 
 HERE = Path(__file__).resolve().parent

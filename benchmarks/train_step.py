@@ -6,7 +6,8 @@ training loop does (zeroed between samples is not needed: accumulating costs eve
 the same). With `--precompile N` the models' operators are first optimized into a fresh store
 (as `e2e.py` does; their inference graphs). KOPE compiles a training graph's forward and, at
 the first call, times a whole step with it against dynamo's graph with eager's autograd, and
-runs whichever is faster (`kope.whole_graph.settle_training_step`); the report line says which.
+runs whichever is faster (`kope.frontend.whole_graph.settle_training_step`); the report line says
+which.
 Each model's backends are timed interleaved (`kope.targets.measure.measure_interleaved`),
 `--repeat` times in a row: the figure is the median of the runs' medians. Ratios are eager
 time / backend time. Gradients are checked against eager's first.

@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from e2e import MODELS  # noqa: E402 (the models live beside this script)
 
-from kope.bench import (  # noqa: E402
+from kope.frontend.compiler import target_for  # noqa: E402
+from kope.tools.bench import (  # noqa: E402
     BenchConfig,
     attempts_to_reach,
     format_bench,
@@ -29,8 +30,7 @@ from kope.bench import (  # noqa: E402
     scratch_dir,
     write_json,
 )
-from kope.compiler import target_for  # noqa: E402
-from kope.precompile import geomean  # noqa: E402
+from kope.tools.precompile import geomean  # noqa: E402
 
 
 def main() -> int:

@@ -29,11 +29,11 @@ from typing import Any
 
 from kope.agents.triton_kernels import unsupported_reason
 from kope.memory.store import ExperienceStore
-from kope.optimize import Budget
-from kope.precompile import precompile, trace_tasks
-from kope.suite import load_suite
 from kope.targets import get_target
-from kope.zoo import ZOO
+from kope.tools.precompile import precompile, trace_tasks
+from kope.tools.suite import load_suite
+from kope.tools.zoo import ZOO
+from kope.tuner.optimize import Budget
 
 
 def models(with_e2e: bool, suite: Path | None) -> dict[str, Any]:

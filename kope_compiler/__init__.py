@@ -13,10 +13,10 @@ from __future__ import annotations
 
 __version__ = "0.2.0"
 
-from kope.errors import KopeError, OptionError
-from kope.logs import configure_from_env as _configure_logging
-from kope.options import check_options
-from kope.report import report, reset_report
+from kope.core.errors import KopeError, OptionError
+from kope.core.logs import configure_from_env as _configure_logging
+from kope.core.options import check_options
+from kope.frontend.report import report, reset_report
 
 _configure_logging()
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from kope.memory.merge import MergeError, MergeReport, check_sources, merge_stores
 from kope.memory.schema import AttemptRecord, TaskRecord
+from kope.memory.standing import winner
 from kope.memory.store import LOG_NAME, TASK, ExperienceStore, StoreError
 from kope.vocabulary.arguments import at_least_zero, positive
 from kope.vocabulary.evidence import SOURCE_GRAPH, TIMING_CLEAN
@@ -177,12 +178,37 @@ def _stats(args: argparse.Namespace, store: ExperienceStore) -> int:
     return 0
 
 
+def task_summaries(
+    store: ExperienceStore, offset: int = 0, limit: int | None = None
+) -> tuple[list[dict[str, Any]], int]:
+    """A page of the store's tasks (oldest first) as {key, label, op, attempts,
+    best_speedup_vs_eager, timing_quality (of the best's figure)}, and how many tasks there
+    are. Only the page's attempts are decoded."""
+    tasks = store.tasks()
+    page = tasks[offset : None if limit is None else offset + limit]
+    rows = []
+    for task in page:
+        attempts = store.attempts(task.key)
+        best = winner(attempts).best
+        rows.append(
+            {
+                "key": task.key,
+                "label": task.label,
+                "op": task.op,
+                "attempts": len(attempts),
+                "best_speedup_vs_eager": best.speedup_vs_eager if best else None,
+                "timing_quality": best.timing_quality if best else None,
+            }
+        )
+    return rows, len(tasks)
+
+
 def _tasks(args: argparse.Namespace, store: ExperienceStore) -> int:
     if args.limit < 1 or args.offset < 0:
         raise MemoryCommandError(
             f"--limit {args.limit} must be >= 1 and --offset {args.offset} >= 0"
         )
-    rows, total = store.task_summaries(args.offset, args.limit)
+    rows, total = task_summaries(store, args.offset, args.limit)
     if args.json:
         print(
             json.dumps(
@@ -233,7 +259,7 @@ def _show(args: argparse.Namespace, store: ExperienceStore) -> int:
     task = store.task(key)
     assert isinstance(task, TaskRecord)
     attempts = store.attempts(key)
-    standing = store.standing(key)
+    standing = winner(attempts)
     best = standing.best
     print(f"{task.label}  [{task.op}, {task.target}]")
     print(f"key {task.key}")

@@ -40,6 +40,7 @@ import numpy as np
 
 from kope.memory.schema import AttemptRecord, InsightRecord, TaskRecord
 from kope.memory.similarity import W_FAMILY, decision_hash, distances, features
+from kope.memory.standing import winner
 from kope.memory.store import INSIGHT, ExperienceStore
 from kope.memory.tokens import TokenCounter, default_counter
 from kope.vocabulary.evidence import SOURCE_AGENT, SOURCES, TIMING_CONTAMINATED, VERDICTS
@@ -135,7 +136,7 @@ def retrieve(
     hops = _hops(store, self_row) if self_row is not None else {}
     candidates = _score_attempts(store, task_rows, task_dist, hops, half_life_days, now)
     packer = _Packer(store, counter, budget_tokens, record)
-    best = store.best(record.key) if self_row is not None else None
+    best = winner(store.attempts(record.key)).best if self_row is not None else None
     best_row = store.row_of(best.id) if best is not None else None
     if best is not None and best.source == SOURCE_AGENT and best_row is not None:
         packer.add(

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from torch_mlir import ir
 
 from kope.memory import AttemptRecord, ExperienceStore
+from kope.memory.standing import winner
 from kope.passes.abi import ENTRY, PAYLOAD, find_func, function_type, input_layouts
 from kope.passes.base import ModulePass, PassError, check_target
 from kope.passes.experience import (
@@ -39,6 +40,7 @@ from kope.passes.keys import KERNEL_ATTR, canonical_function, task_key
 from kope.passes.schedule import ApplySchedule
 from kope.vocabulary.kernels import FORM_MLIR
 from kope.vocabulary.layouts import LayoutError, panel_geometry
+from kope.vocabulary.registry import DEFAULT_TARGET
 
 log = logging.getLogger("kope.passes")
 
@@ -59,7 +61,9 @@ class ApplyKernels(ModulePass):
     summary = "Replace each keyed operator's body by the best verified kernel in the store"
 
     store: str = field(default="", metadata={"help": STORE_HELP})
-    target: str = field(default="cpu", metadata={"help": "the target the kernels were verified on"})
+    target: str = field(
+        default=DEFAULT_TARGET, metadata={"help": "the target the kernels were verified on"}
+    )
 
     def __post_init__(self) -> None:
         check_target(self.name, self.target)
@@ -91,7 +95,7 @@ class ApplyKernels(ModulePass):
                 f"its kope.key {key[:12]}... is not the key of its body on target "
                 f"'{self.target}' (outlined for another target, or changed since)"
             )
-        best = store.best(key)
+        best = winner(store.attempts(key)).best
         if best is None or best.source != AGENT:
             log.debug("@%s: %s", symbol_name(func), "unknown" if best is None else best.source)
             return

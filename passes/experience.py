@@ -21,6 +21,7 @@ from pathlib import Path
 from torch_mlir import ir
 
 from kope.memory import ExperienceStore
+from kope.memory.standing import winner
 from kope.passes.base import ModulePass, PassError
 from kope.passes.keys import KEY_ATTR
 from kope.vocabulary.home import kope_home
@@ -92,7 +93,7 @@ def experience_of(store: ExperienceStore, key: str) -> ir.DictAttr:
     task = store.task(key)
     if task is not None:
         entries["op"] = ir.StringAttr.get(task.op)
-    best = store.best(key)
+    best = winner(store.attempts(key)).best
     if best is not None:
         entries["winner"] = ir.StringAttr.get(best.source)
         entries["best_attempt"] = ir.StringAttr.get(best.id)

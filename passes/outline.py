@@ -29,6 +29,7 @@ from kope.passes.keys import (
     canonical_function,
     task_key,
 )
+from kope.vocabulary.registry import DEFAULT_TARGET
 
 _NOT_OPERATORS = {"linalg.yield", "linalg.index"}
 _INIT_PRODUCERS = {"tensor.empty", "linalg.fill", "arith.constant"}
@@ -66,7 +67,9 @@ class OutlineOperators(ModulePass):
     name = "kope-outline-operators"
     summary = "Outline each compute operator into a private function tagged with its key"
 
-    target: str = field(default="cpu", metadata={"help": "the target whose key goes into kope.key"})
+    target: str = field(
+        default=DEFAULT_TARGET, metadata={"help": "the target whose key goes into kope.key"}
+    )
 
     def __post_init__(self) -> None:
         check_target(self.name, self.target)

@@ -8,8 +8,8 @@ and edge inputs in the target's device buffers (poisoned outputs inside canaries
 checked unchanged), times it interleaved with eager ATen (the target's `synchronize` after
 each call), and checks what the timed calls returned. A verified kernel then goes to the
 target's `compile_for_devices` (the CUDA target compiles it for GPU architectures this
-machine lacks: `kope.targets.device_compile`). A target supplies only its `Target` hooks;
-nothing here knows which target it runs for.
+machine lacks: `kope.targets.device_compile`). A target supplies only its hooks
+(`kope.targets.hooks`); nothing here knows which target it runs for.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from filelock import FileLock, Timeout
 
 from kope.targets import verify
-from kope.targets.base import BuildError, BuiltKernel
+from kope.targets.hooks import BuildError, BuiltKernel, TargetHooks
 from kope.targets.measure import (
     MeasureConfig,
     Work,
@@ -52,16 +52,13 @@ from kope.vocabulary.evidence import (
 from kope.vocabulary.kernels import FORM_MLIR, Kernel
 from kope.vocabulary.specs import OpCall, Program, TaskSpec
 
-if TYPE_CHECKING:
-    from kope.targets.base import Target
-
 EAGER_ORACLE = "eager ATen (float64 where it runs)"
 REFERENCE_ORACLE = "reference lowering"
 
 
 # -- in the calling process ---------------------------------------------------------------------
 def evaluate(
-    target: Target,
+    target: TargetHooks,
     task: TaskSpec,
     kernel: Kernel | None,
     *,
@@ -170,7 +167,7 @@ class EvalJob:
     `reduction` is the length of the operator's longest reduction, which widens the verifier's
     tolerance (`verify.tolerance`)."""
 
-    target: type[Target]  # pickled by name: the worker imports the target's module
+    target: type[TargetHooks]  # pickled by name: the worker imports the target's module
     task: TaskSpec
     kernel: Kernel | None  # None: time eager ATen alone
     oracle: Kernel | None
@@ -206,7 +203,7 @@ def timing_turn(phase: Callable[[str], None]) -> Iterator[None]:
 
 
 def _cached_build(
-    target: type[Target], task: TaskSpec, kernel: Kernel, *, oracle: bool = False
+    target: type[TargetHooks], task: TaskSpec, kernel: Kernel, *, oracle: bool = False
 ) -> BuiltKernel:
     key = (target.name, task.label + repr(task.inputs) + repr(task.outputs), kernel.digest)
     if key not in _BUILT:

@@ -49,7 +49,7 @@ class MeasureConfig:
     # ... and at least this many times. A whole graph's first call after another graph's runs
     # on caches that one left: if the two keep different copies of a weight (a kernel's packed
     # one, eager's), it fetches its own from memory. That costs once per switch, not once per
-    # call of a loop, so graphs are timed over several calls (`kope.whole_graph`).
+    # call of a loop, so graphs are timed over several calls (`kope.frontend.whole_graph`).
     min_calls: int = 1
     warmup_s: float = 5e-3
     budget_s: float = 2.0  # a slow kernel gets fewer repeats, never fewer than `min_repeats`

@@ -2,7 +2,7 @@
 
 KOPE keeps results made from a model's weights between calls: a strided weight's contiguous
 or packed copy (`kope.targets.jit`), batch norms folded into a convolution's weights
-(`kope.rewrites`). PyTorch bumps a tensor's version counter on every in-place write through
+(`kope.frontend.rewrites`). PyTorch bumps a tensor's version counter on every in-place write through
 it or a view of it, and a stamp compares that. Some writes bypass the counter: through
 `.data` (`p.data.mul_(0.5)`, old-style weight updates and EMA code) and through memory shared
 with numpy or DLPack. So a stamp of a CPU tensor also holds about `SAMPLES` words of its

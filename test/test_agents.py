@@ -14,12 +14,12 @@ from kope.agents.base import Experience, Feedback, ProposalRequest
 from kope.agents.heuristic import HeuristicAgent, candidate_space
 from kope.agents.schedules import attach, config_key, render
 from kope.agents.search import learn
+from kope.frontend.partition import partition
 from kope.memory.schema import REFINES
 from kope.memory.store import ExperienceStore
-from kope.optimize import Budget, optimize_task, task_view
-from kope.partition import partition
 from kope.passes.analysis import analyze, prepare_payload
 from kope.targets.cpu import CpuTarget
+from kope.tuner.optimize import Budget, optimize_task, task_view
 from kope.vocabulary.kernels import Kernel
 
 OPERATORS = {

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import kope
-from kope.backend import MAX_SPECIALIZATIONS
-from kope.zoo import ZOO
+from kope.frontend.backend import MAX_SPECIALIZATIONS
+from kope.tools.zoo import ZOO
 
 
 def _flat(value):
@@ -390,7 +390,7 @@ def test_timing_a_training_step_leaves_the_callers_graph_to_the_caller(tmp_path)
 def test_timing_a_training_step_leaves_the_model_as_the_caller_left_it() -> None:
     """The training-step check runs forward and backward many times: no gradient reaches
     `.grad`, batch norm's running statistics are given back, and the random generator too."""
-    from kope.whole_graph import settle_training_step
+    from kope.frontend.whole_graph import settle_training_step
 
     bn = torch.nn.BatchNorm1d(4)  # train mode: every forward moves its running statistics
 
@@ -415,7 +415,7 @@ def test_a_kope_bug_runs_the_graph_as_traced_and_says_so(
     """A failure inside KOPE that is not meant for the user runs the graph as dynamo traced
     it, logged as a bug with its traceback; under KOPE_STRICT=1 (as in this suite) it
     raises."""
-    import kope.backend as backend
+    import kope.frontend.backend as backend
 
     def broken(*_: object) -> None:
         raise RuntimeError("an internal invariant failed")
@@ -529,7 +529,7 @@ def test_a_shape_that_fails_to_compile_runs_eagerly(
     def fails(*args: object) -> None:
         raise RuntimeError("cannot trace this shape")
 
-    monkeypatch.setattr("kope.backend._compile", fails)
+    monkeypatch.setattr("kope.frontend.backend._compile", fails)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
     compiled = torch.compile(model, backend="kope", dynamic=True)
     with torch.no_grad(), caplog.at_level("WARNING", logger="kope.compiler"):

@@ -9,14 +9,14 @@ import pytest
 import torch
 
 from kope.agents.base import Feedback, ProposalRequest
-from kope.bench import BenchConfig, run_bench, summarize
-from kope.cli import main
 from kope.memory.store import ExperienceStore
-from kope.optimize import task_view
-from kope.precompile import trace_tasks
-from kope.suite import load_suite
 from kope.targets.cpu import CpuTarget
 from kope.testing import Reply, ScriptedOpenAIServer
+from kope.tools.bench import BenchConfig, run_bench, summarize
+from kope.tools.cli import main
+from kope.tools.precompile import trace_tasks
+from kope.tools.suite import load_suite
+from kope.tuner.optimize import task_view
 
 RELU = '''"""relu on a small matrix."""
 import torch
@@ -207,7 +207,7 @@ def test_disturbed_figures_decide_neither_the_best_so_far_nor_the_arms_compariso
     found; a disturbed joint re-timing (632x) replaced a clean figure in the report."""
     from types import SimpleNamespace
 
-    from kope import bench
+    from kope.tools import bench
     from kope.vocabulary.evidence import TIMING_CLEAN, TIMING_CONTAMINATED, Timing
 
     attempts = [
@@ -240,7 +240,7 @@ def test_a_joint_re_timing_puts_identical_kernels_alike_against_eager_and_the_re
     """Both arms ran the same kernel; against the reference lowering they read 1.82x and 1.10x,
     each arm's own run. One clean joint round now gives both one figure over eager, and one
     over the reference through the arms' common reference/eager ratio."""
-    from kope import bench
+    from kope.tools import bench
     from kope.vocabulary.evidence import TIMING_CLEAN, TIMING_CONTAMINATED, Timing
 
     def rows() -> dict[str, dict[str, object] | None]:

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 import kope
-from kope.precompile import trace
-from kope.report import Report
+from kope.frontend.report import Report
 from kope.targets.cpu import CpuTarget
+from kope.tools.precompile import trace
 
 
 def test_assertions_are_not_compute_operators_run_eagerly() -> None:

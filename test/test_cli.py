@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kope.report import GraphReport, Report, TaskReport
+from kope.frontend.report import GraphReport, Report, TaskReport
 
 MODEL_FILE = """
 import torch
@@ -49,7 +49,7 @@ def test_help() -> None:
     assert proc.returncode == 0 and "--kernels" in proc.stdout
 
 
-@pytest.mark.parametrize("spec", ["mlp", "kope.zoo:odd_shapes"])
+@pytest.mark.parametrize("spec", ["mlp", "kope.tools.zoo:odd_shapes"])
 def test_compile_builtin_and_factory(spec: str, tmp_path: Path) -> None:
     proc = kope("compile", spec, "--kernels", "reference", "--repeat", "3", store=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -171,8 +171,8 @@ def test_what_a_newcomer_leaves_out_or_gets_wrong_is_said_in_one_line(
     """`get_init_inputs` may be left out when Model takes nothing; a factory is found in the
     current directory, as `python -m` finds it; a model that fails eagerly on its own inputs
     says so before any compiler runs (it was a 180-line fake-tensor traceback)."""
-    from kope.errors import ModelLoadError
-    from kope.models import load_model
+    from kope.core.errors import ModelLoadError
+    from kope.tools.models import load_model
 
     plain = tmp_path / "plain.py"
     plain.write_text(
@@ -193,7 +193,7 @@ def test_what_a_newcomer_leaves_out_or_gets_wrong_is_said_in_one_line(
 
 
 def test_memory_commands_on_a_store_that_is_not_there_say_so(tmp_path: Path) -> None:
-    from kope.cli import main
+    from kope.tools.cli import main
 
     missing = tmp_path / "typo_store"
     assert main(["memory", "stats", "--store", str(missing)]) == 2
@@ -204,8 +204,8 @@ def test_a_newcomers_mistakes_in_model_files_name_the_fix(tmp_path: Path) -> Non
     """A tensor from get_inputs() was split into as many arguments as it has rows, and a
     Model that takes arguments without get_init_inputs said only 'missing 1 required
     positional argument'."""
-    from kope.errors import ModelLoadError
-    from kope.models import load_model
+    from kope.core.errors import ModelLoadError
+    from kope.tools.models import load_model
 
     one_tensor = tmp_path / "one_tensor.py"
     one_tensor.write_text(
@@ -232,7 +232,7 @@ def test_a_newcomers_mistakes_in_model_files_name_the_fix(tmp_path: Path) -> Non
 def test_bad_numbers_are_refused_before_any_work(
     args: list[str], says: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from kope.cli import main
+    from kope.tools.cli import main
 
     with pytest.raises(SystemExit) as exit_:
         main(args)
@@ -244,9 +244,9 @@ def test_a_store_that_cannot_serve_is_an_error_that_names_it(
 ) -> None:
     """A store path that is a file raised FileExistsError (and inside torch.compile ran the
     graph eagerly as 'a KOPE bug'); a store that cannot be written failed deep in a write."""
-    from kope.cli import main
-    from kope.errors import KopeError
+    from kope.core.errors import KopeError
     from kope.memory.store import ExperienceStore, StoreError
+    from kope.tools.cli import main
 
     a_file = tmp_path / "store_file"
     a_file.write_text("not a store")
@@ -273,8 +273,8 @@ def test_a_store_that_cannot_serve_is_an_error_that_names_it(
 def test_output_paths_and_input_files_that_cannot_serve_are_said_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from kope.cli import main
     from kope.passes.opt import main as kope_opt
+    from kope.tools.cli import main
 
     missing = tmp_path / "no_such_folder" / "out.mlir"
     assert main(["import", "mlp", "-o", str(missing)]) == 2
@@ -303,7 +303,7 @@ def test_output_paths_and_input_files_that_cannot_serve_are_said_in_one_line(
 def test_outputs_with_nan_where_eager_has_nan_agree(tmp_path: Path) -> None:
     """A fully masked row's softmax is NaN in eager and in KOPE alike; `kope compile` said the
     model disagreed with eager (max |kope - eager| = nan) and exited 1."""
-    from kope.cli import _max_error
+    from kope.tools.cli import _max_error
 
     nan, inf = float("nan"), float("inf")
     eager = torch.tensor([1.0, nan, inf, -inf])
@@ -321,7 +321,7 @@ def test_outputs_with_nan_where_eager_has_nan_agree(tmp_path: Path) -> None:
         "    mask[1] = False\n"
         "    return [torch.randn(2, 4), mask]\n"
     )
-    from kope.cli import main
+    from kope.tools.cli import main
 
     argv = ["compile", str(model), "--repeat", "3", "--store", str(tmp_path / "store")]
     assert main(argv) == 0
@@ -332,7 +332,7 @@ def test_a_kernel_pack_with_nothing_to_carry_is_refused(
 ) -> None:
     """An export from a store without Triton kernels wrote an empty pack and said to run it
     on the device."""
-    from kope.cli import main
+    from kope.tools.cli import main
 
     store, pack = tmp_path / "store", tmp_path / "pack"
     assert main(["precompile", "mlp", "--budget", "1", "--store", str(store)]) == 0
@@ -349,8 +349,8 @@ def test_a_backend_error_inside_torch_compile_reaches_the_command_line_as_one_li
 ) -> None:
     """torch.compile wraps a backend's errors in BackendCompilerFailed: `kope compile
     --target cuda` printed dynamo's whole traceback around KOPE's one line."""
-    from kope.cli import _meant_for_the_user
-    from kope.errors import KopeError
+    from kope.core.errors import KopeError
+    from kope.tools.cli import _meant_for_the_user
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
     compiled = torch.compile(model, backend="kope", options={"target": "cuda"})
@@ -371,8 +371,8 @@ def test_an_interrupted_precompile_reports_what_it_finished(
     no report)."""
     import json
 
-    import kope.precompile as precompile
-    from kope.cli import main
+    import kope.tools.precompile as precompile
+    from kope.tools.cli import main
 
     optimized: list[str] = []
 
@@ -397,7 +397,7 @@ def test_import_tasks_names_what_stays_eager_with_its_shapes(
 ) -> None:
     """Two places of one operator KOPE cannot take, at two shapes, were listed as two identical
     lines (no shapes)."""
-    from kope.cli import main
+    from kope.tools.cli import main
 
     model = tmp_path / "two_lgammas.py"
     model.write_text(

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from kope.memory.store import ExperienceStore
-from kope.optimize import Budget, is_proposal
-from kope.precompile import precompile
 from kope.targets import get_target
+from kope.tools.precompile import precompile
+from kope.tuner.optimize import Budget, is_proposal
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("triton")
@@ -130,7 +130,7 @@ def test_a_killed_worker_loses_nothing_acknowledged(cluster: Any, tmp_path: Path
 def test_without_ray_the_flag_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from kope.cluster import ClusterError, connected
+    from kope.tools.cluster import ClusterError, connected
 
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(ClusterError, match=r"pip install 'kope\[ray\]'"):
@@ -139,7 +139,7 @@ def test_without_ray_the_flag_says_how_to_install_it(monkeypatch: pytest.MonkeyP
 
 
 def test_triton_tasks_ask_for_a_device_only_where_the_cluster_has_one() -> None:
-    from kope.cluster import device_request
+    from kope.tools.cluster import device_request
 
     assert device_request("cuda", {"CPU": 16.0, "GPU": 8.0}) == {"num_gpus": 1}
     assert device_request("ascend", {"CPU": 16.0, "NPU": 8.0}) == {"resources": {"NPU": 1}}

@@ -23,13 +23,13 @@ from kope.agents.cost_model import CostModel, Row, Workload
 from kope.agents.heuristic import HeuristicAgent, candidate_space, renders, schedule_space
 from kope.agents.schedules import Config, config_key
 from kope.agents.search import WIDENED, MemoryAdvice, Scorer, Search, Space, evolve
-from kope.experience import measured_evidence, retrieve_experience
+from kope.frontend.partition import partition
 from kope.memory.schema import AttemptRecord, TaskRecord
 from kope.memory.store import ExperienceStore
-from kope.optimize import task_view
-from kope.partition import partition
 from kope.passes.analysis import analyze, prepare_payload
 from kope.targets.cpu import CpuTarget
+from kope.tuner.experience import measured_evidence, retrieve_experience
+from kope.tuner.optimize import task_view
 
 # Fixed capabilities (AVX2: 8 lanes of f32; two OpenMP threads), so that the expected
 # configurations below do not depend on the machine the tests run on; and a fixed key, since

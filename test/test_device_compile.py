@@ -15,10 +15,9 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kope.agents import make_agent
-from kope.kernel_pack import export_pack
+from kope.core.task import Task
+from kope.frontend.partition import partition
 from kope.memory.store import ExperienceStore
-from kope.optimize import Budget, optimize_task
-from kope.partition import partition
 from kope.targets import get_target
 from kope.targets.cuda import CudaTarget
 from kope.targets.device_compile import (
@@ -32,8 +31,9 @@ from kope.targets.device_compile import (
 )
 from kope.targets.measure import Work
 from kope.targets.triton import TritonTarget
-from kope.task import Task
 from kope.testing import Reply, ScriptedOpenAIServer
+from kope.tools.kernel_pack import export_pack
+from kope.tuner.optimize import Budget, optimize_task
 from kope.vocabulary.evidence import COMPILE_ERROR, TIMEOUT, VERIFIED
 from kope.vocabulary.kernels import FORM_TRITON, Kernel
 

@@ -1,4 +1,4 @@
-"""Lean dispatch (`kope.dispatch`): the rewritten aten graph computes what it did, with the
+"""Lean dispatch (`kope.frontend.dispatch`): the rewritten aten graph computes what it did, with the
 same output layouts, in fewer Python calls."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from torch._subclasses import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kope.dispatch import (
+from kope.frontend.dispatch import (
     copy_only_where_needed,
     fold_view_chains,
     has_symbols,

@@ -14,9 +14,10 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from kope.frontend.partition import partition
 from kope.memory.recorder import Recorder
+from kope.memory.standing import winner
 from kope.memory.store import ExperienceStore
-from kope.partition import partition
 from kope.targets.cpu import CpuTarget
 from kope.vocabulary.events import AttemptEvaluated
 from kope.vocabulary.evidence import SOURCE_AGENT
@@ -139,5 +140,5 @@ def test_failures_are_recorded_and_the_store_carries_on(target: CpuTarget, tmp_p
     assert good.verdict == "verified" and reopened.get_artifact(good.artifact) is not None
     assert reopened.get_artifact(reopened.attempts("relu-key")[0].artifact) is not None
     # Unconfirmed, the good kernel is a candidate, not yet the operator's kernel: a choice
-    # pins only through a clean confirmation against eager (kope.selection).
-    assert reopened.best("relu-key") is None
+    # pins only through a clean confirmation against eager (kope.tuner.selection).
+    assert winner(reopened.attempts("relu-key")).best is None

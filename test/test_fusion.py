@@ -16,8 +16,8 @@ import torch
 import torch.nn as nn
 
 import kope
-from kope.precompile import trace_tasks
 from kope.targets.cpu import CpuTarget
+from kope.tools.precompile import trace_tasks
 
 
 class RmsNorm(nn.Module):
@@ -162,7 +162,7 @@ CASES = {
         {"bmm", "mul", "add"},
     ),
     # A linear on a 3-D activation reads and writes it through views (x viewed as rows,
-    # the product viewed back): they sink below the epilogue (`kope.partition.sink_views`).
+    # the product viewed back): they sink below the epilogue (`kope.frontend.partition.sink_views`).
     "linear_gelu_3d": (LinearGelu(), (torch.randn(3, 5, 29),), {"addmm", "tanh", "mul"}),
     "swiglu_3d": (SwiGlu(), (torch.randn(3, 7, 23),), {"mm", "silu", "mul"}),
     "linear_residual_3d": (LinearResidual(), (torch.randn(2, 9, 31),), {"addmm", "mul", "add"}),

@@ -10,7 +10,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch_mlir import ir
 
-from kope.partition import partition
+from kope.frontend.partition import partition
 from kope.targets.cpu import BuildError, CpuTarget, build_kernel
 from kope.targets.jit import JitKernel
 from kope.targets.stamp import Stamp

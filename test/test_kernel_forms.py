@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kope.partition import partition
+from kope.frontend.partition import partition
 from kope.targets.cpu import CpuTarget
 from kope.vocabulary.kernels import Kernel
 from kope.vocabulary.specs import TaskSpec

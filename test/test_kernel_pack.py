@@ -13,12 +13,12 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kope.agents import make_agent
-from kope.kernel_pack import export_pack, import_results
+from kope.frontend.partition import partition
 from kope.memory.store import ExperienceStore
-from kope.optimize import Budget, optimize_task
-from kope.partition import partition
 from kope.targets import get_target
 from kope.testing import Reply, ScriptedOpenAIServer
+from kope.tools.kernel_pack import export_pack, import_results
+from kope.tuner.optimize import Budget, optimize_task
 from kope.vocabulary.evidence import VERIFIED
 
 pytest.importorskip("triton")

@@ -22,11 +22,11 @@ import torch
 from torch_mlir import fx as torch_mlir_fx
 from torch_mlir import ir
 
-from kope.model_module import model_module
+from kope.frontend.model_module import model_module
 from kope.passes.pipeline import parse_pipeline, run_pipeline
-from kope.precompile import trace_tasks
 from kope.targets.cpu import CpuTarget
-from kope.zoo import ZOO
+from kope.tools.precompile import trace_tasks
+from kope.tools.zoo import ZOO
 
 WEIGHTS = (
     "the whole-model import folds the weights into constants and splits off their layout "

@@ -15,12 +15,12 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from kope.agents import make_agent
 from kope.agents.base import ProposalRequest, Rejected
 from kope.agents.llm import extract_kernel
-from kope.errors import KopeError
+from kope.core.errors import KopeError
+from kope.frontend.partition import partition
 from kope.memory.store import ExperienceStore
-from kope.optimize import Budget, optimize_task, task_view
-from kope.partition import partition
 from kope.targets.cpu import CpuTarget
 from kope.testing import Reply, ScriptedOpenAIServer
+from kope.tuner.optimize import Budget, optimize_task, task_view
 from kope.vocabulary.kernels import FORM_TRITON
 
 SECRET = "sk-test-must-never-be-stored-4242"

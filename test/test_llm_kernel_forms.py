@@ -16,12 +16,12 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from kope.agents import make_agent
 from kope.agents.screen import screen_mlir
+from kope.core.task import Task
+from kope.frontend.partition import partition
 from kope.memory.store import ExperienceStore
-from kope.optimize import Budget, optimize_task
-from kope.partition import partition
 from kope.targets.cpu import KERNEL_DIALECTS, BuildError, CpuTarget, lower_kernel
-from kope.task import Task
 from kope.testing import Reply, ScriptedOpenAIServer
+from kope.tuner.optimize import Budget, optimize_task
 from kope.vocabulary.kernels import Kernel
 
 KERNELS = Path(__file__).parent / "kernels"

@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kope import task as task_module
-from kope.lowering import ImportRequest, LoweringCrash, imported, input_strides, rebuild
+from kope.core import task as task_module
+from kope.core.lowering import ImportRequest, LoweringCrash, imported, input_strides, rebuild
+from kope.core.task import group_signature, make_task
 from kope.targets.cpu import CpuTarget
-from kope.task import group_signature, make_task
 
 # Each of these killed the process that compiled it (SIGFPE, SIGFPE, SIGSEGV, an LLVM abort)
 # while torch-mlir's import ran in it.

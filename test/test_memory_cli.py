@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from kope.cli import main
 from kope.memory.export import read_graphml, read_json
 from kope.memory.schema import AttemptRecord, TaskRecord
 from kope.memory.store import ExperienceStore
 from kope.memory.tokens import EstimatingCounter
+from kope.tools.cli import main
 
 KEY = "ab12" + "0" * 60
 
@@ -164,7 +164,7 @@ def test_kope_command_line_has_memory(tmp_path: Path) -> None:
     make_store(tmp_path)
     env = {**os.environ, "KOPE_HOME": str(tmp_path)}
     proc = subprocess.run(
-        [sys.executable, "-m", "kope.cli", "memory", "stats", "--json"],
+        [sys.executable, "-m", "kope.tools.cli", "memory", "stats", "--json"],
         capture_output=True,
         text=True,
         env=env,

@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 
-from kope.cli import main
 from kope.memory import Recorder, distil_insights
 from kope.memory.log import RecordLog
 from kope.memory.merge import MergeError, merge_stores
 from kope.memory.schema import SIMILAR, AttemptRecord, TaskRecord
+from kope.memory.standing import winner
 from kope.memory.store import LOG_NAME, ExperienceStore
+from kope.tools.cli import main
 from kope.vocabulary.events import AttemptEvaluated, TaskSeen
 from kope.vocabulary.evidence import (
     SOURCE_AGENT,
@@ -118,7 +119,7 @@ def test_two_machines_merge_into_one_graph_and_again_adds_nothing(tmp_path: Path
     assert merged.graph.num_nodes() == 14 and merged.graph.num_edges() == 20
     assert len(merged.attempts(SHARED)) == 8  # reference, eager, agent, confirmation per machine
     # The faster machine's confirmed kernel wins; the insight counts both machines' evidence.
-    best = merged.best(SHARED)
+    best = winner(merged.attempts(SHARED)).best
     assert best is not None and best.confirms is not None and best.latency_us == 8.0
     (insight,) = merged.insights()
     assert insight.support == 2 and second.insights_recounted == 1

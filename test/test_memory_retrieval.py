@@ -13,6 +13,7 @@ import pytest
 from kope.memory.retrieval import retrieve
 from kope.memory.schema import AttemptRecord, TaskRecord
 from kope.memory.similarity import Features, distance, distances, features, op_family
+from kope.memory.standing import winner
 from kope.memory.store import ExperienceStore
 from kope.memory.tokens import EstimatingCounter
 
@@ -176,7 +177,7 @@ def test_packing_never_exceeds_the_budget_and_is_deterministic(tmp_path: Path, b
 
 def test_context_reserves_the_best_kernel_and_shows_failures(tmp_path: Path) -> None:
     store = build(tmp_path)
-    best = store.best("mm512")
+    best = winner(store.attempts("mm512")).best
     assert best is not None and best.source == "agent"
     context = retrieve(store, "mm512", 2000)
     assert context.items[0].kind == "best" and context.items[0].id == best.id

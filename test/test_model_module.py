@@ -12,13 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch_mlir import ir
 
-from kope.cli import main
-from kope.model_module import ModelImportError, model_module
+from kope.frontend.model_module import ModelImportError, model_module
 from kope.passes.pipeline import parse_pipeline, run_pipeline
 from kope.targets.cpu import CpuTarget
 from kope.targets.jit import JitKernel
+from kope.tools.cli import main
+from kope.tools.zoo import ZOO
 from kope.vocabulary.specs import TensorSpec
-from kope.zoo import ZOO
 
 
 class MaskedScores(torch.nn.Module):

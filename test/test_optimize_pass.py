@@ -18,10 +18,11 @@ import pytest
 import torch
 from torch_mlir import ir
 
+from kope.memory.standing import winner
 from kope.memory.store import ExperienceStore
-from kope.optimize_pass import OptimizeOperators
 from kope.passes import pass_class
 from kope.targets.jit import JitKernel
+from kope.tools.optimize_pass import OptimizeOperators
 from kope.vocabulary.evidence import SOURCE_AGENT
 from kope.vocabulary.specs import TensorSpec
 
@@ -80,7 +81,7 @@ def applied_attempts(functions: dict[str, str]) -> dict[str, str]:
 
 def test_kope_optimize_is_found_by_name_and_lives_in_the_driver() -> None:
     assert pass_class("kope-optimize") is OptimizeOperators
-    assert OptimizeOperators.__module__ == "kope.optimize_pass"
+    assert OptimizeOperators.__module__ == "kope.tools.optimize_pass"
 
 
 def test_an_imported_model_is_optimized_applied_lowered_and_runs_as_the_backend_runs_it(
@@ -90,8 +91,8 @@ def test_an_imported_model_is_optimized_applied_lowered_and_runs_as_the_backend_
     alone optimizes, applies and lowers it, the ExecutionEngine runs it, and the backend over
     the same store compiles the same keys and chooses the same kernels."""
     import kope
-    from kope.precompile import trace_tasks
     from kope.targets.cpu import CpuTarget
+    from kope.tools.precompile import trace_tasks
 
     mlp = _factory(tmp_path, monkeypatch)
     model, (x,) = mlp()
@@ -146,7 +147,7 @@ def test_an_imported_model_is_optimized_applied_lowered_and_runs_as_the_backend_
     assert list(chosen) == backend_keys
     recorded.refresh()
     for key in backend_keys:
-        standing = recorded.standing(key)
+        standing = winner(recorded.attempts(key))
         if standing.clean:
             pinned = standing.pinned.id if standing.pinned is not None else None
             assert chosen[key] == pinned, key
@@ -163,8 +164,8 @@ def test_the_backends_own_partition_goes_through_kope_opt_with_eager_timed(
     their ATen calls: `kope-optimize` times them against eager, and what it pins is what
     `torch.compile(backend="kope")` then runs, by the same keys."""
     import kope
-    from kope.precompile import trace_tasks
     from kope.targets.cpu import CpuTarget
+    from kope.tools.precompile import trace_tasks
 
     mlp = _factory(tmp_path, monkeypatch)
     source = tmp_path / "tasks.mlir"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kope.errors import OptionError
-from kope.options import Options
+from kope.core.errors import OptionError
+from kope.core.options import Options
 
 
 def test_defaults() -> None:
@@ -115,7 +115,7 @@ def _cli_actions(
     parser: argparse.ArgumentParser | None = None, prefix: str = ""
 ) -> list[tuple[str, argparse.Action]]:
     """(command, action) of every argument of every `kope` subcommand, nested ones too."""
-    from kope.cli import build_parser
+    from kope.tools.cli import build_parser
 
     found = []
     for action in (parser or build_parser())._actions:
@@ -147,6 +147,22 @@ def test_every_cli_default_is_the_options_default() -> None:
             assert stated == f"{default:g}" if isinstance(default, float) else str(default)
         checked += 1
     assert checked >= 10  # compile, precompile and bench all take option-backed flags
+
+
+def test_every_pass_option_named_like_an_option_defaults_to_the_option() -> None:
+    """The passes' `target` (and `kope-optimize`'s agent and budget) default to what
+    `torch.compile` and the CLI default to: one default, read everywhere."""
+    from kope.passes.apply_kernels import ApplyKernels
+    from kope.passes.outline import OutlineOperators
+    from kope.tools.optimize_pass import OptimizeOperators
+
+    checked = 0
+    for cls in (ApplyKernels, OutlineOperators, OptimizeOperators):
+        for f in dataclasses.fields(cls):
+            if f.name in Options.names() and f.name != "store":
+                assert f.default == Options.default(f.name), (cls.name, f.name)
+                checked += 1
+    assert checked >= 5
 
 
 def test_every_cli_argument_has_help() -> None:

@@ -12,7 +12,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from kope.agents.heuristic import schedule_space
 from kope.agents.schedules import _panels, _thread_tiles, k_tile, kernel_source
-from kope.partition import partition
+from kope.frontend.partition import partition
 from kope.passes.analysis import PlainMatmul, analyze, prepare_payload
 from kope.targets.cpu import BuildError, CpuTarget, build_kernel
 from kope.vocabulary.kernels import Kernel

@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
-import kope.decompositions
-import kope.partition
-from kope.partition import partition
-from kope.precompile import trace_tasks
+import kope.core.decompositions
+import kope.frontend.partition
+from kope.frontend.partition import partition
 from kope.targets.cpu import CpuTarget
+from kope.tools.precompile import trace_tasks
 
 aten = torch.ops.aten
 
@@ -71,9 +71,9 @@ def test_an_operator_whose_decomposition_is_not_one_kernel_runs_whole(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Its pieces would be a sort run eagerly among small Tasks: the native call runs instead."""
-    table = {**kope.decompositions.decomposition_table(), aten.median.dim: _median_by_sort}
-    monkeypatch.setattr(kope.partition, "decomposition_table", lambda *_: table)
-    monkeypatch.setattr(kope.decompositions, "decomposition_table", lambda *_, **__: table)
+    table = {**kope.core.decompositions.decomposition_table(), aten.median.dim: _median_by_sort}
+    monkeypatch.setattr(kope.frontend.partition, "decomposition_table", lambda *_: table)
+    monkeypatch.setattr(kope.core.decompositions, "decomposition_table", lambda *_, **__: table)
     gm = make_fx(lambda t: torch.median(t, 1).values * 2, tracing_mode="fake")(torch.randn(5, 9))
     part = partition(gm, CpuTarget())
     assert [t.op for t in part.tasks] == ["aten.mul.Tensor"]
@@ -103,7 +103,7 @@ def test_what_constants_alone_compute_is_computed_once_and_never_returned() -> N
     constants = [n for n in gm.graph.nodes if n.op == "get_attr"]
     # The mask's bias, twice, and the arange the positions are computed from.
     assert len(constants) == 3 and len({n.target for n in constants}) == 2, constants
-    assert all(str(n.target).startswith(kope.partition.CONSTANT_PREFIX) for n in constants)
+    assert all(str(n.target).startswith(kope.frontend.partition.CONSTANT_PREFIX) for n in constants)
     ops = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
     assert "aten.where.self" not in ops and "aten.ge.Tensor" not in ops, ops
     assert "aten.mul.Tensor" in ops  # the positions
@@ -132,7 +132,7 @@ def test_a_returned_constant_does_not_stop_what_is_computed_from_it_folding() ->
     partition(gm, CpuTarget())
     ops = [str(n.target) for n in gm.graph.nodes if n.op in ("call_function", "get_attr")]
     assert "aten.arange.default" in ops and "aten.where.self" not in ops, ops
-    assert sum(op.startswith(kope.partition.CONSTANT_PREFIX) for op in ops) == 1, ops
+    assert sum(op.startswith(kope.frontend.partition.CONSTANT_PREFIX) for op in ops) == 1, ops
     gm.recompile()
     got, positions = gm(x)
     torch.testing.assert_close(got, scores_and_positions(x)[0])

@@ -12,7 +12,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch_mlir import ir
 
-from kope.partition import partition
+from kope.frontend.partition import partition
 from kope.passes import pass_class, pass_names
 from kope.passes.keys import canonicalize_module_text
 from kope.passes.pipeline import PipelineError, parse_pipeline, pipeline_text, run_pipeline

@@ -23,15 +23,15 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch_mlir import fx as torch_mlir_fx
 from torch_mlir import ir
 
+from kope.core.task import Task
+from kope.frontend.partition import partition
 from kope.memory import AttemptRecord, ExperienceStore, TaskRecord
-from kope.partition import partition
 from kope.passes import pass_class
 from kope.passes.lower_cpu import LowerCpu
 from kope.passes.pipeline import parse_pipeline, run_pipeline
 from kope.targets import get_target
 from kope.targets.cpu import CpuTarget, lower_kernel
 from kope.targets.jit import JitKernel
-from kope.task import Task
 from kope.vocabulary.kernels import Kernel
 from kope.vocabulary.specs import TensorSpec
 

@@ -10,10 +10,10 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from kope.errors import KopeError  # noqa: E402
+from kope.core.errors import KopeError  # noqa: E402
 from kope.memory.schema import AttemptRecord, TaskRecord  # noqa: E402
 from kope.memory.store import ExperienceStore  # noqa: E402
-from kope.plots import (  # noqa: E402
+from kope.tools.plots import (  # noqa: E402
     CONFIRMS,
     REFINES,
     STARTS,

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 import kope
-from kope.cli import format_report
+from kope.frontend.report import shorten
 from kope.memory.schema import AttemptRecord
 from kope.memory.store import ExperienceStore
-from kope.precompile import Progress, repro_commands
-from kope.report import shorten
+from kope.tools.cli import format_report
+from kope.tools.precompile import Progress, repro_commands
 from kope.vocabulary.evidence import SOURCE_AGENT, SOURCE_GRAPH
 
 MODEL = """
@@ -269,17 +269,18 @@ def test_precompile_optimizes_a_fast_paths_parts() -> None:
     operators are what precompile optimizes (so that the backend can choose between the fast
     path whole and its parts from evidence), and the fast path is listed as run eagerly by
     default, with the reason."""
-    from kope.compiler import target_for
-    from kope.precompile import trace
-    from kope.zoo import ZOO
+    from kope.frontend.compiler import target_for
+    from kope.tools.precompile import trace
+    from kope.tools.zoo import ZOO
 
     model, inputs = ZOO["encoder_layer"]()
     tasks, eager = trace(model, inputs, target_for("cpu", 1, 60.0))
     ops = {t.op for t in tasks}
-    # The residual add and layer norm fused, the linear and its relu (kope.partition).
+    # The residual add and layer norm fused, the linear and its relu (kope.frontend.partition).
     assert {"aten.addmm.default", "aten.add.Tensor+aten.layer_norm.default"} <= ops
     assert "aten.addmm.default+aten.relu.default" in ops
-    assert "aten.bmm.default" not in ops  # its attention runs as one kernel (kope.rewrites)
+    # Its attention runs as one kernel (kope.frontend.rewrites).
+    assert "aten.bmm.default" not in ops
     ((op, label, reason),) = eager
     assert op == "aten._transformer_encoder_layer_fwd.default"
     assert label.startswith("aten._transformer_encoder_layer_fwd(2x16x64xf32")  # its shapes
@@ -293,9 +294,9 @@ def test_an_operator_another_process_is_optimizing_is_waited_for(tmp_path) -> No
     import threading
 
     from kope.memory.store import ExperienceStore
-    from kope.optimize import Budget
-    from kope.precompile import precompile, trace_tasks
     from kope.targets.cpu import CpuTarget
+    from kope.tools.precompile import precompile, trace_tasks
+    from kope.tuner.optimize import Budget
 
     model, inputs = torch.nn.ReLU(), (torch.randn(32, 64),)
     (task,) = trace_tasks(model, inputs, CpuTarget())

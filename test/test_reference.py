@@ -7,7 +7,7 @@ against eager), and selection keeps eager unless a timed kernel beats it.
 
 An oracle must agree with eager, NaN included: torch-mlir's argmax, argmin, max.dim and min.dim
 never pick a NaN, so their reference lowering is imported from KOPE's decomposition
-(`kope.decompositions.REFERENCE_DECOMPOSITIONS`), else the operator has nothing to verify its
+(`kope.core.decompositions.REFERENCE_DECOMPOSITIONS`), else the operator has nothing to verify its
 candidates against.
 """
 
@@ -21,16 +21,17 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kope.agents import make_agent
-from kope.decompositions import REFERENCE_DECOMPOSITIONS
+from kope.core.decompositions import REFERENCE_DECOMPOSITIONS
+from kope.core.task import Task
+from kope.frontend.partition import partition
 from kope.memory.schema import AttemptRecord
+from kope.memory.standing import winner
 from kope.memory.store import ExperienceStore
-from kope.optimize import Budget, optimize_task
-from kope.partition import partition
-from kope.selection import choose, known_reference
 from kope.targets.cpu import CpuTarget
 from kope.targets.evaluation import cannot_win
 from kope.targets.measure import MeasureConfig, Work, estimate_work, evaluation_limit_s
-from kope.task import Task
+from kope.tuner.optimize import Budget, optimize_task
+from kope.tuner.selection import choose, known_reference
 from kope.vocabulary.evidence import SOURCE_AGENT, SOURCE_EAGER, SOURCE_REFERENCE, VERIFIED
 
 
@@ -92,7 +93,7 @@ def test_a_reference_too_slow_for_a_first_call_is_deferred_to_precompile(
     any operator meets it); one that needs longer runs on ATen, recorded as deferred, and the
     next first call does not wait for it again; outside a first call (`kope precompile`) it is
     measured without the bound, and its deferral counts for none of the timeout tries."""
-    from kope import measuring
+    from kope.tuner import measuring
 
     monkeypatch.setattr(measuring, "FIRST_CALL_LIMIT_S", 1e-3)
     cpu = CpuTarget(workers=1, timeout_s=120)
@@ -168,7 +169,7 @@ def test_untimed_reference_lets_the_agent_run_and_eager_stays_chosen(
     store.add_attempt(confirmation, text)
     choice = choose(task, untimed_target, store, "auto")
     assert choice.kernel == "agent" and choice.source is not None
-    assert store.best(task.key).id == confirmation.id
+    assert winner(store.attempts(task.key)).best.id == confirmation.id
     assert [a.source for a in store.attempts(task.key)].count(SOURCE_REFERENCE) == 1
 
 

@@ -1,4 +1,5 @@
-"""Graph rewrites (`kope.rewrites`): batch norm folded into convolutions, attention as one kernel.
+"""Graph rewrites (`kope.frontend.rewrites`): batch norm folded into convolutions, attention as
+one kernel.
 
 Each model is written as user code writes it, at odd shapes; the rewritten graph must match
 eager, say what it rewrote in `kope.report()`, and give every road the same Tasks. Weights
@@ -16,10 +17,9 @@ import torch
 import torch.nn as nn
 
 import kope
-from kope import rewrites
-from kope.model_module import model_module
-from kope.precompile import trace_tasks
-from kope.rewrites import (
+from kope.frontend import rewrites
+from kope.frontend.model_module import model_module
+from kope.frontend.rewrites import (
     CHANNELS_LAST,
     FOLDED_BATCH_NORM,
     FUSED_ATTENTION,
@@ -28,6 +28,7 @@ from kope.rewrites import (
     FoldedBatchNorm,
 )
 from kope.targets.cpu import CpuTarget
+from kope.tools.precompile import trace_tasks
 
 
 class ConvBn(nn.Module):

@@ -19,12 +19,12 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from kope.agents.base import Feedback, ProposalRequest
 from kope.agents.heuristic import HeuristicAgent
-from kope.optimize import task_view
-from kope.partition import partition
+from kope.core.task import Task
+from kope.frontend.partition import partition
 from kope.passes.analysis import analyze, prepare_payload
-from kope.precompile import trace_tasks
 from kope.targets.cpu import CpuTarget
-from kope.task import Task
+from kope.tools.precompile import trace_tasks
+from kope.tuner.optimize import task_view
 from kope.vocabulary.kernels import Kernel
 
 ATTEMPTS = 3  # proposals checked per operator: the agent's first choices, in its own order

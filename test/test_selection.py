@@ -17,18 +17,19 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kope import measuring
-from kope.cli import main
-from kope.eager_json import task_from_record
-from kope.measuring import task_seen
+from kope.core.task import Task
+from kope.frontend.partition import partition
 from kope.memory.recorder import Recorder
 from kope.memory.schema import CONFIRMS, TRANSFERRED_FROM, AttemptRecord, TaskRecord, hardware_of
-from kope.memory.store import ExperienceStore, winner
-from kope.optimize import summarize
-from kope.partition import partition
-from kope.selection import choose
+from kope.memory.standing import winner
+from kope.memory.store import ExperienceStore
 from kope.targets.base import Target
-from kope.task import Task
+from kope.tools.cli import main
+from kope.tools.eager_json import task_from_record
+from kope.tuner import measuring
+from kope.tuner.measuring import task_seen
+from kope.tuner.optimize import summarize
+from kope.tuner.selection import choose
 from kope.vocabulary.evidence import (
     SOURCE_AGENT,
     SOURCE_EAGER,
@@ -268,13 +269,13 @@ def test_stored_contaminated_agent_figures_leave_eager_until_a_clean_confirmatio
     measuring.measure_reference(relu_task, target, store)  # clean: eager beats the reference
     claimed = agent_attempt(relu_task, 25.0, TIMING_CONTAMINATED)
     store.add_attempt(claimed, AGENT_KERNEL)
-    standing = store.standing(relu_task.key, torch.get_num_threads())
+    standing = winner(store.attempts(relu_task.key), torch.get_num_threads())
     assert standing.pinned is None and standing.challenger == claimed and not standing.clean
-    assert store.best(relu_task.key).source == "eager"
+    assert winner(store.attempts(relu_task.key)).best.source == "eager"
     # A clean confirmation that still wins pins the kernel.
     confirmed = agent_attempt(relu_task, 50.0, TIMING_CLEAN, confirms=claimed.id)
     store.add_attempt(confirmed, AGENT_KERNEL)
-    standing = store.standing(relu_task.key, torch.get_num_threads())
+    standing = winner(store.attempts(relu_task.key), torch.get_num_threads())
     assert standing.pinned == confirmed and standing.clean
     choice = choose(relu_task, target, store, "auto")
     assert (
@@ -285,10 +286,10 @@ def test_stored_contaminated_agent_figures_leave_eager_until_a_clean_confirmatio
     # A later contaminated re-measurement changes nothing; a clean one that no longer wins
     # un-pins it.
     store.add_attempt(agent_attempt(relu_task, 200.0, TIMING_CONTAMINATED, confirms=claimed.id))
-    assert store.standing(relu_task.key).pinned == confirmed
+    assert winner(store.attempts(relu_task.key)).pinned == confirmed
     late = agent_attempt(relu_task, 99.5, TIMING_CLEAN, confirms=claimed.id)
     store.add_attempt(late, AGENT_KERNEL)
-    assert store.standing(relu_task.key).pinned is None
+    assert winner(store.attempts(relu_task.key)).pinned is None
     assert winner(store.attempts(relu_task.key)).clean
 
 
@@ -329,7 +330,7 @@ def test_a_kernel_whose_re_check_gives_a_wrong_answer_never_runs(
     choice = choose(relu_task, target, store, "auto")
     assert choice.kernel == "eager"
     assert "failed its re-check (mismatch: output 0: 3 of 128" in choice.reason
-    standing = store.standing(relu_task.key, torch.get_num_threads())
+    standing = winner(store.attempts(relu_task.key), torch.get_num_threads())
     assert standing.refuted is not None and standing.challenger is None and standing.clean
     calls = len(target.calls)
     measuring.MEASURED.clear()  # a later process
@@ -430,14 +431,14 @@ def test_memory_remeasure_replaces_a_contaminated_figure(
     store = store_with(tmp_path, relu_task, target)
     assert choose(relu_task, target, store, "auto").kernel == "eager"
     target.quality = TIMING_CLEAN
-    monkeypatch.setattr("kope.compiler.target_for", lambda *args: target)
+    monkeypatch.setattr("kope.frontend.compiler.target_for", lambda *args: target)
     assert main(["memory", "remeasure", relu_task.key[:12], "--store", str(store.root)]) == 0
     out = capsys.readouterr().out
     assert "re-measured 1 of 1 tasks" in out and "reference" in out
     again = ExperienceStore(store.root)
     latest = again.attempts(relu_task.key)[-1]
     assert latest.confirms is not None and latest.timing_quality == TIMING_CLEAN
-    assert again.best(relu_task.key).id == latest.id
+    assert winner(again.attempts(relu_task.key)).best.id == latest.id
 
     assert main(["memory", "show", relu_task.key[:12], "--store", str(store.root)]) == 0
     shown = capsys.readouterr().out

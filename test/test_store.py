@@ -13,6 +13,7 @@ import pytest
 
 from kope.memory.log import RecordLog, encode
 from kope.memory.schema import SCHEMA_VERSION, AttemptRecord, TaskRecord, from_json, to_json
+from kope.memory.standing import winner
 from kope.memory.store import ExperienceStore
 
 
@@ -53,7 +54,7 @@ def test_round_trip_of_every_record_kind(tmp_path: Path) -> None:
     again = ExperienceStore(tmp_path)
     assert again.task("k1") == task
     assert again.attempts("k1") == [attempt, eager]
-    assert again.best("k1") == attempt
+    assert winner(again.attempts("k1")).best == attempt
     assert again.get_artifact(attempt.artifact) == "module {}"
     assert again.stats() == {"tasks": 1, "attempts": 2, "verified": 2, "skipped_records": 0}
     assert again.graph.num_edges() == 3  # two task->attempt edges and one refines
@@ -128,9 +129,10 @@ def test_second_process_reuses_measurements(tmp_path: Path) -> None:
     """A second process with the same store compiles the zoo without measuring anything."""
     script = (
         "import json, sys, torch, kope\n"
-        "from kope.zoo import ZOO\n"
-        "from kope.compiler import store_at\n"
-        "from kope.options import Options\n"
+        "from kope.tools.zoo import ZOO\n"
+        "from kope.frontend.compiler import store_at\n"
+        "from kope.core.options import Options\n"
+        "from kope.memory.standing import winner\n"
         "import kope.targets.cpu as cpu\n"
         "calls = []\n"
         "original = cpu.CpuTarget.evaluate\n"
@@ -146,7 +148,7 @@ def test_second_process_reuses_measurements(tmp_path: Path) -> None:
         "store = store_at(Options().store_path)\n"
         "threads = torch.get_num_threads()\n"
         "ops = [t for t in store.tasks() if t.op != 'kope.graph']\n"
-        "unclean = sum(not store.standing(t.key, threads).clean for t in ops)\n"
+        "unclean = sum(not winner(store.attempts(t.key), threads).clean for t in ops)\n"
         "measured = sum(len(store.attempts(t.key)) for t in ops)\n"
         "print(json.dumps({'evaluations': len(calls), 'unclean': unclean, 'operators': len(ops),\n"
         "                  'measured': measured}))\n"

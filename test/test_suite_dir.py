@@ -1,4 +1,4 @@
-"""The operator suite kept as files (`benchmarks/suite/`) and `kope.suite.load_suite`.
+"""The operator suite kept as files (`benchmarks/suite/`) and `kope.tools.suite.load_suite`.
 
 Every file builds a model that runs eagerly on seeded inputs, the same on every load; the
 families of issue 13 are all there; representative files trace to Tasks as `kope precompile`
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from kope.errors import KopeError
-from kope.precompile import trace_tasks
-from kope.suite import Example, load_suite
+from kope.core.errors import KopeError
 from kope.targets.cpu import CpuTarget
+from kope.tools.precompile import trace_tasks
+from kope.tools.suite import Example, load_suite
 
 SUITE = Path(__file__).resolve().parent.parent / "benchmarks" / "suite"
 

@@ -24,17 +24,18 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import kope
 from kope.agents.base import Agent, Proposal, ProposalRequest
+from kope.frontend.partition import partition
+from kope.frontend.whole_graph import GRAPH_OP
 from kope.memory.recorder import Recorder
+from kope.memory.standing import winner
 from kope.memory.store import ExperienceStore
-from kope.optimize import Budget, optimize_task
-from kope.partition import partition
 from kope.targets.base import BuildError, Target
+from kope.tuner.optimize import Budget, optimize_task
 from kope.vocabulary.events import AttemptEvaluated, ChoiceMade, Event, Events, TaskSeen
 from kope.vocabulary.evidence import MISMATCH, RUNTIME_ERROR, SOURCE_AGENT, SOURCE_EAGER, VERIFIED
 from kope.vocabulary.kernels import Kernel
 from kope.vocabulary.registry import AGENTS, TARGETS
 from kope.vocabulary.specs import TaskSpec
-from kope.whole_graph import GRAPH_OP
 
 FORM = "torch-function"  # Python source defining `kernel(*inputs) -> tuple of tensors`
 HERE = Path(__file__).resolve().parent
@@ -176,7 +177,7 @@ def test_a_target_and_agent_of_this_file_run_the_whole_loop(
 
     # The choice follows the store's one rule, and dispatch ran what it chose.
     (chosen,) = graph.tasks
-    standing = store.standing(task.key, torch.get_num_threads())
+    standing = winner(store.attempts(task.key), torch.get_num_threads())
     assert chosen.kernel == (standing.pinned.source if standing.pinned else SOURCE_EAGER)
 
 

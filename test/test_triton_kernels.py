@@ -30,10 +30,10 @@ from kope.agents.triton_kernels import (
     triton_space,
     unsupported_reason,
 )
-from kope.precompile import trace_tasks
 from kope.targets import get_target
 from kope.targets.triton import widen_interpreted_bf16_dot
 from kope.targets.triton_sandbox import screen_triton
+from kope.tools.precompile import trace_tasks
 from kope.vocabulary.specs import TensorSpec
 
 interpreter = pytest.importorskip("triton.runtime.interpreter")
@@ -529,7 +529,7 @@ def test_nan_terms_reduce_as_the_payload_says(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """maximumf propagates NaN, which tl.max does not; argmax's payload (imported from KOPE's
-    decomposition, `kope.decompositions.REFERENCE_DECOMPOSITIONS`) picks the first NaN, as
+    decomposition, `kope.core.decompositions.REFERENCE_DECOMPOSITIONS`) picks the first NaN, as
     eager does."""
     fn, shape, answer, family = NAN_CASES[name]
     (task,) = trace_tasks(_Fn(fn), [torch.randn(shape)], get_target("cpu"))

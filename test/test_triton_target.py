@@ -15,17 +15,17 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kope.agents import make_agent
-from kope.errors import KopeError
+from kope.core.errors import KopeError
+from kope.core.task import Task
+from kope.frontend.partition import partition
 from kope.memory.export import export
 from kope.memory.store import ExperienceStore
-from kope.optimize import Budget, optimize_task
-from kope.partition import partition
 from kope.targets import get_target, target_names
 from kope.targets.triton import TritonTarget
 from kope.targets.triton_sandbox import screen_triton
 from kope.targets.worker import worker_environment
-from kope.task import Task
 from kope.testing import Reply, ScriptedOpenAIServer
+from kope.tuner.optimize import Budget, optimize_task
 from kope.vocabulary.evidence import COMPILE_ERROR, MISMATCH, RUNTIME_ERROR, TIMEOUT, VERIFIED
 from kope.vocabulary.kernels import FORM_TRITON, Kernel
 
@@ -237,7 +237,7 @@ def test_precompile_gives_every_operator_a_verified_triton_kernel(
 ) -> None:
     """The heuristic agent writes Triton kernels from each operator's own IR: all verify under
     the interpreter, a few per operator (nothing ranks them here), and none wins untimed."""
-    from kope.precompile import precompile
+    from kope.tools.precompile import precompile
 
     made = get_target(name, workers=1, timeout_s=60.0)
     store = ExperienceStore(tmp_path)

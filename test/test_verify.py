@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kope.partition import partition
+from kope.frontend.partition import partition
 from kope.targets import verify
 from kope.targets.cpu import CpuTarget, build_kernel
 from kope.targets.evaluation import EvalJob, _verify

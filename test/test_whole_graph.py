@@ -12,13 +12,14 @@ import torch
 import torch._dynamo
 
 import kope
-from kope.measuring import recording
+from kope.frontend.report import GraphDecision, GraphReport, TaskReport
+from kope.frontend.whole_graph import AtThreads, _greedy, graph_key, settle
 from kope.memory.schema import AttemptRecord
 from kope.memory.store import ExperienceStore
-from kope.precompile import trace_tasks
-from kope.report import GraphDecision, GraphReport, TaskReport
 from kope.targets.cpu import CpuTarget
 from kope.targets.measure import MeasureConfig
+from kope.tools.precompile import trace_tasks
+from kope.tuner.measuring import recording
 from kope.vocabulary.evidence import (
     SOURCE_EAGER,
     SOURCE_GRAPH,
@@ -26,7 +27,6 @@ from kope.vocabulary.evidence import (
     TIMING_CLEAN,
     Timing,
 )
-from kope.whole_graph import AtThreads, _greedy, graph_key, settle
 
 
 class Softmax(torch.nn.Module):
@@ -41,8 +41,8 @@ def claim_the_reference_wins(
     its operator `op`) beats eager 6x, confirmed: for softmax a false claim (its naive loops
     run several times slower than eager), as a store measured on other hardware, or under
     load the probe missed, could hold."""
-    from kope.measuring import task_seen
     from kope.memory.recorder import Recorder
+    from kope.tuner.measuring import task_seen
 
     target = CpuTarget()
     tasks = trace_tasks(model, (x,), target)
@@ -78,7 +78,7 @@ def compile_and_run(model: torch.nn.Module, x: torch.Tensor, store: Path) -> tor
 def test_kernels_that_do_not_pay_in_the_graph_are_dropped_and_reported(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import kope.whole_graph as whole_graph
+    import kope.frontend.whole_graph as whole_graph
 
     # The second compile finds the machine busy, whatever it is: it reuses the decision.
     monkeypatch.setattr(whole_graph, "others_busy_share", lambda: 1.0)
@@ -143,7 +143,8 @@ def test_a_fast_path_is_taken_apart_only_when_its_parts_have_kernels(tmp_path: P
 
 
 class _Call:
-    """A graph node's switchable call (`kope.whole_graph.Switchable`) over plain functions."""
+    """A graph node's switchable call (`kope.frontend.whole_graph.Switchable`) over plain
+    functions."""
 
     def __init__(self, kernel, eager):
         self.kernel, self.eager, self.enabled, self.single = kernel, eager, True, True
@@ -168,7 +169,7 @@ def _settle(
     report: GraphReport,
     structure: str = "graph",
 ) -> GraphDecision:
-    """`kope.whole_graph.settle` of two graphs of one input on the CPU target."""
+    """`kope.frontend.whole_graph.settle` of two graphs of one input on the CPU target."""
     return settle(
         eager_graph,
         compiled_graph,
@@ -242,7 +243,7 @@ def test_a_kernel_that_beats_its_eager_call_stays_though_the_graph_moves_less_th
     the graph with it beats eager's (460 against 480 µs), but it moves the rewritten graph
     (470 µs) by 2%, less than the noise margin: it stays. Before, eager's graph ran whenever
     noise hid that 2%. Timings are given, not measured, so the rule is what is tested."""
-    import kope.whole_graph as whole_graph
+    import kope.frontend.whole_graph as whole_graph
 
     def timing(us: float) -> Timing:
         return Timing(us, 1.0, 15, 2, rounds=15, clean_rounds=15, quality=TIMING_CLEAN)
@@ -337,7 +338,7 @@ def test_a_one_thread_win_that_does_not_hold_keeps_the_callers_count(
     a stretch of rounds makes it look) keeps the caller's count: a switch must win twice."""
     if torch.get_num_threads() < 2:
         return
-    import kope.whole_graph as whole_graph
+    import kope.frontend.whole_graph as whole_graph
 
     timings = []
     measure = whole_graph.measure_interleaved
@@ -451,7 +452,7 @@ def test_outputs_computed_through_bfloat16_are_compared_at_its_precision() -> No
     """A float32 softmax of a bfloat16 product: a graph whose kernels keep the product in
     float32 differs from eager by bfloat16's rounding, which is no error; a wrong one still
     differs."""
-    from kope.whole_graph import _outputs_differ
+    from kope.frontend.whole_graph import _outputs_differ
 
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(5, 48, generator=gen).bfloat16()
@@ -504,8 +505,8 @@ def test_kernels_switched_off_on_unclean_timings_are_set_aside_not_judged() -> N
     """On a busy machine the graph's timing is not clean and eager runs, but nothing was
     learnt about the kernels: the report says they are set aside until a clean timing, not
     that they did not pay."""
+    from kope.frontend.whole_graph import _finish
     from kope.vocabulary.evidence import TIMING_CONTAMINATED
-    from kope.whole_graph import _finish
 
     busy = Timing(500.0, 80.0, 3, 2, rounds=45, clean_rounds=3, quality=TIMING_CONTAMINATED)
     calls = []
@@ -527,9 +528,9 @@ def test_a_kernel_the_graph_dropped_is_compiled_out_not_called_around(tmp_path: 
     operator left to ATen and made lean (here the product becomes one `linear` call), not
     run through the kernel node's fallback; the kernels still on are the same calls, their
     report entries with them, and the outputs do not change."""
-    from kope.backend import aten_inference_graph
-    from kope.compiler import KernelCall, compile_graph, without_dropped_kernels
-    from kope.options import Options
+    from kope.core.options import Options
+    from kope.frontend.backend import aten_inference_graph
+    from kope.frontend.compiler import KernelCall, compile_graph, without_dropped_kernels
 
     def f(x, w, b, y):
         return ((torch.nn.functional.linear(x, w, b) * y).tanh() - x.sum(-1, keepdim=True),)
@@ -560,10 +561,10 @@ def test_the_check_sees_the_inputs_each_compiled_kernel_gets(tmp_path: Path) -> 
     gives it: every JIT kernel's call is seen, with those inputs, and is its own again after
     (a call that bypassed the swapped-in recorder had every kernel judged unreached, so none
     was kept)."""
-    from kope.backend import aten_inference_graph
-    from kope.compiler import KernelCall, compile_graph
-    from kope.options import Options
-    from kope.whole_graph import inputs_seen
+    from kope.core.options import Options
+    from kope.frontend.backend import aten_inference_graph
+    from kope.frontend.compiler import KernelCall, compile_graph
+    from kope.frontend.whole_graph import inputs_seen
 
     def f(x, w, y):
         return (((x @ w) * y).tanh().sum(-1),)
@@ -594,7 +595,7 @@ def test_a_search_that_was_not_timed_cleanly_says_so(monkeypatch) -> None:
     search: eager runs, the decision is not kept, and the reason says the timing was not
     clean. It said 'no kernel pays inside the graph' beside a figure of 2.22x eager, while the
     operator's row said it was set aside for an unclean timing. Timings are given."""
-    import kope.whole_graph as whole_graph
+    import kope.frontend.whole_graph as whole_graph
 
     graph_us = {"eager": 480.0, "kope": 216.0, "with": 216.0, "without": 480.0}
 
@@ -629,7 +630,7 @@ def test_a_disturbed_decision_is_reused_until_a_precompile_times_it_cleanly(
     compile, which times nothing at its first call; `retiming_graphs()` (what `kope
     precompile` uses) times it again, and a clean decision then stands: a later disturbed
     timing never replaces it. Timings are given."""
-    import kope.whole_graph as whole_graph
+    import kope.frontend.whole_graph as whole_graph
 
     busy = {"now": True}
 
@@ -684,7 +685,7 @@ def test_a_first_call_on_a_quiet_machine_times_a_disturbed_decision_again(
     """A decision a busy machine disturbed is timed again by the first call that finds the
     machine quiet, once: the clean decision it makes is what every later process reuses.
     Timings are given."""
-    import kope.whole_graph as whole_graph
+    import kope.frontend.whole_graph as whole_graph
 
     quiet = {"now": False}
 

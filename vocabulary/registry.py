@@ -86,6 +86,11 @@ TARGETS: Registry[type[Any]] = Registry("kope.targets", "target")
 # need only the key. A target without one here is loaded and asked (`target_key`).
 TARGET_KEYS: Registry[Callable[[], str]] = Registry("kope.target_keys", "target key")
 
+# The target a user gets without naming one. `kope.core.options.Options.target` is the default
+# users see (the CLI and `torch.compile` read it there); it is this name, kept here because the
+# passes, which may not import the driver, default to it too.
+DEFAULT_TARGET = "cpu"
+
 
 def target_names() -> list[str]:
     return TARGETS.names()

@@ -86,8 +86,9 @@ class ProposalRequest:
     history: list[Feedback] = field(default_factory=list)
     attempts_left: int = 1
     seed: int = 0
-    # The store's measured records of the nearest operators (`kope.experience.measured_evidence`):
-    # what a learned cost model trains on, beyond what ACMI packs into the context.
+    # The store's measured records of the nearest operators
+    # (`kope.tuner.experience.measured_evidence`): what a learned cost model trains on, beyond
+    # what ACMI packs into the context.
     evidence: list[Experience] = field(default_factory=list)
 
 

@@ -14,7 +14,7 @@ on this target: ACMI's similarity puts another operator of the same kernel famil
 beside a layer norm, both rows kernels) too far away to count, but its features say what it
 shares with this one, and the held-out `trust` says whether that transfers. This operator's
 own attempts weigh 1. The rows come from the store's measured records of the nearest
-operators (`kope.experience.measured_evidence`), not only from what ACMI packs into a context.
+operators (`kope.tuner.experience.measured_evidence`), not only from what ACMI packs into a context.
 
 The regressor is scikit-learn's `GradientBoostingRegressor` (50 trees of depth 3 at a
 learning rate of 0.2, a fixed random_state: deterministic). Leave-one-operator-out on 565

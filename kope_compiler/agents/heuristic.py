@@ -408,7 +408,7 @@ class HeuristicAgent(Agent):
     has_prior = True
 
     def __init__(self, seed: int = 0, jitter: float = 0.3, prior: str = "static", **_: Any):
-        from kope.options import PRIORS
+        from kope.core.options import PRIORS
 
         if prior not in PRIORS:
             raise ValueError(f"prior={prior!r} is not one of {', '.join(PRIORS)}")

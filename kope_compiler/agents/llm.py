@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from kope.agents.base import Agent, Feedback, Proposal, ProposalRequest, Rejected
 from kope.agents.screen import screen_mlir, screen_python
-from kope.errors import KopeError
+from kope.core.errors import KopeError
 from kope.vocabulary.kernels import FORM_MLIR, FORM_TRITON
 
 if TYPE_CHECKING:  # the client is imported when an LLM agent is made, not with kope.agents

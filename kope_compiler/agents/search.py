@@ -4,7 +4,7 @@ As TVM's MetaSchedule splits them, four parts meet here: a space (`Space`: a spa
 configurations of one kernel family on one operator, each with the hand-written prior's score,
 and a test of which configurations off its grid it can render), this search strategy, a cost
 model (`kope.agents.cost_model`), and the experience store as the database of measured records
-(`kope.experience.measured_evidence`: every attempt of the nearest operators, weighted by the
+(`kope.tuner.experience.measured_evidence`: every attempt of the nearest operators, weighted by the
 similarity ACMI's retrieval computes). The CPU schedules and the Triton kernels of the
 heuristic agent are spaces; this module never asks which target or family it searches.
 
@@ -41,7 +41,7 @@ from typing import Any
 from kope.agents import cost_model
 from kope.agents.base import Experience, Feedback, ProposalRequest
 from kope.agents.schedules import Config, config_key
-from kope.memory.store import WIN_MARGIN, first_of_the_fastest
+from kope.memory.standing import WIN_MARGIN, first_of_the_fastest
 
 # Prior points a widened or off-grid point gives up while nothing is learned: more than the
 # prior's whole span plus the seeded jitter, so that with no experience the core grid is

@@ -14,11 +14,10 @@ from typing import Any
 
 from torch_mlir import ir
 
-from kope.agents.triton_generic import Looped
 from kope.agents.triton_index import ZERO, Index
 from kope.agents.triton_ir import Payload, Unsupported, shape
 from kope.agents.triton_lowering import Lowering
-from kope.agents.triton_ops import Scalar
+from kope.agents.triton_scope import Looped, Scalar
 from kope.vocabulary.specs import TensorSpec
 
 Config = dict[str, Any]

@@ -11,8 +11,7 @@ carried in variables: any body, in the sequential order linalg defines.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import replace
 
 from torch_mlir import ir
 
@@ -26,38 +25,8 @@ from kope.agents.triton_ir import (
     owner,
     ranges,
 )
-from kope.agents.triton_ops import BINARY, FLOATS, Body, Scalar, literal
-
-# A Lowering calls `generic` for each op it meets; the arrow back is for the annotations only.
-if TYPE_CHECKING:
-    from kope.agents.triton_lowering import Lowering
-
-
-@dataclass(frozen=True)
-class Looped:
-    """How a family that reduces by looping holds an accumulator: its block shape (a Triton
-    shape list, "[BLOCK]") and the block axes a value of that shape varies along."""
-
-    shape: str
-    axes: frozenset[str]
-
-
-class Frame(Protocol):
-    """What a kernel family provides to a lowering beyond coordinates."""
-
-    def reduction(self, extents: list[int]) -> tuple[list[Index], str]:
-        """Coordinates for reduced loops of these extents and the mask of the lanes in range."""
-        ...
-
-    def looped(self, extents: list[int]) -> Looped | None:
-        """The accumulators' block when the family reduces loops of these extents by looping
-        over them inside the kernel; None when it reduces along its block (`reduction`)."""
-        ...
-
-    def contraction(self, op: ir.Operation, idx: tuple[Index, ...]) -> Scalar | None:
-        """The family's own value for `op`'s result at `idx` (a matmul's accumulator)."""
-        ...
-
+from kope.agents.triton_ops import BINARY, FLOATS, Body, literal
+from kope.agents.triton_scope import Looped, Scalar, Scope
 
 UNROLL = 64  # most iterations of a looped reduction's static (unrolled) inner loops
 # Reductions by their combining op: the tl reduction, its identity, and how to fold an init.
@@ -75,7 +44,7 @@ COMBINERS: dict[str, tuple[str, float, str]] = {
 NAN_PROPAGATING = {"arith.maximumf", "arith.minimumf"}
 
 
-def generic(low: Lowering, op: ir.Operation, result: int, idx: tuple[Index, ...]) -> Scalar:
+def generic(low: Scope, op: ir.Operation, result: int, idx: tuple[Index, ...]) -> Scalar:
     """Result `result` of the `linalg.generic` `op` at `idx`, computed in the scope `low`."""
     special = low.frame.contraction(op, idx)
     if special is not None:
@@ -101,7 +70,7 @@ def generic(low: Lowering, op: ir.Operation, result: int, idx: tuple[Index, ...]
 
 
 def loop_reduce(
-    low: Lowering,
+    low: Scope,
     op: ir.Operation,
     loops: list[Index | None],
     reduced: list[int],
@@ -127,7 +96,7 @@ def loop_reduce(
         static[d] = unrolled * extents[d] <= UNROLL and all(static.values())
         unrolled *= extents[d] if static[d] else 1
     headers: list[str] = []
-    scopes: list[Lowering] = []
+    scopes: list[Scope] = []
     scope = low
     for d in reduced:
         if extents[d] == 1:
@@ -169,7 +138,7 @@ def loop_reduce(
 
 
 def reduce(
-    low: Lowering,
+    low: Scope,
     op: ir.Operation,
     result: int,
     loops: list[Index | None],
@@ -224,7 +193,7 @@ def _integer(identity: float, kind: str) -> int:
 
 
 def along_block(
-    low: Lowering, op: ir.Operation, loops: list[Index | None], reduced: list[int]
+    low: Scope, op: ir.Operation, loops: list[Index | None], reduced: list[int]
 ) -> tuple[list[Index], str]:
     """The loops with the reduced ones along the family's block, and the lanes' mask."""
     block, mask = low.frame.reduction([ranges(op)[d] for d in reduced])
@@ -238,7 +207,7 @@ def along_block(
 
 
 def arg_reduce(
-    low: Lowering,
+    low: Scope,
     op: ir.Operation,
     result: int,
     loops: list[Index | None],

@@ -17,9 +17,9 @@ Floating values are computed in float32 (float16 and bfloat16 loads are widened;
 intermediates of a payload whose tensors are all narrower are kept in float32, since torch-mlir
 widens only its scalar arithmetic and Ascend has no float64 vector unit) and cast at the store.
 
-The IR half in modules: `triton_ir` (the payload), `triton_index` (coordinates), `triton_ops`
-(values and a generic's body op by op), this one (tensors) and `triton_generic` (a generic's
-loops and reductions).
+The IR half in modules: `triton_ir` (the payload), `triton_index` (coordinates), `triton_scope`
+(values, frames, and the scope the others see of a lowering), `triton_ops` (a generic's body op
+by op), `triton_generic` (a generic's loops and reductions) and this one (tensors).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 from torch_mlir import ir
 
-from kope.agents.triton_generic import Frame, Looped, generic
+from kope.agents.triton_generic import generic
 from kope.agents.triton_index import (
     ATOM,
     ZERO,
@@ -44,7 +44,8 @@ from kope.agents.triton_index import (
     weighted_sum,
 )
 from kope.agents.triton_ir import Payload, Unsupported, element_type, owner, reassociation, shape
-from kope.agents.triton_ops import FLOATS, TL_TYPES, Scalar, constant, literal, storage_type
+from kope.agents.triton_ops import FLOATS, TL_TYPES, constant, literal, storage_type
+from kope.agents.triton_scope import Frame, Looped, Scalar
 
 
 class Lowering:

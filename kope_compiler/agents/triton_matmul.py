@@ -39,7 +39,8 @@ from kope.agents.triton_ir import (
     strip_reshapes,
 )
 from kope.agents.triton_lowering import Lowering
-from kope.agents.triton_ops import CASTS, Scalar
+from kope.agents.triton_ops import CASTS
+from kope.agents.triton_scope import Scalar
 from kope.vocabulary.specs import TensorSpec
 
 

@@ -2,7 +2,7 @@
 
 A `Scalar` is a payload value at some coordinates: a Triton expression, or a literal. `Body`
 evaluates a body with its loops bound to coordinates, one Triton statement per op: its block
-arguments are its operands read through the `Lowering` at the coordinates its indexing maps
+arguments are its operands read through the lowering's `Scope` at the coordinates its indexing maps
 give, and each `arith` or `math` op is filled into its template from the tables here (casts,
 `linalg.index` and powers by a constant are written out instead). Anything else in a body is
 `Unsupported`.
@@ -11,35 +11,14 @@ give, and each `arith` or `math` op is filled into its template from the tables 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from torch_mlir import ir
 
 from kope.agents.triton_index import ZERO, Index, address, paren
 from kope.agents.triton_ir import Unsupported, element_type, maps, owner
-
-# A Body reads its operands through the Lowering that evaluates it, which makes the Body;
-# the arrow back is for the annotations only.
-if TYPE_CHECKING:
-    from kope.agents.triton_lowering import Lowering
+from kope.agents.triton_scope import Scalar, Scope
 
 FLOATS = {"f16", "bf16", "f32", "f64"}
-
-
-@dataclass(frozen=True)
-class Scalar:
-    """A payload value at some coordinates: a Triton expression, or a literal when `value` is
-    set. `type` is the MLIR element type the payload gives it (f16, i1, index, ...)."""
-
-    code: str
-    type: str
-    axes: frozenset[str] = frozenset()
-    value: float | int | bool | None = None
-
-    @property
-    def literal(self) -> bool:
-        return self.value is not None
 
 
 TL_TYPES = {
@@ -166,7 +145,7 @@ class Body:
 
     def __init__(
         self,
-        lowering: Lowering,
+        lowering: Scope,
         op: ir.Operation,
         loops: list[Index],
         bound: dict[ir.Value, Scalar] | None = None,
@@ -240,7 +219,7 @@ class Body:
             return UNARY[name]
         raise Unsupported(f"{name} in an op body")
 
-    def power(self, low: Lowering, args: list[Scalar]) -> Scalar:
+    def power(self, low: Scope, args: list[Scalar]) -> Scalar:
         """x ** y for a constant y: a small integer multiplies; a fraction goes through
         exp2/log2, right for any base since a negative one has no real power. A variable y
         could be an integer at run time, which exp2/log2 gets wrong for a negative base."""

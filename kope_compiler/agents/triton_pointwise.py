@@ -26,9 +26,9 @@ from kope.agents.triton_family import (
     ub_fits,
     warp_counts,
 )
-from kope.agents.triton_generic import Looped
 from kope.agents.triton_index import Index, delinearize
 from kope.agents.triton_ir import Payload, Unsupported
+from kope.agents.triton_scope import Looped
 from kope.vocabulary.specs import TensorSpec
 
 MAX_LOOP = 16384  # most iterations of a reduction looped in one program (few outputs, slow)

@@ -6,9 +6,9 @@ paths PyTorch takes in eval mode, which torch-mlir does not lower
 
 `REFERENCE_DECOMPOSITIONS` are for operators torch-mlir lowers to something other than what
 eager computes: their Task stays the ATen operator (its eager call, label and baseline), but
-its reference lowering is imported from the decomposition (`kope.lowering.import_group`). torch-mlir
-picks the index of argmax, argmin, max.dim and min.dim with an ordered compare against the
-running extreme (`arith.cmpf ogt`/`olt`), which a NaN never wins and which nothing wins once
+its reference lowering is imported from the decomposition (`kope.core.lowering.import_group`).
+torch-mlir picks the index of argmax, argmin, max.dim and min.dim with an ordered compare against
+the running extreme (`arith.cmpf ogt`/`olt`), which a NaN never wins and which nothing wins once
 the extreme is NaN, so a row with a NaN gets the index of its extreme before the first NaN;
 eager takes a NaN for the extreme and returns the first NaN's index. Its clamp, hardtanh (relu6),
 threshold, maximum and minimum turn a NaN into a number; eager keeps it. Its ELU computes

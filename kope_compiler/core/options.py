@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kope.errors import OptionError
+from kope.core.errors import OptionError
 from kope.vocabulary.home import kope_home
+from kope.vocabulary.registry import AGENTS, DEFAULT_TARGET, target_names
 
 KERNEL_POLICIES = ("auto", "reference", "eager")
 PRIORS = ("static", "flat")
@@ -22,7 +23,7 @@ PRIORS = ("static", "flat")
 class Options:
     """What a user can choose per compiled model. Every field is an option name."""
 
-    target: str = "cpu"
+    target: str = DEFAULT_TARGET
     """The hardware target that runs the kernels (`kope.targets` lists them)."""
     store: str | None = None
     """The experience store directory; default `$KOPE_HOME` (`~/.cache/kope`)."""
@@ -36,8 +37,8 @@ class Options:
     fuse: bool = True
     """Fuse connected groups of elementwise and row operators into one kernel each (elementwise
     ones with the matmul before them, as its epilogue), and make the graph rewrites of
-    `kope.rewrites` (batch norm folded, stacks of convolutions channels-last, attention as one
-    kernel)."""
+    `kope.frontend.rewrites` (batch norm folded, stacks of convolutions channels-last, attention
+    as one kernel)."""
     optimize: bool = False
     """Let the agent optimize operators the store has not seen optimized, inline."""
     agent: str = "heuristic"
@@ -84,8 +85,6 @@ class Options:
         return getattr(cls(), name)
 
     def _validate(self) -> None:
-        from kope.targets import target_names
-
         if self.target not in target_names():
             raise OptionError(
                 f"option target={self.target!r} is not a known target; "
@@ -106,12 +105,10 @@ class Options:
             raise OptionError(f"option fuse={self.fuse!r} must be True or False")
         if not isinstance(self.optimize, bool):
             raise OptionError(f"option optimize={self.optimize!r} must be True or False")
-        from kope.agents import agent_class, agent_names
-
-        if self.agent not in agent_names():
+        if self.agent not in AGENTS.names():
             raise OptionError(
                 f"option agent={self.agent!r} is not a known agent; choose one of: "
-                f"{', '.join(agent_names())}"
+                f"{', '.join(AGENTS.names())}"
             )
         if not isinstance(self.budget, int) or isinstance(self.budget, bool) or self.budget < 1:
             raise OptionError(f"option budget={self.budget!r} must be an integer >= 1")
@@ -119,7 +116,7 @@ class Options:
             raise OptionError(
                 f"option prior={self.prior!r} is not valid; choose one of: {', '.join(PRIORS)}"
             )
-        if self.prior != Options.default("prior") and not agent_class(self.agent).has_prior:
+        if self.prior != Options.default("prior") and not AGENTS.load(self.agent).has_prior:
             raise OptionError(
                 f"option prior={self.prior!r}: the {self.agent} agent has no hand-written prior "
                 "to flatten; leave prior out, or use agent='heuristic'"

@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
-from kope.errors import KopeError
+from kope.core.errors import KopeError
+from kope.frontend.report import shorten
 from kope.memory.schema import CONFIRMS, REFINES, AttemptRecord
-from kope.memory.store import ExperienceStore, speedup_over_baseline
-from kope.report import shorten
+from kope.memory.standing import speedup_over_baseline, winner
+from kope.memory.store import ExperienceStore
 from kope.vocabulary.evidence import (
     COMPILE_ERROR,
     MISMATCH,
@@ -238,7 +239,7 @@ def trajectory_graph(store: ExperienceStore, key: str) -> nx.DiGraph:
             f"`kope memory tasks --store {store.root}` lists its tasks"
         )
     graph = nx.DiGraph(label=task.label, target=task.target)
-    pinned = store.standing(key).pinned
+    pinned = winner(store.attempts(key)).pinned
     number = 0
     baseline: str | None = None
     # Edges are added child by child, oldest first, so that a node's successors (the order

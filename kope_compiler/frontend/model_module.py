@@ -34,13 +34,13 @@ from torch.utils._pytree import tree_map
 from torch_mlir import ir
 from torch_mlir.dialects import arith, func
 
-from kope.backend import aten_inference_graph
-from kope.errors import ModelLoadError
-from kope.lowering import LoweringError, op_name
-from kope.partition import partition
+from kope.core.errors import ModelLoadError
+from kope.core.lowering import LoweringError, op_name
+from kope.core.task import Task, function_name, node_lowering, task_function
+from kope.frontend.backend import aten_inference_graph
+from kope.frontend.partition import partition
 from kope.passes.keys import GLUE_ATTR
 from kope.targets.base import Target
-from kope.task import Task, function_name, node_lowering, task_function
 from kope.vocabulary.specs import MLIR_ELEMENTS, dtype_name
 
 GRAPH_ATTR = "kope.graph"

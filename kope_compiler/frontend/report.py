@@ -64,7 +64,7 @@ class EagerReport:
 @dataclass
 class GraphDecision:
     """Whether a compiled graph runs, or the eager graph, and the timings (one interleaved run
-    in the calling process) it rests on (`kope.whole_graph`)."""
+    in the calling process) it rests on (`kope.frontend.whole_graph`)."""
 
     compiled: bool  # False: the eager graph runs
     reason: str
@@ -101,7 +101,7 @@ class GraphReport:
     tasks: list[TaskReport] = field(default_factory=list)
     eager: list[EagerReport] = field(default_factory=list)
     views: int = 0
-    rewrites: list[str] = field(default_factory=list)  # `kope.rewrites` made, one per site
+    rewrites: list[str] = field(default_factory=list)  # `kope.frontend.rewrites` made, one per site
     compile_s: float = 0.0
     policy: str = "auto"
     whole: GraphDecision | None = None  # the whole-graph check, where it ran

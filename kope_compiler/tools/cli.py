@@ -12,9 +12,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kope.errors import KopeError
-from kope.options import KERNEL_POLICIES, Options, check_options
-from kope.report import PASS_RATE
+from kope.core.errors import KopeError
+from kope.core.options import KERNEL_POLICIES, Options, check_options
+from kope.frontend.report import PASS_RATE
+from kope.memory.standing import winner
 from kope.vocabulary.arguments import int_list, positive
 
 DEFAULT_MODEL = "transformer_block"
@@ -96,8 +97,8 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
 
 
 def _import_command(args: argparse.Namespace) -> int:
-    from kope.compiler import target_for
-    from kope.models import load_model
+    from kope.frontend.compiler import target_for
+    from kope.tools.models import load_model
 
     _check_output(args.output)
     model, inputs = load_model(args.model)
@@ -110,7 +111,7 @@ def _import_command(args: argparse.Namespace) -> int:
     target = target_for(options.target, options.workers, options.timeout_s)
     if args.tasks:
         return _import_tasks(model, inputs, target, args)
-    from kope.model_module import model_module
+    from kope.frontend.model_module import model_module
 
     written = model_module(model, inputs, target)
     _write(written.text, args.output)
@@ -176,8 +177,8 @@ def _write(text: str, output: str | None) -> int:
 
 
 def _import_tasks(model: Any, inputs: Any, target: Any, args: argparse.Namespace) -> int:
-    from kope.precompile import trace
-    from kope.task import tasks_module
+    from kope.core.task import tasks_module
+    from kope.tools.precompile import trace
 
     tasks, eager = trace(model.eval(), inputs, target)
     _write(tasks_module(tasks), args.output)
@@ -191,7 +192,7 @@ def _compile_command(args: argparse.Namespace) -> int:
     import torch
 
     import kope
-    from kope.models import load_model
+    from kope.tools.models import load_model
 
     options: dict[str, Any] = {
         "kernels": args.kernels,
@@ -384,8 +385,8 @@ def _add_export(sub: Any) -> None:
 def _export_command(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from kope.compiler import store_at
-    from kope.kernel_pack import export_pack
+    from kope.frontend.compiler import store_at
+    from kope.tools.kernel_pack import export_pack
     from kope.vocabulary.home import kope_home
 
     store = store_at(Path(args.store) if args.store else kope_home())
@@ -421,8 +422,8 @@ def _add_memory_import_results(memory_sub: Any) -> None:
 def _memory_import_results_command(args: argparse.Namespace, store: Any) -> int:
     from pathlib import Path
 
-    from kope.kernel_pack import PackError, import_results
     from kope.memory.cli import MemoryCommandError
+    from kope.tools.kernel_pack import PackError, import_results
 
     try:
         recorded = import_results(store, Path(args.results), Path(args.pack) if args.pack else None)
@@ -452,11 +453,11 @@ def _add_memory_remeasure(memory_sub: Any) -> None:
 
 
 def _memory_remeasure_command(args: argparse.Namespace, store: Any) -> int:
-    from kope.compiler import target_for
-    from kope.eager_json import task_from_record
-    from kope.measuring import remeasure, threads_now
+    from kope.frontend.compiler import target_for
+    from kope.frontend.report import speedup_text
     from kope.memory.cli import resolve_key
-    from kope.report import speedup_text
+    from kope.tools.eager_json import task_from_record
+    from kope.tuner.measuring import remeasure, threads_now
     from kope.vocabulary.evidence import SOURCE_REFERENCE
 
     target = target_for(args.target, 1, args.timeout_s)
@@ -484,7 +485,7 @@ def _memory_remeasure_command(args: argparse.Namespace, store: Any) -> int:
             print(f"{record.label}: not re-measured ({why})")
             continue
         new = remeasure(task, target, store)
-        best = store.best(key, threads_now())
+        best = winner(store.attempts(key), threads_now()).best
         kernel = best.source if best is not None else "eager"
         quality = new[-1].timing_quality if new else "unknown"
         speed = ""
@@ -631,9 +632,9 @@ def _bench_command(args: argparse.Namespace) -> int:
     from contextlib import nullcontext
     from pathlib import Path
 
-    from kope import bench
-    from kope.compiler import target_for
-    from kope.suite import OPSET, SEQUENCE, load_suite
+    from kope.frontend.compiler import target_for
+    from kope.tools import bench
+    from kope.tools.suite import OPSET, SEQUENCE, load_suite
 
     if args.suite and args.what:
         raise KopeError(f"give either --suite DIR or the built-in {args.what!r} suite, not both")
@@ -664,7 +665,7 @@ def _bench_command(args: argparse.Namespace) -> int:
     )
     _check_output(args.report)
     if args.plot:
-        from kope.plots import require_matplotlib
+        from kope.tools.plots import require_matplotlib
 
         require_matplotlib()
         if Path(args.plot).expanduser().exists() and not Path(args.plot).expanduser().is_dir():
@@ -710,7 +711,7 @@ def _bench_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if args.cluster:
-        from kope.cluster import connected
+        from kope.tools.cluster import connected
 
         cluster: Any = connected(args.cluster)  # one cluster for the whole suite
     else:
@@ -723,7 +724,7 @@ def _bench_command(args: argparse.Namespace) -> int:
     failed = 1 if result["broken"] else 0  # the figures stand, without those entries
     if args.plot:
         from kope.memory.store import ExperienceStore
-        from kope.plots import plot_report
+        from kope.tools.plots import plot_report
 
         deepest = max(result["operators"], key=lambda r: r["attempts"], default=None)
         store = ExperienceStore(Path(deepest["store"])) if deepest and deepest["store"] else None
@@ -747,11 +748,11 @@ def _warm_store(given: str) -> Path:
 def _precompile_command(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from kope.compiler import store_at, target_for
-    from kope.models import load_model
-    from kope.optimize import Budget
-    from kope.precompile import Interrupted, precompile, write_report
-    from kope.report import counted
+    from kope.frontend.compiler import store_at, target_for
+    from kope.frontend.report import counted
+    from kope.tools.models import load_model
+    from kope.tools.precompile import Interrupted, precompile, write_report
+    from kope.tuner.optimize import Budget
     from kope.vocabulary.home import kope_home
 
     # The same checks and messages as the backend's options, before the model is traced.
@@ -807,8 +808,8 @@ def _precompile_command(args: argparse.Namespace) -> int:
 
 def format_report(report: dict[str, Any]) -> str:
     """The report as a table: per operator winner, speedups and attempts; then the summary."""
-    from kope.report import counted, shorten, table_lines, timing_text
-    from kope.report import speedup_text as _x
+    from kope.frontend.report import counted, shorten, table_lines, timing_text
+    from kope.frontend.report import speedup_text as _x
 
     rows = [("operator", "winner", "vs eager", "vs reference", "timing", "attempts", "verdicts")]
     s = report["summary"]

@@ -3,7 +3,7 @@ eager, confirmations of winning figures, re-validation of an older version's ker
 
 Each evaluation is announced as an event (`kope.vocabulary.events`); the experience store's
 `Recorder` is the listener that records it, so nothing here writes memory. What the store then
-says a task runs is `kope.memory.store.winner`'s rule, read by `kope.selection`.
+says a task runs is `kope.memory.standing.winner`'s rule, read by `kope.tuner.selection`.
 
 A figure means the thread count it was measured with (`threads_now()`): under another count
 the Task is measured again, as if unseen. A confirmation re-measures a candidate head to head
@@ -16,11 +16,12 @@ import logging
 
 import torch
 
+from kope.core.task import Task
 from kope.memory.recorder import Recorder, attempt_of
 from kope.memory.schema import AttemptRecord, hardware_of
-from kope.memory.store import ExperienceStore, speedup_over_baseline, wins
+from kope.memory.standing import speedup_over_baseline, winner, wins
+from kope.memory.store import ExperienceStore
 from kope.targets.base import Target
-from kope.task import Task
 from kope.vocabulary.events import AttemptEvaluated, Events, TaskSeen
 from kope.vocabulary.evidence import (
     SOURCE_AGENT,
@@ -206,7 +207,7 @@ def transfer_from_older(
     for other in store.tasks_with_workload(task.workload, hardware):
         if other.key == task.key:
             continue
-        old = store.best(other.key)
+        old = winner(store.attempts(other.key)).best
         if old is None or old.source != SOURCE_AGENT:
             continue
         kernel = stored_kernel(store, old)
@@ -257,7 +258,7 @@ def known_reference(
     store.refresh()
     events.emit(task_seen(task, target))
     threads = threads_now()
-    reference = store.standing(task.key, threads).baseline
+    reference = winner(store.attempts(task.key), threads).baseline
     if reference is not None and _serves(reference, task):
         if (first_call and _deferred(reference)) or not _timed_out(reference, store):
             return reference
@@ -328,7 +329,7 @@ def remeasure(
     threads = threads_now()
     MEASURED.add((task.key, threads))
     before = {a.id for a in store.attempts(task.key)}
-    standing = store.standing(task.key, threads)
+    standing = winner(store.attempts(task.key), threads)
     candidate = standing.challenger or standing.pinned
     if candidate is not None:
         if candidate.confirms is not None:  # re-confirm the kernel, naming its first figure

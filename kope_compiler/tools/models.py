@@ -6,7 +6,8 @@ Three forms are accepted:
   arguments); the model is `Model(*get_init_inputs())`.
 - `package.module:factory`: `factory()` returns `(model, example_inputs)`; the module is
   looked up from the current directory too, as `python -m` does.
-- a zoo name (`kope.zoo.ZOO`): `mlp`, `cnn`, `transformer_block`, `encoder_layer`, `odd_shapes`.
+- a zoo name (`kope.tools.zoo.ZOO`): `mlp`, `cnn`, `transformer_block`, `encoder_layer`,
+  `odd_shapes`.
 
 A file's or a factory's model is run once, eagerly, on its example inputs: a model that fails
 there is reported in one line, before any compiler's traceback could bury it.
@@ -23,8 +24,8 @@ from typing import Any
 
 import torch
 
-from kope.errors import ModelLoadError
-from kope.zoo import ZOO
+from kope.core.errors import ModelLoadError
+from kope.tools.zoo import ZOO
 
 
 def load_model(spec: str) -> tuple[torch.nn.Module, tuple[Any, ...]]:

@@ -1,6 +1,6 @@
 """`kope bench`: a suite of operators through `kope precompile`, as paper-style tables.
 
-One engine, `run_bench`, runs a suite (`kope.suite.load_suite` of a directory, or the built-in
+One engine, `run_bench`, runs a suite (`kope.tools.suite.load_suite` of a directory, or the built-in
 `OPSET` / `SEQUENCE`) in a fixed order, seed by seed, in one or two arms:
 
 - no ablation: one arm, `default`, one store per seed through the whole suite;
@@ -45,19 +45,20 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from kope.errors import KopeError
-from kope.measuring import seed_for, stored_kernel, threads_now
+from kope.core.errors import KopeError
+from kope.core.options import Options
+from kope.core.task import Task
+from kope.frontend.report import PASS_RATE, shorten, table_lines
+from kope.frontend.report import speedup_text as _x
+from kope.memory.standing import winner
 from kope.memory.store import ExperienceStore
-from kope.optimize import Budget, is_proposal
-from kope.options import Options
-from kope.precompile import geomean, precompile, trace_tasks
-from kope.report import PASS_RATE, shorten, table_lines
-from kope.report import speedup_text as _x
-from kope.suite import Example
 from kope.targets.base import Target
 from kope.targets.measure import MeasureConfig, eager_threads, measure_interleaved, rotating
 from kope.targets.verify import timing_inputs
-from kope.task import Task
+from kope.tools.precompile import geomean, precompile, trace_tasks
+from kope.tools.suite import Example
+from kope.tuner.measuring import seed_for, stored_kernel, threads_now
+from kope.tuner.optimize import Budget, is_proposal
 from kope.vocabulary.evidence import (
     SOURCE_AGENT,
     SOURCE_REFERENCE,
@@ -322,7 +323,7 @@ def _retime_together(
             continue
         kernels: dict[str, Kernel] = {}
         for arm, store in stores.items():
-            pinned = store.standing(key, threads_now()).pinned
+            pinned = winner(store.attempts(key), threads_now()).pinned
             if pinned is None:
                 continue  # eager runs in this arm
             kernel = task.reference if pinned.source == SOURCE_REFERENCE else None

@@ -1,11 +1,11 @@
 """A Task: one compute operator of an aten graph, imported alone to its reference lowering.
 
 The reference lowering is torch-mlir's FX import of the single node (run in the lowering
-worker, `kope.lowering`, where a crash costs only the operator), lowered to
+worker, `kope.core.lowering`, where a crash costs only the operator), lowered to
 linalg-on-tensors (`func.func @main`), in canonical form; its key is the sha256 of that text
 and the target key (`kope.passes.keys`), so every path to the same function finds the same
 kernel. A node torch-mlir lowers to something other than what eager computes (argmax on NaN)
-is imported from KOPE's decomposition of it (`kope.decompositions.REFERENCE_DECOMPOSITIONS`),
+is imported from KOPE's decomposition of it (`kope.core.decompositions.REFERENCE_DECOMPOSITIONS`),
 and a node torch-mlir does not lower whole may be imported through its decomposition
 (`make_task(..., decomposed=True)`): one function, one kernel, its eager call still the node's.
 """
@@ -24,8 +24,8 @@ import torch.fx as fx
 from torch.utils._pytree import tree_flatten, tree_map
 from torch_mlir import ir
 
-from kope import decompositions, lowering
-from kope.lowering import (
+from kope.core import decompositions, lowering
+from kope.core.lowering import (
     ImportRequest,
     LoweringError,
     LoweringUnanswered,
@@ -205,7 +205,7 @@ def reference_lowering(
     request: ImportRequest, out_specs: tuple[TensorSpec, ...], label: str
 ) -> str:
     """The canonical reference lowering of the operator `request` describes, whose outputs are
-    `out_specs`, imported in the lowering worker (`kope.lowering`).
+    `out_specs`, imported in the lowering worker (`kope.core.lowering`).
 
     The import is a function of the ATen call, its specs and the toolchain alone, and costs
     tens of milliseconds per Task at every compile, so it is cached on disk

@@ -9,7 +9,7 @@ reference lowering computes from them here, the tolerance to compare with, and t
 the runner measured there as attempts of the tasks under the device's own target key: the
 same operator (canonical IR) keyed for that device, each kernel linked to the attempt that
 verified it here. A kernel measured by a second run of a pack confirms its first figure, and
-only a confirmed figure can pin a kernel (`kope.memory.store.winner`).
+only a confirmed figure can pin a kernel (`kope.memory.standing.winner`).
 """
 
 from __future__ import annotations
@@ -29,9 +29,7 @@ import torch
 import kope.targets.pack_runner as pack_runner
 import kope.targets.triton_sandbox as triton_sandbox
 import kope.vocabulary.specs as specs
-from kope.eager_json import task_from_record
-from kope.errors import KopeError
-from kope.measuring import announce, recording
+from kope.core.errors import KopeError
 from kope.memory.schema import AttemptRecord, TaskRecord
 from kope.memory.store import ExperienceStore
 from kope.passes.keys import task_key
@@ -40,6 +38,8 @@ from kope.targets.device_compile import estimate_of, failed
 from kope.targets.host import package_version
 from kope.targets.measure import estimate_work
 from kope.targets.triton import triton_target_key
+from kope.tools.eager_json import task_from_record
+from kope.tuner.measuring import announce, recording
 from kope.vocabulary.events import AttemptEvaluated, TaskSeen
 from kope.vocabulary.evidence import (
     TIMING_CLEAN,

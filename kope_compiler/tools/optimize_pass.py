@@ -1,7 +1,7 @@
 """`kope-optimize`: the agent inside the compiler, one outlined operator at a time.
 
 For every function carrying `kope.key` (see `kope-outline-operators`), the pass runs the
-optimization loop of `kope.optimize` on it: experience retrieved from the store, the agent's
+optimization loop of `kope.tuner.optimize` on it: experience retrieved from the store, the agent's
 proposals built, verified against the function itself (its body is the reference lowering),
 timed, and recorded through the loop's events, then the winner confirmed. Each function is
 left annotated with the outcome,
@@ -34,8 +34,10 @@ from pathlib import Path
 from torch_mlir import ir
 
 from kope.agents.base import Agent
+from kope.core.options import Options
+from kope.core.task import Task
+from kope.memory.standing import winner
 from kope.memory.store import ExperienceStore
-from kope.options import Options
 from kope.passes.base import ModulePass, PassError, check_target
 from kope.passes.experience import STORE_HELP, function_key, outlined_functions, symbol_name
 from kope.passes.keys import (
@@ -47,7 +49,6 @@ from kope.passes.keys import (
     workload_digest,
 )
 from kope.targets.base import Target
-from kope.task import Task
 from kope.vocabulary.home import kope_home
 from kope.vocabulary.specs import (
     DTYPES,
@@ -76,7 +77,9 @@ class OptimizeOperators(ModulePass):
     name = "kope-optimize"
     summary = "Optimize each outlined operator with the agent: propose, verify, time, record"
 
-    target: str = field(default="cpu", metadata={"help": "the target to optimize for"})
+    target: str = field(
+        default=Options.default("target"), metadata={"help": "the target to optimize for"}
+    )
     agent: str = field(
         default=Options.default("agent"), metadata={"help": "heuristic (offline) or llm"}
     )
@@ -104,7 +107,7 @@ class OptimizeOperators(ModulePass):
 
     def run(self, module: ir.Operation) -> None:
         from kope.agents import make_agent
-        from kope.compiler import store_at, target_for
+        from kope.frontend.compiler import store_at, target_for
 
         funcs = [f for f in outlined_functions(self, module) if KERNEL_ATTR not in f.attributes]
         if not funcs:
@@ -135,8 +138,8 @@ class OptimizeOperators(ModulePass):
         store: ExperienceStore,
         agent: Agent,
     ) -> None:
-        from kope.optimize import Budget, optimize_task, summarize
-        from kope.precompile import already_done
+        from kope.tools.precompile import already_done
+        from kope.tuner.optimize import Budget, optimize_task, summarize
 
         task = self._task(func, target, target_key, store)
         budget = Budget(attempts=self.budget)
@@ -158,7 +161,7 @@ class OptimizeOperators(ModulePass):
             entries["speedup_vs_eager"] = ir.FloatAttr.get(
                 ir.F64Type.get(), summary.speedup_vs_eager
             )
-        pinned = store.standing(task.key).pinned
+        pinned = winner(store.attempts(task.key)).pinned
         if pinned is not None:
             entries["best_attempt"] = ir.StringAttr.get(pinned.id)
         func.attributes[OPTIMIZED_ATTR] = ir.DictAttr.get(entries)

@@ -1,22 +1,22 @@
 """Partitioning an aten graph into Tasks, views, and operators that run eagerly (with a reason).
 
 The graph is first rewritten, here, so that every road that partitions cuts the same Tasks:
-what it computes from constants alone is computed once (`fold_constants`), then `kope.rewrites`
-(batch norm folded into convolutions, stacks of convolutions channels-last, attention as one
-kernel).
+what it computes from constants alone is computed once (`fold_constants`), then
+`kope.frontend.rewrites` (batch norm folded into convolutions, stacks of convolutions
+channels-last, attention as one kernel).
 A connected group of elementwise and row-reduction nodes whose only value seen outside is its
 output becomes one Task (one kernel, one pass over memory): an elementwise chain, RMSNorm or
 softmax written by hand, GELU-tanh expanded; elementwise ops take the contraction they read
 as their head (its epilogue), after the views a 3-D linear makes between them are sunk below
 them (`sink_views`). Every other compute node becomes a Task at the
 coarsest level torch-mlir lowers: a node is first imported as it is (softmax, layer_norm, ...
-stay one Task). When that fails and a decomposition is known (`kope.decompositions`:
+stay one Task). When that fails and a decomposition is known (`kope.core.decompositions`:
 torch-mlir's table, PyTorch's for interpolations, KOPE's own for fused fast paths), the node is
 imported through it as one Task, its eager call and baseline still the node's native one (a
 bicubic upsample is one kernel, not ~80 Tasks of index arithmetic); where that does not lower,
 the node runs whole eagerly, as one native call beats its pieces run as small kernels around
 an eager one. Only a decomposition holding a Task of its own (a contraction) or a fused fast
-path (whose parts `kope.compiler` weighs against it whole) replaces the node in the graph,
+path (whose parts `kope.frontend.compiler` weighs against it whole) replaces the node in the graph,
 its nodes partitioned in turn.
 """
 
@@ -36,12 +36,12 @@ from torch._guards import detect_fake_mode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_leaves, tree_map
 
-from kope.decompositions import FAST_PATHS, decomposition_table
-from kope.dispatch import RESHAPES, has_symbols, tensor_value
-from kope.lowering import LoweringError, op_name
-from kope.rewrites import REWRITE, fuse_attention, rewrite
+from kope.core.decompositions import FAST_PATHS, decomposition_table
+from kope.core.lowering import LoweringError, op_name
+from kope.core.task import Task, group_inputs, make_task
+from kope.frontend.dispatch import RESHAPES, has_symbols, tensor_value
+from kope.frontend.rewrites import REWRITE, fuse_attention, rewrite
 from kope.targets.base import Target
-from kope.task import Task, group_inputs, make_task
 
 log = logging.getLogger("kope.compiler")
 
@@ -67,7 +67,7 @@ class Partition:
     tasks: list[Task] = field(default_factory=list)
     eager: list[EagerNode] = field(default_factory=list)
     views: int = 0
-    rewrites: list[str] = field(default_factory=list)  # `kope.rewrites` made, one per site
+    rewrites: list[str] = field(default_factory=list)  # `kope.frontend.rewrites` made, one per site
 
 
 def _is_aten_op(target: Any) -> bool:
@@ -457,8 +457,8 @@ def sink_views(graph: fx.Graph, within: set[fx.Node] | None = None) -> list[fx.N
     same operations on the same numbers) when each other operand is a scalar, a contiguous
     tensor of the view's shape (read through the inverse view) or, where the view keeps the
     last dim, a tensor broadcast along rows: a 1x1 convolution's product (channels x
-    positions, `kope.rewrites`) viewed back to NCHW takes its ReLU as its epilogue. The view
-    sinks below all its users at once, or not at all, and keeps sinking below their users in
+    positions, `kope.frontend.rewrites`) viewed back to NCHW takes its ReLU as its epilogue. The
+    view sinks below all its users at once, or not at all, and keeps sinking below their users in
     turn. With `within`, only views of those nodes' products."""
     made: list[fx.Node] = []
     pending = deque(n for n in graph.nodes if within is None or n in within)
@@ -604,7 +604,7 @@ def fused_groups(
     feeding only the next, is the simplest case). A group of elementwise ops then takes the
     contraction (mm, addmm, bmm) it reads, if nothing else reads it, as its head: the ops are
     the contraction's epilogue (`_epilogue_head`), and a single elementwise op qualifies. A
-    layout copy a rewrite made (`clone(permute(x))`, `kope.rewrites.channels_last`) grows
+    layout copy a rewrite made (`clone(permute(x))`, `kope.frontend.rewrites.channels_last`) grows
     from its view, so the elementwise ops before it write their output transposed.
     Groups are in graph order. With `within`, only those nodes are grouped (the nodes a
     decomposition just made)."""
@@ -661,7 +661,7 @@ def partition(
     decomposing nodes torch-mlir cannot lower. With `fast_paths` False, a fused eager fast
     path (e.g. nn.TransformerEncoderLayer's) is not decomposed: one native kernel beats its
     parts run one by one, so it runs eagerly whole. With `onednn` False, no op is fused into
-    a oneDNN library call (`kope.rewrites.rewrite`); with `attention` False, attention
+    a oneDNN library call (`kope.frontend.rewrites.rewrite`); with `attention` False, attention
     written out is not fused into one ATen call."""
     result = Partition()
     table = decomposition_table(fast_paths)
@@ -788,7 +788,8 @@ _OWN_TASKS = _CONTRACTIONS | {"convolution.default"}
 def _one_kernel(node: fx.Node, decomposition: fx.GraphModule) -> bool:
     """Whether `node`, which torch-mlir does not lower whole, is imported through its
     `decomposition` as one Task: one that holds no operator that is a Task of its own, for a
-    node that is no fused fast path (whose parts `kope.compiler` weighs against it whole)."""
+    node that is no fused fast path (whose parts `kope.frontend.compiler` weighs against it
+    whole)."""
     return node.target not in FAST_PATHS and not any(
         _name(n) in _OWN_TASKS for n in decomposition.graph.nodes
     )

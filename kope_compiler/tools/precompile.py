@@ -31,23 +31,23 @@ from torch._dynamo.backends.common import aot_autograd
 from tqdm import tqdm
 
 from kope.agents import make_agent
-from kope.decompositions import traced_whole
-from kope.errors import ModelLoadError
-from kope.measuring import remeasure as remeasure_choice
+from kope.core.decompositions import traced_whole
+from kope.core.errors import ModelLoadError
+from kope.core.options import Options
+from kope.core.task import Task, eager_label
+from kope.frontend.partition import has_fast_path, partition
+from kope.frontend.report import report as backend_report
+from kope.frontend.report import shorten, speedup_text
+from kope.frontend.whole_graph import retiming_graphs
 from kope.memory.recorder import Recorder, attempt_of
 from kope.memory.schema import AttemptRecord
 from kope.memory.store import ExperienceStore
-from kope.optimize import Budget, TaskSummary, is_proposal, optimize_task, summarize
-from kope.options import Options
-from kope.partition import has_fast_path, partition
 from kope.passes.pipeline import REPRO_MARKER
-from kope.report import report as backend_report
-from kope.report import shorten, speedup_text
 from kope.targets.base import Target
-from kope.task import Task, eager_label
+from kope.tuner.measuring import remeasure as remeasure_choice
+from kope.tuner.optimize import Budget, TaskSummary, is_proposal, optimize_task, summarize
 from kope.vocabulary.events import AttemptEvaluated, Event, Events
 from kope.vocabulary.evidence import SOURCE_AGENT
-from kope.whole_graph import retiming_graphs
 
 log = logging.getLogger("kope.precompile")
 
@@ -69,7 +69,7 @@ def trace(
     def forward_compiler(gm: fx.GraphModule, _inputs: Sequence[Any]) -> Callable[..., Any]:
         # As the backend partitions by default: fused eager fast paths stay whole. Their
         # decompositions' Tasks are optimized too, so that the backend can choose between the
-        # fast path whole and its parts from evidence (`kope.compiler`).
+        # fast path whole and its parts from evidence (`kope.frontend.compiler`).
         apart = partition(copy.deepcopy(gm), target, fast_paths=True) if has_fast_path(gm) else None
         part = partition(gm, target, fast_paths=False)
         for task in part.tasks + (apart.tasks if apart is not None else []):
@@ -178,8 +178,8 @@ def precompile(
 
     `budget` defaults to `Options().budget` attempts per operator. Progress goes to `stream`
     (default stderr) unless `progress` is false. With `remeasure`, each operator's stored
-    choice is re-timed against eager first (`kope.measuring.remeasure`). With `cluster`
-    (`kope.cluster.CLUSTER_CHOICES`), operators fan out over a Ray cluster, each task
+    choice is re-timed against eager first (`kope.tuner.measuring.remeasure`). With `cluster`
+    (`kope.tools.cluster.CLUSTER_CHOICES`), operators fan out over a Ray cluster, each task
     measuring with `task_threads` threads (default: this process's count).
     """
     start = time.monotonic()
@@ -289,8 +289,8 @@ def decide_graphs(
     model: torch.nn.Module, inputs: Sequence[Any], target: Target, store: ExperienceStore
 ) -> list[dict[str, Any]]:
     """Compile `model` as `torch.compile(backend="kope")` does and call it once, so that the
-    whole-graph decision of each of its graphs (`kope.whole_graph`) is made now, offline, and
-    recorded: a later process reuses it instead of timing the graph at its first call. A
+    whole-graph decision of each of its graphs (`kope.frontend.whole_graph`) is made now, offline,
+    and recorded: a later process reuses it instead of timing the graph at its first call. A
     recorded decision that the machine disturbed is timed again (`retiming_graphs`); a clean
     one stands. Nothing is decided for a target whose kernels cannot run here."""
     if not target.timed() or target.unavailable() is not None:
@@ -362,9 +362,10 @@ def _run_on_cluster(
     bar: Progress,
     finish: Callable[[Task, TaskSummary], None],
 ) -> None:
-    """Each of `tasks` as a Ray task (`kope.cluster`); the driver records what streams back."""
-    from kope.cluster import Job, connected, run_tasks
-    from kope.measuring import threads_now
+    """Each of `tasks` as a Ray task (`kope.tools.cluster`); the driver records what streams
+    back."""
+    from kope.tools.cluster import Job, connected, run_tasks
+    from kope.tuner.measuring import threads_now
 
     threads = task_threads or threads_now()
     by_key = {task.key: task for task in tasks}

@@ -2,13 +2,13 @@
 
 Candidates per Task are eager ATen, the reference lowering (where the target runs it), and any
 verified agent kernel in the store. The first compile of an unseen Task has its baseline
-measured (`kope.measuring`: the reference lowering verified against eager, float64 where the op
-allows, both timed interleaved in an isolated worker); the store records it, so a later process
+measured (`kope.tuner.measuring`: the reference lowering verified against eager, float64 where the
+op allows, both timed interleaved in an isolated worker); the store records it, so a later process
 chooses without measuring again. This module only chooses: it reads the store through
-`kope.memory.store.winner`, the one rule that reports, passes and the loop share.
+`kope.memory.standing.winner`, the one rule that reports, passes and the loop share.
 
 A choice pins only through a clean confirmation: a figure that says a candidate beats eager is
-a claim until a fresh head-to-head re-measurement (`kope.measuring.confirm`) is clean and
+a claim until a fresh head-to-head re-measurement (`kope.tuner.measuring.confirm`) is clean and
 still beats eager beyond noise. A figure measured under load never pins: eager (or the
 previous clean choice) runs until a clean figure exists. A figure means the thread count it
 was measured with: under another count the Task is measured again, as if unseen.
@@ -24,7 +24,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from kope.measuring import (
+from kope.core.task import Task
+from kope.memory.schema import AttemptRecord
+from kope.memory.standing import Standing, winner
+from kope.memory.store import ExperienceStore
+from kope.targets.base import Target
+from kope.tuner.measuring import (
     DEFERRED,
     FIRST_CALL_LIMIT_S,
     MEASURED,
@@ -33,10 +38,6 @@ from kope.measuring import (
     stored_kernel,
     threads_now,
 )
-from kope.memory.schema import AttemptRecord
-from kope.memory.store import ExperienceStore, Standing
-from kope.targets.base import Target
-from kope.task import Task
 from kope.vocabulary.events import Events
 from kope.vocabulary.evidence import (
     SOURCE_AGENT,
@@ -130,10 +131,10 @@ def choose(
             reference.timing_quality,
         )
     threads = threads_now()
-    standing = store.standing(task.key, threads)
+    standing = winner(store.attempts(task.key), threads)
     if not standing.clean and (task.key, threads) not in MEASURED:
         remeasure(task, target, store, events)
-        standing = store.standing(task.key, threads)
+        standing = winner(store.attempts(task.key), threads)
     if not standing.clean:
         log.info(
             "%s: its figures are not clean (measured under load, or before KOPE judged "

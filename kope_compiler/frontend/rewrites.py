@@ -1,7 +1,7 @@
 """Graph rewrites before partitioning: what a compiler can do that eager cannot.
 
-They run on the aten graph at the start of `kope.partition.partition`, so every road that cuts
-a model into Tasks (the backend, `kope precompile`, `kope import`) sees the same
+They run on the aten graph at the start of `kope.frontend.partition.partition`, so every road
+that cuts a model into Tasks (the backend, `kope precompile`, `kope import`) sees the same
 rewritten graph and gives its Tasks the same keys.
 
 - **Batch norm folded into the convolution before it** (eval mode): `conv(x, w, b)` followed by
@@ -19,7 +19,7 @@ rewritten graph and gives its Tasks the same keys.
   like a folded weight) and its product is viewed back as NHWC, elementwise ops run on the
   NHWC tensors as they are (their small broadcast operands permuted alike), and a value
   leaving the region is copied back to NCHW once, by the kernel of the elementwise ops before
-  it where it can (`kope.partition.fused_groups`). A copy (20-25 µs for 1×32×28×28) and a
+  it where it can (`kope.frontend.partition.fused_groups`). A copy (20-25 µs for 1×32×28×28) and a
   convolution's views cost about what the convolution saves, so a region is rewritten only
   when it has two convolutions per copy of its own (`CONVS_PER_COPY`): a residual block, not
   a lone convolution. Depthwise convolutions stay NCHW (KOPE's own kernels for them beat
@@ -43,7 +43,7 @@ rewritten graph and gives its Tasks the same keys.
 Each rewrite is checked when it is made: the original nodes and the replacement run on seeded
 random inputs of the nodes' shapes and must agree within the dtype's tolerance
 (`kope.targets.verify.compare`); a rewrite that does not is logged and not made. The whole-graph
-check (`kope.whole_graph`) then times the rewritten graph against eager like any other.
+check (`kope.frontend.whole_graph`) then times the rewritten graph against eager like any other.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ import torch.fx as fx
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from kope.dispatch import RESHAPES, VIEW_OPS, has_symbols, subgraph, tensor_value
+from kope.frontend.dispatch import RESHAPES, VIEW_OPS, has_symbols, subgraph, tensor_value
 from kope.targets import verify
 from kope.targets.stamp import Stamp
 from kope.vocabulary.specs import TensorSpec
@@ -576,7 +576,8 @@ def channels_last(
         entering, leaving = _copies(region)
         convolutions = sum(n.target is aten.convolution.default for n in region)
         # A copy out of an elementwise op read only outside the region costs no pass of its
-        # own: the op's kernel writes its result transposed (`kope.partition.fused_groups`).
+        # own: the op's kernel writes its result transposed
+        # (`kope.frontend.partition.fused_groups`).
         inside = set(region)
         fused = [
             n
@@ -661,8 +662,8 @@ def _rewrite_channels_last(
         return node
 
     def copy(tensor: fx.Node, permutation: list[int]) -> fx.Node:
-        # A transpose Task of its own (`kope.partition` takes the pair as one group): linalg
-        # lowers it where `permute_copy` does not, and its input is contiguous.
+        # A transpose Task of its own (`kope.frontend.partition` takes the pair as one group):
+        # linalg lowers it where `permute_copy` does not, and its input is contiguous.
         view = call(aten.permute.default, tensor, permutation, rewrite=True)
         return call(aten.clone.default, view, rewrite=True, memory_format=torch.contiguous_format)
 

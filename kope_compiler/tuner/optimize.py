@@ -6,7 +6,7 @@ attempt and its outcome go to the experience graph → the agent gets the feedba
 until the budget (attempts, wall time, tokens) is spent or the agent stops. A failed attempt is
 data, never an error. The candidate whose figure wins is then confirmed (re-measured head to
 head against eager in a fresh evaluation); only a clean confirmation that still wins makes it
-the operator's kernel (the store's `best`, by `kope.memory.store.winner`), which every later
+the operator's kernel (by `kope.memory.standing.winner`), which every later
 compile uses.
 """
 
@@ -20,8 +20,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kope.agents.base import Agent, Feedback, Proposal, ProposalRequest, Rejected, TaskView
-from kope.errors import KopeError
-from kope.measuring import (
+from kope.core.errors import KopeError
+from kope.core.options import Options
+from kope.core.task import Task
+from kope.memory.schema import AttemptRecord
+from kope.memory.standing import winner
+from kope.memory.store import ExperienceStore
+from kope.targets.base import Target
+from kope.targets.device_compile import estimate_of
+from kope.tuner.measuring import (
     announce,
     confirm,
     known_reference,
@@ -31,12 +38,6 @@ from kope.measuring import (
     stored_kernel,
     threads_now,
 )
-from kope.memory.schema import AttemptRecord
-from kope.memory.store import ExperienceStore
-from kope.options import Options
-from kope.targets.base import Target
-from kope.targets.device_compile import estimate_of
-from kope.task import Task
 from kope.vocabulary.events import AttemptEvaluated, ChoiceMade, Events
 from kope.vocabulary.evidence import (
     COMPILE_ERROR,
@@ -155,7 +156,7 @@ def optimize_task(
     tokens = 0
     start = time.monotonic()
     stopped = "budget spent"
-    from kope.experience import measured_evidence, retrieve_experience
+    from kope.tuner.experience import measured_evidence, retrieve_experience
 
     # Other operators' records change only between operators: read once per operator.
     evidence = measured_evidence(store, task.key)
@@ -205,7 +206,7 @@ def optimize_task(
     confirm_winner(task, target, store, events)
     _distil(store, task.key)
     summary = summarize(task, store, stopped=stopped, tokens=tokens)
-    pinned = store.standing(task.key, threads_now()).pinned
+    pinned = winner(store.attempts(task.key), threads_now()).pinned
     events.emit(
         ChoiceMade(
             task.key,
@@ -224,7 +225,7 @@ def confirm_winner(
 ) -> None:
     """Confirm the candidate whose figure says it wins (a few, while they do not reproduce)."""
     for _ in range(CONFIRMATIONS):
-        challenger = store.standing(task.key, threads_now()).challenger
+        challenger = winner(store.attempts(task.key), threads_now()).challenger
         if challenger is None or confirm(task, target, store, challenger, events) is None:
             return
 
@@ -308,13 +309,13 @@ def summarize(
     runs) and their quality."""
     attempts = store.attempts(task.key)
     agent_attempts = [a for a in attempts if is_proposal(a)]
-    standing = store.standing(task.key, threads_now())
+    standing = winner(attempts, threads_now())
     verdicts = Counter(a.verdict for a in agent_attempts)
     pinned = standing.pinned
     figures = pinned or standing.baseline
     # What runs when nothing is pinned: eager, or the reference body of an IR-only operator.
     unpinned = SOURCE_EAGER if task.spec.eager is not None else SOURCE_REFERENCE
-    winner = pinned.source if pinned is not None else unpinned
+    runs = pinned.source if pinned is not None else unpinned
     eager_us = figures.eager_us if figures else None
     ref_us = figures.reference_us if figures and figures.verdict == VERIFIED else None
     best_us = pinned.latency_us if pinned is not None else eager_us
@@ -327,7 +328,7 @@ def summarize(
         key=task.key,
         op=task.op,
         label=task.label,
-        winner=winner,
+        winner=runs,
         verified=verdicts.get(VERIFIED, 0) > 0,
         attempts=len(agent_attempts),
         eager_us=eager_us,
@@ -340,7 +341,7 @@ def summarize(
         if tokens is not None
         else sum(a.tokens_in + a.tokens_out for a in agent_attempts),
         stopped=stopped,
-        best_decision=pinned.decision if pinned is not None and winner == SOURCE_AGENT else "",
+        best_decision=pinned.decision if pinned is not None and runs == SOURCE_AGENT else "",
         timing_quality=figures.timing_quality if figures else TIMING_UNKNOWN,
         clean_rounds=figures.clean_rounds if figures else 0,
         rounds=figures.rounds if figures else 0,

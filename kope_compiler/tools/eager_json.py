@@ -4,8 +4,8 @@ memory remeasure`): the store holds its eager call as JSON in `TaskRecord.eager`
 
 from __future__ import annotations
 
+from kope.core.task import Task
 from kope.memory.schema import TaskRecord
-from kope.task import Task
 from kope.vocabulary.specs import TaskSpec, TensorSpec, eager_from_json
 
 

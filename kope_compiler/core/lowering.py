@@ -9,7 +9,7 @@ class, so the import never runs in the user's process: `isolated_import` sends t
 as plain data (its ATen call, input specs and strides), to a persistent lowering worker
 (`kope.targets.worker`, the candidates' isolation) that rebuilds the nodes on fake tensors
 (`rebuild`) and imports them there. A worker that dies is a `LoweringCrash`, the operator's
-reason to run on ATen; `kope.task.reference_lowering` caches it with the other refusals, so
+reason to run on ATen; `kope.core.task.reference_lowering` caches it with the other refusals, so
 the operator is not tried again in that form. The worker starts on the first import the
 cache does not answer, so a warm compile starts none.
 """
@@ -35,9 +35,9 @@ from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
 from torch_mlir.extras.fx_importer import FxImporter
 
-from kope import decompositions
-from kope.decompositions import REFERENCE_DECOMPOSITIONS
-from kope.errors import first_line
+from kope.core import decompositions
+from kope.core.decompositions import REFERENCE_DECOMPOSITIONS
+from kope.core.errors import first_line
 from kope.passes.keys import canonicalize_module_text
 from kope.passes.pipeline import PipelineError, run_pipeline
 from kope.targets.worker import Outcome, WorkerPool
@@ -103,7 +103,7 @@ def group_graph(nodes: list[fx.Node]) -> fx.GraphModule:
 def exact_graph(gm: fx.GraphModule, decomposed: bool = False) -> fx.GraphModule:
     """`gm` with the nodes torch-mlir lowers wrongly traced through their decompositions
     (`REFERENCE_DECOMPOSITIONS`), and if `decomposed` every node with a decomposition
-    (`kope.decompositions.decomposition_table`, as torch-mlir's own import does); `gm` itself
+    (`kope.core.decompositions.decomposition_table`, as torch-mlir's own import does); `gm` itself
     when it has none."""
     table = REFERENCE_DECOMPOSITIONS
     if decomposed:

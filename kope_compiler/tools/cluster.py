@@ -4,7 +4,7 @@ experience comes back to the driver's one store.
 The driver stays the store's single writer. It sends each task what the loop reads there —
 the store's records at dispatch (the operator's own earlier attempts, to resume; everyone
 else's, for retrieval and transfer), put once into Ray's object store and shared — and the
-task runs the unchanged loop (`kope.optimize.optimize_task`) on a scratch copy of them on
+task runs the unchanged loop (`kope.tuner.optimize.optimize_task`) on a scratch copy of them on
 its node. Every event the loop emits (a task seen, an attempt evaluated, a choice made)
 streams back through a Ray queue as it happens and is recorded by the driver's `Recorder`,
 so a lost node loses only what was in flight, and the store's durability rules hold as on
@@ -40,11 +40,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kope.errors import KopeError
+from kope.core.errors import KopeError
+from kope.core.task import Task
 from kope.memory.schema import AttemptRecord, TaskRecord
 from kope.memory.store import ExperienceStore
-from kope.optimize import Budget, TaskSummary
-from kope.task import Task
+from kope.tuner.optimize import Budget, TaskSummary
 from kope.vocabulary.events import Event, TaskSeen
 
 log = logging.getLogger("kope.cluster")
@@ -150,11 +150,11 @@ def optimize_remote(job: Job, seed: Seed, queue: Any) -> TaskSummary:
     import torch
 
     from kope.agents import make_agent
-    from kope.compiler import target_for
+    from kope.frontend.compiler import target_for
     from kope.memory.recorder import Recorder
-    from kope.optimize import optimize_task
     from kope.passes.keys import task_key
     from kope.targets.jit import set_openmp_threads
+    from kope.tuner.optimize import optimize_task
     from kope.vocabulary.events import Events
 
     torch.set_num_threads(job.threads)

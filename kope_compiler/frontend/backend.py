@@ -2,7 +2,7 @@
 
 Registered through the `torch_dynamo_backends` entry point, so `torch.compile(model,
 backend="kope")` works without importing kope. The dynamo graph goes through `aot_autograd`
-to an aten inference graph; `kope.compiler` does the rest. A graph that needs gradients is
+to an aten inference graph; `kope.frontend.compiler` does the rest. A graph that needs gradients is
 split by `aot_autograd` into a forward graph, which KOPE compiles like an inference graph
 (its outputs include what the backward saves), and a backward graph, which ATen runs as
 traced; that pair runs only where a whole training step beats dynamo's graph with eager's
@@ -25,14 +25,14 @@ from torch._dynamo.exc import RestartAnalysis
 from torch._functorch.aot_autograd import aot_export_joint_simple
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from kope.compiler import compile_graph, settle_graph, without_dropped_kernels
-from kope.decompositions import traced_whole
-from kope.dispatch import has_symbols
-from kope.errors import KopeError, first_line
-from kope.options import Options
-from kope.report import GraphReport, add_failure, drop_graph
+from kope.core.decompositions import traced_whole
+from kope.core.errors import KopeError, first_line
+from kope.core.options import Options
+from kope.frontend.compiler import compile_graph, settle_graph, without_dropped_kernels
+from kope.frontend.dispatch import has_symbols
+from kope.frontend.report import GraphReport, add_failure, drop_graph
+from kope.frontend.whole_graph import AtThreads, settle_training_step
 from kope.targets import target_class
-from kope.whole_graph import AtThreads, settle_training_step
 
 log = logging.getLogger("kope.compiler")
 
@@ -46,7 +46,7 @@ def kope_backend(
     options: dict[str, Any] | None = None,
     mode: str | None = None,
 ) -> Callable[..., Any]:
-    """Compile a dynamo graph; `options` are `kope.options.Options` fields.
+    """Compile a dynamo graph; `options` are `kope.core.options.Options` fields.
 
     Errors meant for the user (`KopeError`: a bad option, a target that cannot run here)
     propagate, and so do dynamo's requests to trace the frame again (`RestartAnalysis`:
@@ -147,7 +147,7 @@ def _compile(
 def aten_inference_graph(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
     """The aten inference graph of a dynamo graph, taking and returning exactly what it does;
     raises for graphs that mutate an input or return an alias of one. Interpolations stay one
-    node each (`kope.decompositions.traced_whole`)."""
+    node each (`kope.core.decompositions.traced_whole`)."""
     with traced_whole():
         aten_gm = aot_export_joint_simple(gm, tuple(example_inputs), trace_joint=False)
     assert isinstance(aten_gm, fx.GraphModule)  # typed as a callable; a graph in fact

@@ -64,7 +64,7 @@ VIEW_OPS = frozenset(
     }
 )
 # The reshapes a matmul's operands and products pass through (`linears_whole`, the attention
-# rewrite in `kope.rewrites`, `kope.partition.sink_views`).
+# rewrite in `kope.frontend.rewrites`, `kope.frontend.partition.sink_views`).
 RESHAPES = frozenset({_aten.view.default, _aten._unsafe_view.default, _aten.reshape.default})
 # Ops that return a list of views of their first argument (taken apart by `getitem`).
 SPLIT_OPS = frozenset({_aten.split.Tensor, _aten.split_with_sizes.default, _aten.unbind.int})

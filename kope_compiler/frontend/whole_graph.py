@@ -2,12 +2,12 @@
 
 Per-operator figures are measured in a worker, one operator at a time. Inside a graph a kernel
 can lose what it won there: its inputs come from other kernels, caches are shared, and each
-call pays dispatch. So after the per-operator choices (`kope.selection`), the compiled graph is
-timed against the eager graph (dynamo's own) in the calling process, interleaved, under the
+call pays dispatch. So after the per-operator choices (`kope.tuner.selection`), the compiled graph
+is timed against the eager graph (dynamo's own) in the calling process, interleaved, under the
 measurement's clean-round rules (`kope.targets.measure.measure_interleaved`), on the inputs
 the graph was compiled for, each sample at least `GRAPH_MIN_CALLS` calls (a graph's first call
 after the other's pays for caches that one left); its outputs are first checked against
-eager's. A rewritten graph (`kope.rewrites`) with kernels is also timed without them: its
+eager's. A rewritten graph (`kope.frontend.rewrites`) with kernels is also timed without them: its
 kernels must not make it slower (each has already beaten its own eager call, below; asking
 the graph to show their gain beyond noise as well ran eager's graph for a ResNet block whose
 two 10 µs kernels made it 1.08x eager, because they moved the 480 µs graph by only 4%).
@@ -55,10 +55,10 @@ from typing import Any, Protocol
 
 import torch
 
-from kope.measuring import announce, threads_now
+from kope.frontend.report import GraphDecision, GraphReport, TaskReport
 from kope.memory.schema import AttemptRecord
-from kope.memory.store import WIN_MARGIN, ExperienceStore
-from kope.report import GraphDecision, GraphReport, TaskReport
+from kope.memory.standing import WIN_MARGIN
+from kope.memory.store import ExperienceStore
 from kope.targets import verify
 from kope.targets.base import Target
 from kope.targets.measure import (
@@ -67,6 +67,7 @@ from kope.targets.measure import (
     measure_interleaved,
     others_busy_share,
 )
+from kope.tuner.measuring import announce, threads_now
 from kope.vocabulary.events import AttemptEvaluated, Events, TaskSeen
 from kope.vocabulary.evidence import (
     SOURCE_EAGER,
@@ -123,7 +124,7 @@ def graph_structure(gm: torch.fx.GraphModule) -> str:
         args = torch.fx.map_arg((node.args, node.kwargs), lambda n: index[n])
         if node.op == "placeholder":
             what = str(TensorSpec.of(val)) if isinstance(val, torch.Tensor) else repr(val)
-        elif node.op == "get_attr":  # a constant (`kope.partition.fold_constants`)
+        elif node.op == "get_attr":  # a constant (`kope.frontend.partition.fold_constants`)
             constant = getattr(gm, str(node.target), None)
             spec = TensorSpec.of(constant) if isinstance(constant, torch.Tensor) else None
             what = f"{node.target}: {spec}"
@@ -252,8 +253,8 @@ def _greedy(
     """Keep the kernels that beat their own eager call in this process; if the graph with them
     does not beat eager (or, `rewritten`, loses to the graph without them), add them back one
     at a time, the largest measured gain first, keeping each that makes the graph faster; the
-    result must still beat eager. A `rewritten` graph (`kope.rewrites`) may beat eager with no
-    kernel at all."""
+    result must still beat eager. A `rewritten` graph (`kope.frontend.rewrites`) may beat eager
+    with no kernel at all."""
     gains, disturbed = _own_gains(calls, compiled, config, threads["kope"])
     order = sorted((c for c in calls if gains[id(c)] > 0), key=lambda c: gains[id(c)], reverse=True)
     for call in calls:

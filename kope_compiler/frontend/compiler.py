@@ -1,8 +1,9 @@
 """Compiling one aten graph: partition into Tasks, choose each Task's kernel, rewire the graph.
 
 A Task whose chosen kernel is not eager has its node replaced by a `KernelCall` that runs the
-JIT-compiled kernel; everything else stays an ATen call, made lean (`kope.dispatch`: torch's own
-bindings or raw operator entries, view chains folded). The result is a plain fx GraphModule.
+JIT-compiled kernel; everything else stays an ATen call, made lean (`kope.frontend.dispatch`:
+torch's own bindings or raw operator entries, view chains folded). The result is a plain fx
+GraphModule.
 """
 
 from __future__ import annotations
@@ -19,19 +20,20 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from kope.dispatch import has_symbols, lean, subgraph
-from kope.errors import KopeError
-from kope.measuring import recording, threads_now
+from kope.core.errors import KopeError
+from kope.core.options import Options
+from kope.core.task import Task, eager_label
+from kope.frontend.dispatch import has_symbols, lean, subgraph
+from kope.frontend.partition import Partition, has_fast_path, partition
+from kope.frontend.report import EagerReport, GraphReport, TaskReport, add_graph
+from kope.frontend.whole_graph import AtThreads, graph_structure, settle
+from kope.memory.standing import winner
 from kope.memory.store import ExperienceStore, StoreError
-from kope.options import Options
-from kope.partition import Partition, has_fast_path, partition
-from kope.report import EagerReport, GraphReport, TaskReport, add_graph
-from kope.selection import choose
 from kope.targets import get_target
 from kope.targets.base import Target
-from kope.task import Task, eager_label
+from kope.tuner.measuring import recording, threads_now
+from kope.tuner.selection import choose
 from kope.vocabulary.events import ChoiceMade, Events
-from kope.whole_graph import AtThreads, graph_structure, settle
 
 log = logging.getLogger("kope.compiler")
 
@@ -266,7 +268,7 @@ def _fast_paths_taken_apart(
     decomposed = copy.deepcopy(gm)
     part = partition(decomposed, target, fuse=options.fuse, fast_paths=True)
     threads = threads_now()
-    known = [t for t in part.tasks if store.standing(t.key, threads).pinned is not None]
+    known = [t for t in part.tasks if winner(store.attempts(t.key), threads).pinned is not None]
     if not known:
         log.info("fused fast path kept whole: no kernel known for its decomposition's parts")
         return gm, None
@@ -286,8 +288,8 @@ def settle_graph(
     options: Options,
 ) -> Callable[..., Any]:
     """What runs: the compiled graph or `eager_graph`, whichever is faster, at the thread count
-    that runs it fastest, by timing them against each other (`kope.whole_graph`); the kernels
-    that do not pay inside the compiled graph are switched off."""
+    that runs it fastest, by timing them against each other (`kope.frontend.whole_graph`); the
+    kernels that do not pay inside the compiled graph are switched off."""
     if any(isinstance(x, torch._subclasses.FakeTensor) for x in inputs):
         log.info("the graph was compiled on fake inputs; its kernels run untimed as a whole")
         return compiled.forward
@@ -322,7 +324,7 @@ def _optimize_unseen(
 ) -> None:
     """Run the agent on each distinct operator that has no agent attempts in the store yet."""
     from kope.agents import make_agent
-    from kope.optimize import Budget, optimize_task
+    from kope.tuner.optimize import Budget, optimize_task
     from kope.vocabulary.evidence import SOURCE_AGENT
 
     seen: set[str] = set()
