@@ -720,7 +720,7 @@ def test_a_graph_that_writes_its_inputs_is_timed_without_writing_them(
     the statistics as three calls of eager's leave them. Whether any of its operators beats
     eager depends on the machine's load (on a busy one none did, and no check ran), so the
     graph is checked as though one did: what is tested is what its timing writes."""
-    import kope.backend as backend
+    import kope.frontend.backend as backend
 
     monkeypatch.setattr(backend, "_uses_kernels", lambda report: True)
     torch.manual_seed(0)
