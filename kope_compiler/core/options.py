@@ -44,7 +44,8 @@ class Options:
     agent: str = "heuristic"
     """The agent for `optimize`: `heuristic` (offline) or `llm` (OpenAI-compatible endpoint)."""
     budget: int = 16
-    """Attempts per operator when optimizing."""
+    """Attempts per operator when optimizing: the one default of this setting, read by the
+    CLI, `kope-optimize`, `BenchConfig` and the loop's `Budget.attempts`."""
     prior: str = "static"
     """What the heuristic agent knows before any experience: `static`, its hand-written
     ranking of candidates, which breaks ties where the experience graph has no evidence;

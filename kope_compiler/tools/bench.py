@@ -109,8 +109,12 @@ METRICS = (
 
 @dataclass
 class BenchConfig:
+    """One bench run: the target, the suite's settings, the ablation's arms."""
+
     target: Target
-    budget: int
+    # The `budget` option (attempts per operator), default read from `Options`; the CLI gives
+    # ablations a smaller one (`kope bench --help`).
+    budget: int = field(default_factory=lambda: Options.default("budget"))
     seeds: list[int] = field(default_factory=lambda: [0])
     ablate: str | None = None  # None | "memory" | "context" | "prior"
     agent: str = "heuristic"

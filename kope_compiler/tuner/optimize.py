@@ -60,7 +60,14 @@ CONFIRMATIONS = 2
 
 @dataclass(frozen=True)
 class Budget:
-    """When to stop optimizing one operator; None means no limit of that kind."""
+    """When the loop stops optimizing one operator; None means no limit of that kind.
+
+    Not a second shape of the `budget` setting: `attempts` *is* that setting (an int
+    wherever a person sets it: `Options.budget`, `--budget`, `kope-optimize{budget=N}`,
+    `BenchConfig.budget`), and its default is read from `Options`. The other fields are
+    limits the setting does not cover: `kope precompile`'s `--wall-s` and `--tokens`, and how
+    much experience ACMI packs into each proposal.
+    """
 
     attempts: int = field(default_factory=lambda: Options.default("budget"))
     wall_s: float | None = None
