@@ -69,6 +69,8 @@ class OpInfo:
     # a result of the function besides the root's (a multi-output op's statistics): fusing
     # such an op into a loop crashes MLIR's fusion, so it is computed on its own
     returned: bool = False
+    # a convolution's window strides, per spatial dim (empty for other ops)
+    strides: list[int] = field(default_factory=list)
 
     @property
     def reduction_dims(self) -> list[int]:
@@ -238,6 +240,7 @@ def analyze(text: str) -> PayloadInfo:
 
     func.walk(collect)
     plain_matmul = _plain_matmul(func)  # of the named ops, before they are generalized
+    strides = [_strides(op) for op in _linalg_ops(_main(module))]  # named ops' attributes
     with context:
         PassManager.parse("builtin.module(func.func(linalg-generalize-named-ops))").run(
             module.operation
@@ -258,6 +261,7 @@ def analyze(text: str) -> PayloadInfo:
                 producers[index],
                 reads[index],
                 index in returned and index != root_index,
+                strides[index],
             )
         )
         if op.results:
@@ -387,6 +391,13 @@ def _root_index(func: ir.Operation) -> int:
     ops = _linalg_ops(func)
     index = _returned_op(_returns(func).operands[0], ops)
     return len(ops) - 1 if index is None else index
+
+
+def _strides(op: ir.Operation) -> list[int]:
+    """A convolution's `strides` attribute as integers; empty where the op has none."""
+    if "strides" not in op.attributes:
+        return []
+    return [int(v) for v in ir.DenseIntElementsAttr(op.attributes["strides"])]
 
 
 def _loops(op: ir.Operation) -> tuple[list[str], list[int]]:

@@ -43,7 +43,14 @@ from kope.agents.schedules import (
 from kope.agents.search import BIG_WORK, WIDENED, Choice, Search, Space
 from kope.agents.triton_kernels import describe_config as describe_triton
 from kope.agents.triton_kernels import render_triton, triton_space, unsupported_reason
-from kope.passes.analysis import CONTRACTIONS, PayloadInfo, PlainMatmul, analyze, prepare_payload
+from kope.passes.analysis import (
+    CONTRACTIONS,
+    OpInfo,
+    PayloadInfo,
+    PlainMatmul,
+    analyze,
+    prepare_payload,
+)
 from kope.vocabulary.kernels import FORM_MLIR, FORM_TRITON
 
 log = logging.getLogger("kope.agents.heuristic")
@@ -257,22 +264,39 @@ def schedule_space(
         conv = info.find(DEPTHWISE)
         assert conv is not None
         columns, channels = conv.ranges[2], conv.ranges[3]
-        # Whole vectors along the output row, or the whole row when it is shorter.
-        widths = sorted({w for w in (2 * lanes, lanes) if w <= columns} | {min(columns, lanes)})
+        # Whole vectors along the output row, or the whole row when it is shorter; and tiles
+        # that divide the row (a partial tile has a dynamic size and stays scalar): the whole
+        # row up to two vectors, and its largest divisor up to a vector (above 3).
+        # (A strided row is read column by column: those tiles do not vectorize.)
+        widths = {w for w in (2 * lanes, lanes) if w <= columns} | {min(columns, lanes)}
+        orders = [False]
+        if _row_contiguous(conv):
+            orders = [True, False]
+            if columns <= 2 * lanes:
+                widths.add(columns)
+            widths |= {max(d for d in range(1, lanes + 1) if columns % d == 0)} - {1, 2, 3}
         wider = [w for w in (4 * lanes,) if w <= columns and w not in widths]
-        for (t, f, ow), wide in _grid([threads, [8, 4, 1], widths], [[], [16, 2], wider]):
-            if not _depthwise_fits(channels, t, f):
+        for (t, f, ow, inner), wide in _grid(
+            [threads, [8, 4, 1], sorted(widths), orders], [[], [16, 2], wider, []]
+        ):
+            if not _depthwise_fits(channels, t, f) or (inner and f < 2):
                 continue
-            score = (2.0 if (t > 1) == big else 0.0) + (1.0 if f == 8 else 0.5 if f == 4 else 0)
-            score += 0.5 if columns % ow == 0 else 0.0
+            whole = columns % ow == 0
+            score = 2.0 if (t > 1) == big else 0.0
+            if inner:
+                # Vectors along the row, in static tiles: 1.2-3.7x the channel-inner order at
+                # 1x192x28x28, 1x32x112x112, 1x96x28x28 (7x7) and 1x384x14x14 (AVX-512). A
+                # tile of more than eight vectors spills.
+                score += 1.0 if whole else -0.5
+                score += 1.0 if f * math.ceil(ow / lanes) <= 8 else 0.5
+            else:
+                score += 1.0 if f == 8 else 0.5 if f == 4 else 0
+                score += 0.5 if whole else 0.0
             score += 0.25 if ow == max(widths) else 0.0
-            found.append(
-                (
-                    {"family": "depthwise", "threads": t, "channels": f, "columns": ow},
-                    score,
-                    wide,
-                )
-            )
+            point: Config = {"family": "depthwise", "threads": t, "channels": f, "columns": ow}
+            if inner:
+                point["columns_inner"] = True
+            found.append((point, score, wide))
     elif info.kind == "elementwise" and transposing(info):
         # A layout copy (NCHW <-> NHWC around convolutions computed channels-last), maybe of
         # elementwise ops' result: tiles of whole input rows by whole output rows, transposed
@@ -355,6 +379,12 @@ def _conv_tiles_fit(
     )
 
 
+def _row_contiguous(conv: OpInfo) -> bool:
+    """Whether a convolution reads each input row's columns one after another (stride 1
+    along the row): vectors along the row are plain loads then, not gathers."""
+    return not conv.strides or conv.strides[-1] == 1
+
+
 def _depthwise_fits(channels: int, threads: int, f: int) -> bool:
     return 0 < f <= channels and not channels % (threads * f)
 
@@ -394,7 +424,11 @@ def renders(info: PayloadInfo, capabilities: dict[str, Any], config: Config) -> 
     if family == "depthwise":
         conv = info.find(DEPTHWISE)
         f = int(config.get("channels", 0))
-        return conv is not None and _depthwise_fits(conv.ranges[3], threads, f)
+        if conv is None:
+            return False
+        if config.get("columns_inner") and (f < 2 or not _row_contiguous(conv)):
+            return False  # a one-channel tile folds to 1-D: no loops to interchange
+        return _depthwise_fits(conv.ranges[3], threads, f)
     return family == "transpose" and transposing(info)
 
 
