@@ -45,7 +45,9 @@ def cluster() -> Any:
 
 
 def _run(store: ExperienceStore, cluster: str | None, budget: int = 3) -> dict[str, Any]:
-    target = get_target("cuda", workers=1, timeout_s=120.0)  # interpreted: no timing noise
+    # Interpreted: no timing noise. A limit that a loaded machine does not reach (beside a
+    # load on every core, candidates ran past 120 s and the two runs' verdicts differed).
+    target = get_target("cuda", workers=1, timeout_s=900.0)
     torch.manual_seed(0)
     model = Mixed().eval()
     report = precompile(
@@ -67,6 +69,13 @@ def _proposals(store: ExperienceStore) -> dict[str, list[tuple[str, str]]]:
         t.label: [(a.decision, a.verdict) for a in store.attempts(t.key) if is_proposal(a)]
         for t in store.tasks()
     }
+
+
+@pytest.fixture(autouse=True)
+def _no_device_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What is compared is the search, not the GPU compiler's work (each kernel compiled for
+    two architectures doubles a loaded machine's wall time); the cluster forwards this."""
+    monkeypatch.setenv("KOPE_CUDA_ARCH", "none")
 
 
 def test_the_cluster_gives_what_one_machine_gives(cluster: Any, tmp_path: Path) -> None:
@@ -103,10 +112,12 @@ def test_a_killed_worker_loses_nothing_acknowledged(cluster: Any, tmp_path: Path
     _run(alone, None)
     store = ExperienceStore(tmp_path / "store")
     killed: list[int] = []
+    done = threading.Event()
 
     def kill_one_mid_run() -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not killed:
+        # Until the run ends, not for a fixed time: on a loaded machine the first attempt
+        # came back after more than two minutes.
+        while not done.is_set() and not killed:
             store.refresh()
             # Once some attempt has come back, kill a worker that is still optimizing.
             if any(is_proposal(a) for t in store.tasks() for a in store.attempts(t.key)):
@@ -118,8 +129,11 @@ def test_a_killed_worker_loses_nothing_acknowledged(cluster: Any, tmp_path: Path
 
     killer = threading.Thread(target=kill_one_mid_run)
     killer.start()
-    report = _run(store, "ray", budget=3)
-    killer.join()
+    try:
+        report = _run(store, "ray", budget=3)
+    finally:
+        done.set()
+        killer.join()
     assert killed, "no worker was running an operator to kill"
     assert _proposals(store) == _proposals(alone)
     ids = [a.id for t in store.tasks() for a in store.attempts(t.key)]
