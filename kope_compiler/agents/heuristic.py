@@ -268,16 +268,16 @@ def schedule_space(
         # that divide the row (a partial tile has a dynamic size and stays scalar): the whole
         # row up to two vectors, and its largest divisor up to a vector (above 3).
         # (A strided row is read column by column: those tiles do not vectorize.)
-        widths = {w for w in (2 * lanes, lanes) if w <= columns} | {min(columns, lanes)}
+        row_widths = {w for w in (2 * lanes, lanes) if w <= columns} | {min(columns, lanes)}
         orders = [False]
         if _row_contiguous(conv):
             orders = [True, False]
             if columns <= 2 * lanes:
-                widths.add(columns)
-            widths |= {max(d for d in range(1, lanes + 1) if columns % d == 0)} - {1, 2, 3}
-        wider = [w for w in (4 * lanes,) if w <= columns and w not in widths]
+                row_widths.add(columns)
+            row_widths |= {max(d for d in range(1, lanes + 1) if columns % d == 0)} - {1, 2, 3}
+        wider = [w for w in (4 * lanes,) if w <= columns and w not in row_widths]
         for (t, f, ow, inner), wide in _grid(
-            [threads, [8, 4, 1], sorted(widths), orders], [[], [16, 2], wider, []]
+            [threads, [8, 4, 1], sorted(row_widths), orders], [[], [16, 2], wider, []]
         ):
             if not _depthwise_fits(channels, t, f) or (inner and f < 2):
                 continue
@@ -292,11 +292,11 @@ def schedule_space(
             else:
                 score += 1.0 if f == 8 else 0.5 if f == 4 else 0
                 score += 0.5 if whole else 0.0
-            score += 0.25 if ow == max(widths) else 0.0
-            point: Config = {"family": "depthwise", "threads": t, "channels": f, "columns": ow}
+            score += 0.25 if ow == max(row_widths) else 0.0
+            depthwise: Config = {"family": "depthwise", "threads": t, "channels": f, "columns": ow}
             if inner:
-                point["columns_inner"] = True
-            found.append((point, score, wide))
+                depthwise["columns_inner"] = True
+            found.append((depthwise, score, wide))
     elif info.kind == "elementwise" and transposing(info):
         # A layout copy (NCHW <-> NHWC around convolutions computed channels-last), maybe of
         # elementwise ops' result: tiles of whole input rows by whole output rows, transposed
