@@ -24,7 +24,7 @@ from functools import partial
 from typing import Any
 
 from kope.agents import cost_model
-from kope.agents.base import Agent, Feedback, Proposal, ProposalRequest, TaskView
+from kope.agents.base import Agent, Feedback, Proposal, ProposalRequest
 from kope.agents.schedules import (
     CONVOLUTIONS,
     DEPTHWISE,
@@ -493,13 +493,17 @@ class HeuristicAgent(Agent):
         task = request.task
         if task.capabilities.get("interpreter") and _verified(request.history) >= UNTIMED_KERNELS:
             return None  # nothing is timed here: a few verified variants are the device's to rank
+        if task.rules is None:
+            log.info("%s: no Triton kernel: the target supplies no kernel rules", task.label)
+            return None
         try:
-            space = triton_space(task.payload, task.inputs, task.outputs, task.capabilities)
+            space = triton_space(task.payload, task.inputs, task.outputs, task.rules)
         except Exception:  # a generator defect must cost this operator its kernel, not the run
             log.exception("%s: the Triton kernel generator failed; no Triton kernel", task.label)
             return None
         if not space:
-            log.info("%s: no Triton kernel: %s", task.label, triton_unsupported(task))
+            reason = unsupported_reason(task.payload, task.inputs, task.outputs, task.rules)
+            log.info("%s: no Triton kernel: %s", task.label, reason or "no configuration fits")
             return None
         try:
             info: PayloadInfo | None = analyze(self._payload(request))
@@ -512,7 +516,7 @@ class HeuristicAgent(Agent):
             return None
         try:
             source = render_triton(
-                task.payload, task.inputs, task.outputs, found.config, task.capabilities
+                task.payload, task.inputs, task.outputs, found.config, task.rules
             )
         except Exception:
             log.exception("%s: the Triton kernel generator failed on %s", task.label, found.config)
@@ -542,8 +546,3 @@ class HeuristicAgent(Agent):
 
 def _verified(history: list[Feedback]) -> int:
     return sum(1 for f in history if f.verdict == "verified")
-
-
-def triton_unsupported(task: TaskView) -> str:
-    reason = unsupported_reason(task.payload, task.inputs, task.outputs, task.capabilities)
-    return reason or "no configuration fits"
