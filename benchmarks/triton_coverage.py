@@ -27,8 +27,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from kope.agents.triton_kernels import unsupported_reason
 from kope.memory.store import ExperienceStore
+from kope.spaces.triton_kernels import unsupported_reason
 from kope.targets import get_target
 from kope.tools.precompile import precompile, trace_tasks
 from kope.tools.suite import load_suite

@@ -1,4 +1,4 @@
-"""Triton kernels written from linalg payloads (`kope.agents.triton_kernels`) compute what
+"""Triton kernels written from linalg payloads (`kope.spaces.triton_kernels`) compute what
 eager computes: each operator's first configurations of both flavours (cuda, ascend) are
 rendered, loaded under Triton's CPU interpreter and run on ragged shapes (37, 29, 100, 9x11:
 every block has a masked edge), in each family: pointwise, rows (with argmax), matmul, and
@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kope.agents.triton_kernels import (
+from kope.spaces.triton_kernels import (
     LOOPS,
     MATMUL,
     POINTWISE,
@@ -540,7 +540,7 @@ def test_nan_terms_reduce_as_the_payload_says(
 def test_constants_fold_by_the_operator_asked_for() -> None:
     """`x + 0` with both constant folds to x: no division by the zero addend (a padded
     convolution's `index - 0` crashed the generator once)."""
-    from kope.agents.triton_index import combine, constant_of, number
+    from kope.spaces.triton_index import combine, constant_of, number
 
     assert constant_of(combine(number(3), "+", number(0))) == 3
     assert constant_of(combine(number(7), "//", number(2))) == 3

@@ -16,10 +16,10 @@ from typing import Any
 
 from torch_mlir import ir
 
-from kope.agents.triton_index import ZERO, Index
-from kope.agents.triton_ir import Payload, Unsupported, shape
-from kope.agents.triton_lowering import Lowering
-from kope.agents.triton_scope import Looped, Scalar
+from kope.spaces.triton_index import ZERO, Index
+from kope.spaces.triton_ir import Payload, Unsupported, shape
+from kope.spaces.triton_lowering import Lowering
+from kope.spaces.triton_scope import Looped, Scalar
 from kope.targets.triton_rules import TritonRules
 from kope.vocabulary.specs import TensorSpec
 

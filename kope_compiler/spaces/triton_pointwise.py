@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kope.agents.triton_family import (
+from kope.spaces.triton_family import (
     HEADER,
     LOOPS,
     POINTWISE,
@@ -24,9 +24,9 @@ from kope.agents.triton_family import (
     launches,
     pow2,
 )
-from kope.agents.triton_index import Index, delinearize
-from kope.agents.triton_ir import Payload, Unsupported
-from kope.agents.triton_scope import Looped
+from kope.spaces.triton_index import Index, delinearize
+from kope.spaces.triton_ir import Payload, Unsupported
+from kope.spaces.triton_scope import Looped
 from kope.targets.triton_rules import TritonRules
 from kope.vocabulary.specs import TensorSpec
 

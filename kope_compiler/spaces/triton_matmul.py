@@ -12,7 +12,7 @@ from typing import Any
 
 from torch_mlir import ir
 
-from kope.agents.triton_family import (
+from kope.spaces.triton_family import (
     HEADER,
     MATMUL,
     Config,
@@ -22,8 +22,8 @@ from kope.agents.triton_family import (
     launch_source,
     pow2,
 )
-from kope.agents.triton_index import ZERO, Index, address, delinearize, linearize
-from kope.agents.triton_ir import (
+from kope.spaces.triton_index import ZERO, Index, address, delinearize, linearize
+from kope.spaces.triton_ir import (
     Payload,
     Unsupported,
     dim_positions,
@@ -35,9 +35,9 @@ from kope.agents.triton_ir import (
     shape,
     strip_reshapes,
 )
-from kope.agents.triton_lowering import Lowering
-from kope.agents.triton_ops import CASTS
-from kope.agents.triton_scope import Scalar
+from kope.spaces.triton_lowering import Lowering
+from kope.spaces.triton_ops import CASTS
+from kope.spaces.triton_scope import Scalar
 from kope.targets.triton_rules import TritonRules
 from kope.vocabulary.specs import TensorSpec
 

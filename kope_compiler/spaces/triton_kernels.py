@@ -36,8 +36,8 @@ from functools import lru_cache
 
 from torch_mlir import ir
 
-from kope.agents.triton_family import LOOPS, MATMUL, POINTWISE, ROWS, Config, Kernel
-from kope.agents.triton_ir import (
+from kope.spaces.triton_family import LOOPS, MATMUL, POINTWISE, ROWS, Config, Kernel
+from kope.spaces.triton_ir import (
     FUNC_LEVEL,
     Payload,
     Unsupported,
@@ -47,9 +47,9 @@ from kope.agents.triton_ir import (
     plain,
     shape,
 )
-from kope.agents.triton_matmul import Matmul, contraction_roles
-from kope.agents.triton_pointwise import Loops, Pointwise
-from kope.agents.triton_rows import Rows
+from kope.spaces.triton_matmul import Matmul, contraction_roles
+from kope.spaces.triton_pointwise import Loops, Pointwise
+from kope.spaces.triton_rows import Rows
 from kope.targets.triton_rules import TritonRules
 from kope.vocabulary.specs import TensorSpec
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kope.agents.triton_family import (
+from kope.spaces.triton_family import (
     HEADER,
     ROWS,
     Config,
@@ -21,8 +21,8 @@ from kope.agents.triton_family import (
     launches,
     pow2,
 )
-from kope.agents.triton_index import Index, delinearize
-from kope.agents.triton_ir import Payload, Unsupported
+from kope.spaces.triton_index import Index, delinearize
+from kope.spaces.triton_ir import Payload, Unsupported
 from kope.targets.triton_rules import TritonRules
 from kope.vocabulary.specs import TensorSpec
 
