@@ -30,7 +30,7 @@ typecheck() {
   local farm rc=0
   farm=$(mktemp -d "${TMPDIR:-/tmp}/kope-mypy.XXXXXX")
   mkdir "$farm/kope"
-  ln -s "$PWD"/kope_compiler/*.py "$PWD"/kope_compiler/{core,frontend,tuner,agents,tools,testing} \
+  ln -s "$PWD"/kope_compiler/*.py "$PWD"/kope_compiler/{core,frontend,tuner,agents,spaces,tools,testing} \
     "$farm/kope/"
   for room in passes memory targets vocabulary; do ln -s "$PWD/$room" "$farm/kope/$room"; done
   (cd "$farm" && "$PYTHON" -m mypy --config-file "$OLDPWD/pyproject.toml" \

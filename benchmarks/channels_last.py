@@ -30,13 +30,13 @@ import torch.nn as nn
 from e2e import ResNetBlock
 
 from kope.agents.heuristic import candidate_space
-from kope.agents.schedules import kernel_source
 from kope.core.task import group_inputs, make_task
 from kope.frontend import rewrites
 from kope.frontend.backend import aten_inference_graph
 from kope.frontend.dispatch import fast_operators, subgraph
 from kope.frontend.partition import fused_groups
 from kope.passes.analysis import analyze, prepare_payload
+from kope.spaces.schedules import kernel_source
 from kope.targets.cpu import CpuTarget, build_kernel
 from kope.targets.measure import MeasureConfig, measure_interleaved
 from kope.vocabulary.kernels import Kernel

@@ -35,10 +35,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kope.agents.heuristic import schedule_space
-from kope.agents.schedules import describe, kernel_source
 from kope.memory.tokens import default_counter
 from kope.passes.analysis import analyze, prepare_payload
+from kope.spaces.cpu import schedule_space
+from kope.spaces.schedules import describe, kernel_source
 from kope.testing import Reply, ScriptedOpenAIServer
 from kope.tools.bench import scratch_dir
 from kope.tools.cli import main

@@ -24,11 +24,11 @@ from collections import defaultdict
 from functools import partial
 from pathlib import Path
 
-from kope.agents.heuristic import renders, schedule_space
 from kope.agents.search import Space
 from kope.frontend.compiler import target_for
 from kope.memory.store import ExperienceStore
 from kope.passes.analysis import analyze, prepare_payload
+from kope.spaces.cpu import renders, schedule_space
 from kope.tools.precompile import geomean, precompile, trace_tasks
 from kope.tools.suite import load_suite
 from kope.tuner.optimize import Budget, is_proposal, task_view

@@ -27,8 +27,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from kope.agents.triton_kernels import unsupported_reason
 from kope.memory.store import ExperienceStore
+from kope.spaces.triton_kernels import unsupported_reason
 from kope.targets import get_target
 from kope.tools.precompile import precompile, trace_tasks
 from kope.tools.suite import load_suite
@@ -73,7 +73,7 @@ def coverage(name: str, factory: Any, target_name: str, budget: int) -> dict[str
         if not verified:
             task = tasks.get(row["key"])
             reason = task and unsupported_reason(
-                task.payload, task.spec.inputs, task.spec.outputs, target.capabilities()
+                task.payload, task.spec.inputs, task.spec.outputs, target.kernel_rules()
             )
             why = reason or ", ".join(f"{k}:{v}" for k, v in row["verdicts"].items()) or "none"
         mine = compiled.get(row["key"], {"interpreted": 0, "compiled": 0})

@@ -21,12 +21,37 @@ from typing import Any, ClassVar
 import torch
 
 from kope.targets.triton import TritonTarget
+from kope.targets.triton_rules import MatmulTile, TritonRules
 
 # Ascend 910B's cores (the 910B3: 20 AI cores, each with 2 vector cores) and unified buffer;
 # a present device reports its own.
 AI_CORES = 20
 VECTOR_CORES = 40
 UNIFIED_BUFFER_BYTES = 192 * 1024
+
+# An NPU's kernels: a 1-D grid of at most the core count, each program looping over its tiles;
+# blocks within the unified buffer, multibuffered by preference; no warps or stages. Larger
+# blocks than a GPU's: a few programs carry all the work.
+ASCEND_RULES = TritonRules(
+    grid_dims=1,
+    programs=VECTOR_CORES,
+    dot_programs=AI_CORES,
+    multibuffer=(True, False),
+    ub_bytes=UNIFIED_BUFFER_BYTES,
+    pointwise_blocks=(256, 512, 1024, 2048, 4096, 8192, 16384),
+    pointwise_largest=8192,
+    loops_programs=VECTOR_CORES,
+    loops_target=(16, 1024),
+    matmul_tiles=(
+        MatmulTile(128, 128, 64, 3.0),
+        MatmulTile(128, 128, 32, 2.8),
+        MatmulTile(128, 64, 64, 2.5),
+        MatmulTile(64, 128, 64, 2.5),
+        MatmulTile(64, 64, 64, 2.0),
+        MatmulTile(64, 64, 128, 1.5),
+        MatmulTile(32, 32, 64, 1.0),
+    ),
+)
 
 
 def _npu() -> Any:
@@ -46,6 +71,8 @@ class AscendTarget(TritonTarget):
     device = "npu"
     flavour = "ascend"
     extra = "ascend"
+    ray_resource = "NPU"  # the resource Ascend hosts declare: `ray start --resources '{"NPU": 8}'`
+    check_script = "benchmarks/npu_check.sh"
     synchronize: ClassVar[Any] = staticmethod(_synchronize)
     constraints = (
         f"Ascend rules: a 1-D grid of at most {VECTOR_CORES} programs for vector kernels and "
@@ -82,3 +109,6 @@ class AscendTarget(TritonTarget):
             "multibuffer": True,
             "interpreter": self.interpreting(),
         }
+
+    def kernel_rules(self) -> TritonRules:
+        return ASCEND_RULES

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 
+from kope.targets.triton_rules import TritonRules
 from kope.vocabulary.evidence import Evaluation
 from kope.vocabulary.kernels import FORM_MLIR, Kernel
 from kope.vocabulary.specs import DTYPES, TaskSpec, dtype_name
@@ -60,6 +61,11 @@ class TargetHooks(ABC):
     # Waits until the device has finished the work launched so far; timers call it after each
     # timed call. None: calls return when their work is done (the CPU).
     synchronize: ClassVar[Callable[[], None] | None] = None
+    # The Ray resource a task asks for to run on this target's device (`kope.tools.cluster`);
+    # None: any node runs it (the CPU).
+    ray_resource: ClassVar[str | None] = None
+    # The script that runs an exported kernel pack on the device's machine (`kope export`).
+    check_script: ClassVar[str] = "benchmarks/device_check.sh"
 
     def __init__(self, workers: int = 1, timeout_s: float = 60.0):
         self.workers = workers
@@ -144,6 +150,11 @@ class TargetHooks(ABC):
     def capabilities(self) -> dict[str, Any]:
         """What kernels may use here (vector width, threads, ...), for the agents."""
         return {}
+
+    def kernel_rules(self) -> TritonRules | None:
+        """The rules of the Triton kernels written for this target (`kope.spaces.triton`);
+        None where it builds none."""
+        return None
 
     def describe(self, task: TaskSpec | None = None) -> str:
         """The kernel forms this target builds and their rules (for `task`, when given: its

@@ -12,12 +12,12 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from kope.agents import make_agent
 from kope.agents.base import Experience, Feedback, ProposalRequest
 from kope.agents.heuristic import HeuristicAgent, candidate_space
-from kope.agents.schedules import attach, config_key, render
 from kope.agents.search import learn
 from kope.frontend.partition import partition
 from kope.memory.schema import REFINES
 from kope.memory.store import ExperienceStore
 from kope.passes.analysis import analyze, prepare_payload
+from kope.spaces.schedules import attach, config_key, render
 from kope.targets.cpu import CpuTarget
 from kope.tuner.optimize import Budget, optimize_task, task_view
 from kope.vocabulary.kernels import Kernel

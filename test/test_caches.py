@@ -11,12 +11,12 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kope.agents.schedules import kernel_source
 from kope.core import task as task_module
 from kope.core.lowering import LoweringError
 from kope.core.task import make_task
 from kope.frontend.partition import partition
 from kope.passes.analysis import analyze, prepare_payload
+from kope.spaces.schedules import kernel_source
 from kope.targets.cpu import CpuTarget, _lowered
 from kope.targets.kernel_cache import cached_library, load_kernel
 from kope.vocabulary.kernels import Kernel

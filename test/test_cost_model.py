@@ -20,13 +20,14 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from kope.agents import cost_model
 from kope.agents.base import Experience, Feedback, ProposalRequest, TaskView
 from kope.agents.cost_model import CostModel, Row, Workload
-from kope.agents.heuristic import HeuristicAgent, candidate_space, renders, schedule_space
-from kope.agents.schedules import Config, config_key
+from kope.agents.heuristic import HeuristicAgent, candidate_space
 from kope.agents.search import WIDENED, MemoryAdvice, Scorer, Search, Space, evolve
 from kope.frontend.partition import partition
 from kope.memory.schema import AttemptRecord, TaskRecord
 from kope.memory.store import ExperienceStore
 from kope.passes.analysis import analyze, prepare_payload
+from kope.spaces.cpu import renders, schedule_space
+from kope.spaces.schedules import Config, config_key
 from kope.targets.cpu import CpuTarget
 from kope.tuner.experience import measured_evidence, retrieve_experience
 from kope.tuner.optimize import task_view

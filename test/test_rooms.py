@@ -5,12 +5,13 @@ targets never import memory or the driver; passes take target names and keys fro
 vocabulary, never from `targets/`; the vocabulary imports no room.
 
 The driver (`kope`) is rooms by job, in the order of the flow: the core (a Task, its reference
-lowering, the options, errors and logs) imports none of the others; the agents (which propose
-kernels) may import the core; the tuner (the loop, measuring, selection) the agents and the
-core; the front end (from a dynamo graph to the compiled graph) the tuner, the agents and the
-core; the tools (the command line and what it drives) every room. Each driver room may import
-the lower rooms. `kope` itself (its `__init__`, the public face, and the `kope.suite` alias)
-may import any room.
+lowering, the options, errors and logs) imports none of the others; the spaces (what kernels can
+be written for an operator, per target family) may import the core; the agents (which propose
+kernels: a space searched) the spaces and the core; the tuner (the loop, measuring, selection)
+the agents, the spaces and the core; the front end (from a dynamo graph to the compiled graph)
+the tuner, the agents, the spaces and the core; the tools (the command line and what it drives)
+every room. Each driver room may import the lower rooms. `kope` itself (its `__init__`, the
+public face, and the `kope.suite` alias) may import any room.
 
 Imports inside functions and under `TYPE_CHECKING` count too: a lazy import is still an arrow.
 """
@@ -32,7 +33,7 @@ FOLDERS = {
     "kope.vocabulary": "vocabulary",
 }
 LOWER = {"vocabulary", "memory", "passes", "targets"}
-DRIVER = {"core", "agents", "tuner", "frontend", "tools", "testing"}
+DRIVER = {"core", "spaces", "agents", "tuner", "frontend", "tools", "testing"}
 # What each room may import of KOPE, by room name ("kope" is the package's own face).
 ALLOWED = {
     "vocabulary": {"vocabulary"},
@@ -40,10 +41,11 @@ ALLOWED = {
     "passes": {"passes", "memory", "vocabulary"},
     "targets": {"targets", "passes", "vocabulary"},
     "core": {"core"} | LOWER,
-    "agents": {"agents", "core"} | LOWER,
-    "tuner": {"tuner", "agents", "core"} | LOWER,
-    "frontend": {"frontend", "tuner", "agents", "core"} | LOWER,
-    "tools": {"kope", "tools", "frontend", "tuner", "agents", "core", "testing"} | LOWER,
+    "spaces": {"spaces", "core"} | LOWER,
+    "agents": {"agents", "spaces", "core"} | LOWER,
+    "tuner": {"tuner", "agents", "spaces", "core"} | LOWER,
+    "frontend": {"frontend", "tuner", "agents", "spaces", "core"} | LOWER,
+    "tools": {"kope", "tools", "frontend", "tuner", "agents", "spaces", "core", "testing"} | LOWER,
     "testing": {"testing", "core"} | LOWER,
 }
 

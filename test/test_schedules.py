@@ -260,8 +260,8 @@ def _scheduled(fn: Callable[..., Any], args: tuple, target: CpuTarget, config: d
     from torch_mlir import ir
     from torch_mlir.passmanager import PassManager
 
-    from kope.agents.schedules import kernel_source
     from kope.passes.analysis import analyze, prepare_payload
+    from kope.spaces.schedules import kernel_source
 
     (task,) = partition(make_fx(fn, tracing_mode="fake")(*args), target).tasks
     payload = prepare_payload(task_view(task, target).payload)
@@ -307,8 +307,8 @@ def test_ragged_rows_are_vectorized(name: str, target: CpuTarget) -> None:
     from torch_mlir.passmanager import PassManager
 
     from kope.agents.heuristic import candidate_space
-    from kope.agents.schedules import kernel_source
     from kope.passes.analysis import analyze, prepare_payload
+    from kope.spaces.schedules import kernel_source
 
     fn, args = RAGGED[name]
     (task,) = partition(make_fx(fn, tracing_mode="fake")(*args), target).tasks

@@ -1,4 +1,4 @@
-"""Triton kernels written from linalg payloads (`kope.agents.triton_kernels`) compute what
+"""Triton kernels written from linalg payloads (`kope.spaces.triton_kernels`) compute what
 eager computes: each operator's first configurations of both flavours (cuda, ascend) are
 rendered, loaded under Triton's CPU interpreter and run on ragged shapes (37, 29, 100, 9x11:
 every block has a masked edge), in each family: pointwise, rows (with argmax), matmul, and
@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -20,7 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kope.agents.triton_kernels import (
+from kope.spaces.triton_kernels import (
     LOOPS,
     MATMUL,
     POINTWISE,
@@ -31,6 +32,8 @@ from kope.agents.triton_kernels import (
     unsupported_reason,
 )
 from kope.targets import get_target
+from kope.targets.ascend import ASCEND_RULES
+from kope.targets.cuda import CUDA_RULES
 from kope.targets.triton import widen_interpreted_bf16_dot
 from kope.targets.triton_sandbox import screen_triton
 from kope.tools.precompile import trace_tasks
@@ -40,21 +43,8 @@ interpreter = pytest.importorskip("triton.runtime.interpreter")
 jit = pytest.importorskip("triton.runtime.jit")
 tl = pytest.importorskip("triton.language")
 
-CUDA = {
-    "flavour": "cuda",
-    "grid_dims": 3,
-    "num_warps": [4, 8],
-    "num_stages": [2, 3, 4],
-    "allow_tf32": False,
-}
-ASCEND = {
-    "flavour": "ascend",
-    "grid_dims": 1,
-    "max_programs": 40,
-    "ai_cores": 20,
-    "ub_bytes": 196608,
-    "multibuffer": True,
-}
+CUDA = CUDA_RULES  # under the interpreter: no device to count the multiprocessors of
+ASCEND = ASCEND_RULES
 FLAVOURS = {"cuda": CUDA, "ascend": ASCEND}
 CONFIGS = 2  # per operator and flavour: the first ones the agent would try
 TOLERANCE = {  # (rtol, atol); the interpreter rounds bfloat16 by truncation
@@ -254,11 +244,11 @@ def _check_launches(
     assert launches
     for grid, options in launches:
         if flavour == "ascend":
-            limit = ASCEND["ai_cores"] if family == MATMUL else ASCEND["max_programs"]
+            limit = ASCEND.dot_programs if family == MATMUL else ASCEND.programs
             assert len(grid) == 1 and 1 <= grid[0] <= limit, grid
             assert "num_warps" not in options and "num_stages" not in options
         else:
-            assert 1 <= len(grid) <= CUDA["grid_dims"]
+            assert 1 <= len(grid) <= CUDA.grid_dims
 
 
 def _screen(source: str) -> None:
@@ -276,14 +266,14 @@ def _verify(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    capabilities = FLAVOURS[flavour]
-    space = triton_space(payload, inputs, outputs, capabilities)
+    rules = FLAVOURS[flavour]
+    space = triton_space(payload, inputs, outputs, rules)
     assert space, unsupported_reason(payload, inputs, outputs)
     assert {config["family"] for config, _ in space} == {family}
     scores = [score for _, score in space]
     assert scores == sorted(scores, reverse=True)
     for n, (config, _) in enumerate(space[:CONFIGS]):
-        source = render_triton(payload, inputs, outputs, config, capabilities)
+        source = render_triton(payload, inputs, outputs, config, rules)
         _screen(source)
         args = [_random(s) for s in inputs]
         path = tmp_path / f"kernel_{flavour}_{n}.py"
@@ -495,24 +485,24 @@ def test_unsupported_operators_say_why(name: str) -> None:
     fn, shapes, reason = UNSUPPORTED[name]
     (task,) = trace_tasks(_Fn(fn), [torch.randn(s) for s in shapes], get_target("cpu"))
     spec = task.spec
-    for capabilities in (*FLAVOURS.values(), None):
-        if capabilities is not None:
-            assert triton_space(task.payload, spec.inputs, spec.outputs, capabilities) == []
-        found = unsupported_reason(task.payload, spec.inputs, spec.outputs, capabilities)
+    for rules in (*FLAVOURS.values(), None):
+        if rules is not None:
+            assert triton_space(task.payload, spec.inputs, spec.outputs, rules) == []
+        found = unsupported_reason(task.payload, spec.inputs, spec.outputs, rules)
         assert found is not None and reason in found
 
 
 def test_the_unified_buffer_reason_matches_an_empty_ascend_space() -> None:
     """Blocks that do not fit a small unified buffer: the space is empty on that target only,
-    and the reason says so when given the target's capabilities."""
+    and the reason says so when given the target's rules."""
     (task,) = _tasks("conv2d_pad_bias")
     spec = task.spec
-    small = ASCEND | {"ub_bytes": 1024}
+    small = replace(ASCEND, ub_bytes=1024)
     assert triton_space(task.payload, spec.inputs, spec.outputs, small) == []
     found = unsupported_reason(task.payload, spec.inputs, spec.outputs, small)
     assert found is not None and "unified buffer" in found and "1024" in found
-    for capabilities in (None, CUDA, ASCEND):
-        assert unsupported_reason(task.payload, spec.inputs, spec.outputs, capabilities) is None
+    for rules in (None, CUDA, ASCEND):
+        assert unsupported_reason(task.payload, spec.inputs, spec.outputs, rules) is None
 
 
 NAN_CASES = {  # name -> (function, input shape, the payload's answer, family)
@@ -537,10 +527,10 @@ def test_nan_terms_reduce_as_the_payload_says(
     x = torch.randn(shape)
     x[(torch.rand(shape) < 0.05)] = torch.nan
     x.view(-1)[3] = torch.nan  # at least one
-    for flavour, capabilities in FLAVOURS.items():
-        (config, _), *_ = triton_space(task.payload, spec.inputs, spec.outputs, capabilities)
+    for flavour, rules in FLAVOURS.items():
+        (config, _), *_ = triton_space(task.payload, spec.inputs, spec.outputs, rules)
         assert config["family"] == family
-        source = render_triton(task.payload, spec.inputs, spec.outputs, config, capabilities)
+        source = render_triton(task.payload, spec.inputs, spec.outputs, config, rules)
         path = tmp_path / f"nan_{flavour}.py"
         (got,), _ = _run(source, path, monkeypatch, [x], spec.outputs)
         want = (answer or fn)(x)
@@ -550,7 +540,7 @@ def test_nan_terms_reduce_as_the_payload_says(
 def test_constants_fold_by_the_operator_asked_for() -> None:
     """`x + 0` with both constant folds to x: no division by the zero addend (a padded
     convolution's `index - 0` crashed the generator once)."""
-    from kope.agents.triton_index import combine, constant_of, number
+    from kope.spaces.triton_index import combine, constant_of, number
 
     assert constant_of(combine(number(3), "+", number(0))) == 3
     assert constant_of(combine(number(7), "//", number(2))) == 3
@@ -566,5 +556,7 @@ def test_a_generator_defect_costs_the_operator_its_kernel_not_the_run(
         raise ZeroDivisionError("a defect")
 
     monkeypatch.setattr(heuristic, "triton_space", broken)
-    view = TaskView("k", "aten.relu.default", "relu", "", (), (), "cuda", {}, ("triton",))
+    view = TaskView(
+        "k", "aten.relu.default", "relu", "", (), (), "cuda", {}, ("triton",), rules=CUDA
+    )
     assert heuristic.HeuristicAgent().propose(ProposalRequest(view)) is None

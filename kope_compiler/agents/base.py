@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from kope.targets.triton_rules import TritonRules
 from kope.vocabulary.kernels import FORM_MLIR
 from kope.vocabulary.specs import TensorSpec
 
@@ -30,6 +31,7 @@ class TaskView:
     capabilities: dict[str, Any]
     kernel_forms: tuple[str, ...] = (FORM_MLIR,)  # what the target builds, preferred first
     description: str = ""  # the target's own account of its kernel forms, for prompts
+    rules: TritonRules | None = None  # a Triton target's rules for its kernels (`kernel_rules`)
 
 
 @dataclass(frozen=True)

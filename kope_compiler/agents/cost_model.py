@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 
 from kope.agents.base import Experience, Feedback, TaskView
-from kope.agents.schedules import Config, principal_op
 from kope.passes.analysis import PayloadInfo
+from kope.spaces.schedules import Config, principal_op
 
 MIN_ROWS = 4  # timed attempts before a model fits
 MIN_EVIDENCE = 1.0  # ... of summed weight: four of an operator half alike, twenty unlike ones

@@ -40,8 +40,9 @@ from typing import Any
 
 from kope.agents import cost_model
 from kope.agents.base import Experience, Feedback, ProposalRequest
-from kope.agents.schedules import Config, config_key
 from kope.memory.standing import WIN_MARGIN, first_of_the_fastest
+from kope.spaces.cpu import BIG_WORK
+from kope.spaces.schedules import Config, config_key
 
 # Prior points a widened or off-grid point gives up while nothing is learned: more than the
 # prior's whole span plus the seeded jitter, so that with no experience the core grid is
@@ -50,9 +51,6 @@ from kope.memory.standing import WIN_MARGIN, first_of_the_fastest
 # no similar operator varied), the core point goes first, except on an exploring attempt.
 WIDENED = 5.0
 UNPROVEN = 0.5
-# Iterations above which threads are expected to pay off: an attempt on the other side of it
-# from this operator says nothing of its `threads` decision (`learn`).
-BIG_WORK = 1 << 16
 ELITES = 4  # configurations of the evidence mutated per proposal (the best by weighted gain)
 # The early stop: verified kernels of this operator the model must have seen, the trust it
 # must have earned, and the gain over the best that still counts as noise.

@@ -16,7 +16,9 @@ from kope.core.errors import KopeError
 from kope.core.options import KERNEL_POLICIES, Options, check_options
 from kope.frontend.report import PASS_RATE
 from kope.memory.standing import winner
+from kope.targets import target_class
 from kope.vocabulary.arguments import int_list, positive
+from kope.vocabulary.registry import target_names
 
 DEFAULT_MODEL = "transformer_block"
 ABLATION_BUDGET = 4  # small on purpose: the ablation measures how fast memory gets there
@@ -368,7 +370,12 @@ def _add_export(sub: Any) -> None:
         "on the device's machine verifies and times each kernel and writes PACK/results.json, "
         "which `kope memory import-results` records.",
     )
-    p.add_argument("--target", required=True, choices=["cuda", "ascend"], help="the device")
+    p.add_argument(
+        "--target",
+        required=True,
+        choices=target_names(),
+        help="the device's target (one that builds Triton kernels)",
+    )
     p.add_argument("-o", "--output", required=True, help="the pack's folder")
     p.add_argument(
         "--per-task",
@@ -834,7 +841,7 @@ def format_report(report: dict[str, Any]) -> str:
             f"untimed: the {s['target']} target has no device here, so its kernels were verified "
             "under Triton's interpreter and nothing was timed; `kope export --target "
             f"{s['target']} -o PACK` takes them to the device "
-            f"(benchmarks/{'npu' if s['target'] == 'ascend' else 'gpu'}_check.sh)"
+            f"({target_class(s['target']).check_script})"
         )
         if any(op.get("estimate_us") is not None for op in report["operators"]):
             lines.append(

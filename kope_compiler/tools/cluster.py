@@ -44,8 +44,10 @@ from kope.core.errors import KopeError
 from kope.core.task import Task
 from kope.memory.schema import AttemptRecord, TaskRecord
 from kope.memory.store import ExperienceStore
+from kope.targets import target_class
 from kope.tuner.optimize import Budget, TaskSummary
 from kope.vocabulary.events import Event, TaskSeen
+from kope.vocabulary.registry import TARGETS
 
 log = logging.getLogger("kope.cluster")
 
@@ -260,16 +262,13 @@ def run_tasks(
         queue.shutdown()
 
 
-# The Ray resource each Triton target's device is (Ray's own GPU, and the NPU resource
-# Ascend hosts declare: `ray start --resources '{"NPU": 8}'`).
-DEVICE_RESOURCES = {"cuda": "GPU", "ascend": "NPU"}
-
-
 def device_request(target: str, available: dict[str, float]) -> dict[str, Any]:
     """The device a task of `target` asks Ray for: one of the target's devices when the
     cluster has any (its kernels then run and are timed there), else none (they are verified
     under Triton's interpreter on CPU nodes, untimed)."""
-    resource = DEVICE_RESOURCES.get(target)
+    # The target names its device's Ray resource (`Target.ray_resource`): Ray's own GPU, or
+    # one a host declares (`ray start --resources '{"NPU": 8}'`).
+    resource = target_class(target).ray_resource if target in TARGETS else None
     if resource is None or available.get(resource, 0) < 1:
         return {}
     return {"num_gpus": 1} if resource == "GPU" else {"resources": {resource: 1}}

@@ -18,12 +18,12 @@ from collections import OrderedDict
 import numpy as np
 
 from kope.agents.base import Experience
-from kope.agents.schedules import principal_op, work
 from kope.memory import retrieve
 from kope.memory.schema import AttemptRecord, TaskRecord
 from kope.memory.similarity import Features, distance, distances, features
 from kope.memory.store import ExperienceStore
 from kope.passes.analysis import analyze
+from kope.spaces.schedules import principal_op, work
 from kope.targets.device_compile import estimate_of
 from kope.vocabulary.evidence import TIMING_CONTAMINATED
 

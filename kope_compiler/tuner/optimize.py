@@ -130,6 +130,7 @@ def task_view(task: Task, target: Target) -> TaskView:
         capabilities=target.capabilities(),
         kernel_forms=target.kernel_forms,
         description=target.describe(task.spec),
+        rules=target.kernel_rules(),
     )
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from torch_mlir import ir
 
-from kope.agents.triton_ir import Unsupported
+from kope.spaces.triton_ir import Unsupported
 
 ATOM = re.compile(r"\w+(\[[^\]]*\])?")  # a name or literal, possibly subscripted
 

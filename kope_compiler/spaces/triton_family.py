@@ -1,9 +1,11 @@
 """What the Triton kernel families share: the `Kernel` each family implements (a payload
-checked against the operator's tensors, its configurations per flavour, its source), the
-families' names, and the helpers they write the module text and choose launches with.
+checked against the operator's tensors, its configurations under a target's rules, its source),
+the families' names, and the helpers they write the module text and choose launches with.
 
 A family's kernel is lowered once, in its constructor; a configuration only chooses how it is
-launched (block sizes, warps and stages on CUDA, multibuffering on Ascend).
+launched (block sizes, and the launch options the target's rules offer: warps and stages on a
+GPU, multibuffering on Ascend). Each family has one space, which reads the rules
+(`kope.targets.triton_rules`) and never the target's name.
 """
 
 from __future__ import annotations
@@ -14,17 +16,17 @@ from typing import Any
 
 from torch_mlir import ir
 
-from kope.agents.triton_index import ZERO, Index
-from kope.agents.triton_ir import Payload, Unsupported, shape
-from kope.agents.triton_lowering import Lowering
-from kope.agents.triton_scope import Looped, Scalar
+from kope.spaces.triton_index import ZERO, Index
+from kope.spaces.triton_ir import Payload, Unsupported, shape
+from kope.spaces.triton_lowering import Lowering
+from kope.spaces.triton_scope import Looped, Scalar
+from kope.targets.triton_rules import TritonRules
 from kope.vocabulary.specs import TensorSpec
 
 Config = dict[str, Any]
 POINTWISE, ROWS, MATMUL = "triton-pointwise", "triton-rows", "triton-matmul"
 LOOPS = "triton-loops"
 HEADER = "import triton\nimport triton.language as tl\n"
-UB_BYTES = 196608  # an Ascend unified buffer, when the capabilities do not say
 
 
 def pow2(n: int) -> int:
@@ -48,24 +50,28 @@ def indent(lines: list[str], depth: int) -> str:
     return "".join(" " * (4 * depth) + line + "\n" for line in lines)
 
 
-def warp_counts(capabilities: dict[str, Any]) -> list[int]:
-    """The warp counts the target allows, ascending."""
-    return sorted({int(w) for w in capabilities.get("num_warps", [4, 8])})
-
-
-def nearest_warps(capabilities: dict[str, Any], wanted: int) -> int:
-    """The warp count the target allows nearest to `wanted` (the smaller on a tie)."""
-    return min(warp_counts(capabilities), key=lambda w: (abs(w - wanted), w))
-
-
-def ub_fits(capabilities: dict[str, Any], nbytes: int, multibuffer: bool) -> bool:
-    """Whether blocks of `nbytes` (twice as many, multibuffered) fit the unified buffer."""
-    return nbytes * (2 if multibuffer else 1) <= int(capabilities.get("ub_bytes", UB_BYTES))
-
-
-def buffering(capabilities: dict[str, Any]) -> list[bool]:
-    """The multibuffer settings to try: both where the target offers multibuffering."""
-    return [True, False] if capabilities.get("multibuffer", True) else [False]
+def launches(
+    rules: TritonRules, nbytes: int, warps: int, warp_bonus: float
+) -> list[tuple[Config, float]]:
+    """The launch options of a block of `nbytes` (each with its bonus to the prior): the warp
+    counts the target launches with (`warp_bonus` for `warps`), by the multibuffer settings it
+    tries (0.5 for multibuffering) where the block fits its buffer."""
+    found: list[tuple[Config, float]] = []
+    counts: list[int | None] = [*sorted(set(rules.num_warps))] or [None]
+    for count in counts:
+        for buffered in rules.multibuffer or (None,):
+            if not rules.fits(nbytes, buffered):
+                continue
+            options: Config = {}
+            bonus = 0.0
+            if count is not None:
+                options["num_warps"] = count
+                bonus += warp_bonus if count == warps else 0.0
+            if buffered is not None:
+                options["multibuffer"] = buffered
+                bonus += 0.5 if buffered else 0.0
+            found.append((options, bonus))
+    return found
 
 
 class NoSpecials:
@@ -116,17 +122,13 @@ class Kernel(ABC):
         return f"tl.store({pointer}, {stored}" + (f", mask={masks})" if masks else ")")
 
     @abstractmethod
-    def cuda_space(self, capabilities: dict[str, Any]) -> list[tuple[Config, float]]:
-        """Configurations for a CUDA Triton target, with prior scores."""
+    def space(self, rules: TritonRules) -> list[tuple[Config, float]]:
+        """Configurations for a target of these rules, with prior scores."""
 
     @abstractmethod
-    def ascend_space(self, capabilities: dict[str, Any]) -> list[tuple[Config, float]]:
-        """Configurations for Triton-Ascend, with prior scores."""
-
-    @abstractmethod
-    def source(self, config: Config, capabilities: dict[str, Any]) -> str:
+    def source(self, config: Config, rules: TritonRules) -> str:
         """The kernel module text for `config`."""
 
     @abstractmethod
-    def smallest_footprint(self) -> int:
-        """Bytes of the unified buffer the smallest Ascend block holds, single-buffered."""
+    def smallest_footprint(self, rules: TritonRules) -> int:
+        """Bytes of the on-chip buffer the smallest block holds, single-buffered."""

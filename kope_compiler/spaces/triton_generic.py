@@ -15,8 +15,8 @@ from dataclasses import replace
 
 from torch_mlir import ir
 
-from kope.agents.triton_index import ZERO, Index, delinearize, linearize
-from kope.agents.triton_ir import (
+from kope.spaces.triton_index import ZERO, Index, delinearize, linearize
+from kope.spaces.triton_ir import (
     Unsupported,
     dim_positions,
     element_type,
@@ -25,8 +25,8 @@ from kope.agents.triton_ir import (
     owner,
     ranges,
 )
-from kope.agents.triton_ops import BINARY, FLOATS, Body, literal
-from kope.agents.triton_scope import Looped, Scalar, Scope
+from kope.spaces.triton_ops import BINARY, FLOATS, Body, literal
+from kope.spaces.triton_scope import Looped, Scalar, Scope
 
 UNROLL = 64  # most iterations of a looped reduction's static (unrolled) inner loops
 # Reductions by their combining op: the tl reduction, its identity, and how to fold an init.

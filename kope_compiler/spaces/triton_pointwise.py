@@ -12,23 +12,22 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kope.agents.triton_family import (
+from kope.spaces.triton_family import (
     HEADER,
     LOOPS,
     POINTWISE,
     Config,
     Kernel,
     NoSpecials,
-    buffering,
     indent,
     launch_source,
+    launches,
     pow2,
-    ub_fits,
-    warp_counts,
 )
-from kope.agents.triton_index import Index, delinearize
-from kope.agents.triton_ir import Payload, Unsupported
-from kope.agents.triton_scope import Looped
+from kope.spaces.triton_index import Index, delinearize
+from kope.spaces.triton_ir import Payload, Unsupported
+from kope.spaces.triton_scope import Looped
+from kope.targets.triton_rules import TritonRules
 from kope.vocabulary.specs import TensorSpec
 
 MAX_LOOP = 16384  # most iterations of a reduction looped in one program (few outputs, slow)
@@ -61,35 +60,25 @@ class Pointwise(Kernel):
     def frame(self) -> NoSpecials:
         return NoSpecials()
 
-    def smallest_footprint(self) -> int:
-        return min(256, max(64, pow2(self.numel))) * 4 * self.tiles
-
-    def cuda_space(self, capabilities: dict[str, Any]) -> list[tuple[Config, float]]:
+    def smallest_footprint(self, rules: TritonRules) -> int:
         cap = max(64, pow2(self.numel))
-        target = min(1024, cap)
+        return min(min(b, cap) for b in rules.pointwise_blocks) * 4 * self.tiles
+
+    def space(self, rules: TritonRules) -> list[tuple[Config, float]]:
+        # Blocks near the work of one program: all of it where the grid is as large as the
+        # work, a share of it where a few programs loop over the tiles.
+        cap = max(64, pow2(self.numel))
+        share = max(64, pow2(math.ceil(self.numel / (rules.programs or 1))))
+        target = min(rules.pointwise_largest, share)
         found = []
-        for block in sorted({min(b, cap) for b in (256, 512, 1024, 2048)}):
-            for warps in warp_counts(capabilities):
-                score = -abs(math.log2(block / target))
-                score += 0.5 if warps == (4 if block <= 1024 else 8) else 0.0
-                found.append(({"family": POINTWISE, "BLOCK": block, "num_warps": warps}, score))
+        for block in sorted({min(b, cap) for b in rules.pointwise_blocks}):
+            score = -abs(math.log2(block / target))
+            wanted = 4 if block <= 1024 else 8
+            for options, bonus in launches(rules, block * 4 * self.tiles, wanted, 0.5):
+                found.append(({"family": self.family, "BLOCK": block, **options}, score + bonus))
         return found
 
-    def ascend_space(self, capabilities: dict[str, Any]) -> list[tuple[Config, float]]:
-        programs = int(capabilities.get("max_programs", 40))
-        cap = max(64, pow2(self.numel))
-        target = max(64, pow2(math.ceil(self.numel / programs)))
-        found = []
-        for block in sorted({min(b, cap) for b in (256, 512, 1024, 2048, 4096, 8192, 16384)}):
-            for buffered in buffering(capabilities):
-                if not ub_fits(capabilities, block * 4 * self.tiles, buffered):
-                    continue
-                score = -abs(math.log2(block / min(target, 8192))) + (0.5 if buffered else 0.0)
-                config = {"family": POINTWISE, "BLOCK": block, "multibuffer": buffered}
-                found.append((config, score))
-        return found
-
-    def source(self, config: Config, capabilities: dict[str, Any]) -> str:
+    def source(self, config: Config, rules: TritonRules) -> str:
         block = int(config["BLOCK"])
         tiles = math.ceil(self.numel / block)
         wide = self.wide
@@ -97,15 +86,17 @@ class Pointwise(Kernel):
         body = [f"mask = offs < {self.numel}", *self.body, *self.stores]
         kernel = "_kope_" + self.family.removeprefix("triton-")
         text = HEADER + f"\n\n@triton.jit\ndef {kernel}({params}):\n"
-        if capabilities.get("flavour", "cuda") == "ascend":
-            programs = min(tiles, int(capabilities.get("max_programs", 40)))
+        kwargs: dict[str, Any] = {"BLOCK": block}
+        if rules.programs is not None:
+            programs = min(tiles, rules.programs)
             text += f"    for tile in range(tl.program_id(0), {tiles}, {programs}):\n"
             text += indent([f"offs = tile{wide} * BLOCK + tl.arange(0, BLOCK)", *body], 2)
-            grid, kwargs = str(programs), {"BLOCK": block}
+            grid = str(programs)
         else:
             text += indent([f"offs = tl.program_id(0){wide} * BLOCK + tl.arange(0, BLOCK)"], 1)
             text += indent(body, 1)
-            grid, kwargs = f"triton.cdiv({self.numel}, {block})", {"BLOCK": block}
+            grid = f"triton.cdiv({self.numel}, {block})"
+        if rules.num_warps:
             kwargs["num_warps"] = int(config.get("num_warps", 4))
         return text + launch_source(kernel, grid, [*self.names, *self.outs], kwargs)
 
@@ -130,35 +121,23 @@ class Loops(Pointwise):
     def frame(self) -> NoSpecials:
         return _LoopFrame()
 
-    def smallest_footprint(self) -> int:
+    def smallest_footprint(self, rules: TritonRules) -> int:
         return self.blocks()[0] * 4 * self.tiles
 
     def blocks(self) -> list[int]:
         cap = max(16, pow2(self.numel))
         return sorted({min(b, cap) for b in self.BLOCKS})
 
-    def cuda_space(self, capabilities: dict[str, Any]) -> list[tuple[Config, float]]:
-        # Each program loops over the reduction: blocks of 128-256 outputs keep enough programs
-        # for the multiprocessors on small feature maps and coalesce the loads along the rows.
-        machines = int(capabilities.get("multiprocessors", 100))
-        target = min(256, max(32, pow2(math.ceil(self.numel / (2 * machines)))))
+    def space(self, rules: TritonRules) -> list[tuple[Config, float]]:
+        # Each program loops over the reduction: blocks that leave the programs the target
+        # aims to fill, within the range of blocks it aims for.
+        least, most = rules.loops_target
+        share = pow2(math.ceil(self.numel / rules.loops_programs))
+        target = min(most, max(least, share))
         found = []
         for block in self.blocks():
-            for warps in warp_counts(capabilities):
-                score = -abs(math.log2(block / target))
-                score += 0.5 if warps == (4 if block <= 512 else 8) else 0.0
-                found.append(({"family": LOOPS, "BLOCK": block, "num_warps": warps}, score))
-        return found
-
-    def ascend_space(self, capabilities: dict[str, Any]) -> list[tuple[Config, float]]:
-        programs = int(capabilities.get("max_programs", 40))
-        target = max(16, pow2(math.ceil(self.numel / programs)))
-        found = []
-        for block in self.blocks():
-            for buffered in buffering(capabilities):
-                if not ub_fits(capabilities, block * 4 * self.tiles, buffered):
-                    continue
-                score = -abs(math.log2(block / min(target, 1024))) + (0.5 if buffered else 0.0)
-                config = {"family": LOOPS, "BLOCK": block, "multibuffer": buffered}
-                found.append((config, score))
+            score = -abs(math.log2(block / target))
+            wanted = 4 if block <= 512 else 8
+            for options, bonus in launches(rules, block * 4 * self.tiles, wanted, 0.5):
+                found.append(({"family": LOOPS, "BLOCK": block, **options}, score + bonus))
         return found

@@ -1,4 +1,4 @@
-"""Linalg payloads as Triton expressions: the half of `kope.agents.triton_kernels` that reads IR.
+"""Linalg payloads as Triton expressions: the half of `kope.spaces.triton_kernels` that reads IR.
 
 A kernel family (`triton_kernels`) lays out its block coordinates; a `Lowering` then evaluates
 any tensor of the payload at a tuple of coordinates by walking back from the value: through
@@ -30,8 +30,8 @@ from typing import Any
 
 from torch_mlir import ir
 
-from kope.agents.triton_generic import generic
-from kope.agents.triton_index import (
+from kope.spaces.triton_generic import generic
+from kope.spaces.triton_index import (
     ATOM,
     ZERO,
     Index,
@@ -43,9 +43,9 @@ from kope.agents.triton_index import (
     paren,
     weighted_sum,
 )
-from kope.agents.triton_ir import Payload, Unsupported, element_type, owner, reassociation, shape
-from kope.agents.triton_ops import FLOATS, TL_TYPES, constant, literal, storage_type
-from kope.agents.triton_scope import Frame, Looped, Scalar
+from kope.spaces.triton_ir import Payload, Unsupported, element_type, owner, reassociation, shape
+from kope.spaces.triton_ops import FLOATS, TL_TYPES, constant, literal, storage_type
+from kope.spaces.triton_scope import Frame, Looped, Scalar
 
 
 class Lowering:

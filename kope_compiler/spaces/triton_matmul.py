@@ -12,21 +12,18 @@ from typing import Any
 
 from torch_mlir import ir
 
-from kope.agents.triton_family import (
+from kope.spaces.triton_family import (
     HEADER,
     MATMUL,
     Config,
     Kernel,
     NoSpecials,
-    buffering,
     indent,
     launch_source,
-    nearest_warps,
     pow2,
-    ub_fits,
 )
-from kope.agents.triton_index import ZERO, Index, address, delinearize, linearize
-from kope.agents.triton_ir import (
+from kope.spaces.triton_index import ZERO, Index, address, delinearize, linearize
+from kope.spaces.triton_ir import (
     Payload,
     Unsupported,
     dim_positions,
@@ -38,9 +35,10 @@ from kope.agents.triton_ir import (
     shape,
     strip_reshapes,
 )
-from kope.agents.triton_lowering import Lowering
-from kope.agents.triton_ops import CASTS
-from kope.agents.triton_scope import Scalar
+from kope.spaces.triton_lowering import Lowering
+from kope.spaces.triton_ops import CASTS
+from kope.spaces.triton_scope import Scalar
+from kope.targets.triton_rules import TritonRules
 from kope.vocabulary.specs import TensorSpec
 
 
@@ -106,28 +104,9 @@ M_TILE = Index("offs_m[:, None]", frozenset({"m"}), frozenset({"mask_m"}))
 N_TILE = Index("offs_n[None, :]", frozenset({"n"}), frozenset({"mask_n"}))
 K_OF_A = Index("ks[None, :]", frozenset({"k"}), frozenset({"mask_ka"}))
 K_OF_B = Index("ks[:, None]", frozenset({"k"}), frozenset({"mask_kb"}))
+
+
 # Inductor's mm configurations, best first for large problems: (M, N, K, stages, warps, prior)
-CUDA_TILES = [
-    (64, 64, 32, 3, 4, 3.0),
-    (128, 64, 32, 3, 4, 2.8),
-    (64, 128, 32, 3, 4, 2.6),
-    (128, 128, 32, 3, 8, 2.4),
-    (64, 64, 64, 3, 8, 2.0),
-    (128, 128, 64, 3, 8, 1.8),
-    (32, 32, 32, 2, 4, 1.5),
-    (64, 32, 32, 4, 4, 1.2),
-]
-ASCEND_TILES = [
-    (128, 128, 64, 3.0),
-    (128, 128, 32, 2.8),
-    (128, 64, 64, 2.5),
-    (64, 128, 64, 2.5),
-    (64, 64, 64, 2.0),
-    (64, 64, 128, 1.5),
-    (32, 32, 64, 1.0),
-]
-
-
 class Matmul(Kernel):
     """C[b, m, n] = sum_k A[b, m, k] B[b, k, n] as tl.dot tiles, then the epilogue."""
 
@@ -201,62 +180,42 @@ class Matmul(Kernel):
         padded = math.ceil(self.m / bm) * bm * math.ceil(self.n / bn) * bn
         return math.log2(padded / (self.m * self.n))
 
-    def cuda_space(self, capabilities: dict[str, Any]) -> list[tuple[Config, float]]:
-        stages = [int(s) for s in capabilities.get("num_stages", [2, 3, 4])]
-        found: dict[str, tuple[Config, float]] = {}
-        for bm, bn, bk, s, w, prior in CUDA_TILES:
-            bm, bn, bk = self.clamp(bm, bn, bk)
-            config = {
-                "family": MATMUL,
-                "BLOCK_M": bm,
-                "BLOCK_N": bn,
-                "BLOCK_K": bk,
-                "GROUP_M": 8,
-                "num_warps": nearest_warps(capabilities, w),
-                "num_stages": min(stages, key=lambda x: (abs(x - s), x)),
-            }
-            key = repr(sorted(config.items()))
-            score = prior - 1.5 * self.waste(bm, bn)
-            if key not in found or found[key][1] < score:
-                found[key] = (config, score)
-        return list(found.values())
-
     def footprint(self, bm: int, bn: int, bk: int) -> int:
         ea, eb = self.itemsize
         return bm * bk * ea + bk * bn * eb + bm * bn * 4
 
-    def smallest_footprint(self) -> int:
-        return min(self.footprint(*self.clamp(bm, bn, bk)) for bm, bn, bk, _ in ASCEND_TILES)
+    def smallest_footprint(self, rules: TritonRules) -> int:
+        return min(self.footprint(*self.clamp(t.m, t.n, t.k)) for t in rules.matmul_tiles)
 
-    def ascend_space(self, capabilities: dict[str, Any]) -> list[tuple[Config, float]]:
+    def space(self, rules: TritonRules) -> list[tuple[Config, float]]:
         found: dict[str, tuple[Config, float]] = {}
-        for bm, bn, bk, prior in ASCEND_TILES:
-            bm, bn, bk = self.clamp(bm, bn, bk)
+        for tile in rules.matmul_tiles:
+            bm, bn, bk = self.clamp(tile.m, tile.n, tile.k)
+            config: Config = {"family": MATMUL, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}
+            if rules.group_m is not None:
+                config["GROUP_M"] = rules.group_m
+            if rules.num_warps:
+                config["num_warps"] = rules.nearest_warps(tile.warps)
+            if rules.num_stages:
+                config["num_stages"] = rules.nearest_stages(tile.stages)
             nbytes = self.footprint(bm, bn, bk)
-            for buffered in buffering(capabilities):
-                if not ub_fits(capabilities, nbytes, buffered):
+            for buffered in rules.multibuffer or (None,):
+                if not rules.fits(nbytes, buffered):
                     continue
-                config = {
-                    "family": MATMUL,
-                    "BLOCK_M": bm,
-                    "BLOCK_N": bn,
-                    "BLOCK_K": bk,
-                    "multibuffer": buffered,
-                }
-                key = repr(sorted(config.items()))
-                score = prior - 1.5 * self.waste(bm, bn) + (0.5 if buffered else 0.0)
+                point = config if buffered is None else {**config, "multibuffer": buffered}
+                key = repr(sorted(point.items()))
+                score = tile.prior - 1.5 * self.waste(bm, bn) + (0.5 if buffered else 0.0)
                 if key not in found or found[key][1] < score:
-                    found[key] = (config, score)
+                    found[key] = (point, score)
         return list(found.values())
 
-    def source(self, config: Config, capabilities: dict[str, Any]) -> str:
+    def source(self, config: Config, rules: TritonRules) -> str:
         bm, bn, bk = (int(config[k]) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K"))
         grid_m, grid_n = math.ceil(self.m / bm), math.ceil(self.n / bn)
-        ascend = capabilities.get("flavour", "cuda") == "ascend"
         (a, ta), (b, tb) = self.operands
         if ta != tb or ta == "float32":
             a, b = (f"{x}.to(tl.float32)" if t != "float32" else x for x, t in self.operands)
-        precision = "tf32" if capabilities.get("allow_tf32") else "ieee"
+        precision = "tf32" if rules.allow_tf32 else "ieee"
         extra = f', input_precision="{precision}"' if ta == tb == "float32" or ta != tb else ""
         loop = [
             "ks = k0 + offs_k",
@@ -277,14 +236,16 @@ class Matmul(Kernel):
             *self.body,
             *self.stores,
         ]
-        constexprs = ["BLOCK_M", "BLOCK_N", "BLOCK_K"] + ([] if ascend else ["GROUP_M"])
+        grouped = rules.dot_programs is None and rules.group_m is not None
+        constexprs = ["BLOCK_M", "BLOCK_N", "BLOCK_K"] + (["GROUP_M"] if grouped else [])
         params = [*self.names, *self.outs, *(f"{c}: tl.constexpr" for c in constexprs)]
         text = HEADER + f"\n\n@triton.jit\ndef _kope_matmul({', '.join(params)}):\n"
         kwargs: dict[str, Any] = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}
         tiles = grid_m * grid_n
-        if ascend:
+        if rules.dot_programs is not None:
+            # A few programs, each looping over its share of the tiles of every batch.
             total = tiles * self.batch
-            programs = min(total, int(capabilities.get("ai_cores", 20)))
+            programs = min(total, rules.dot_programs)
             text += f"    for tile in range(tl.program_id(0), {total}, {programs}):\n"
             order = [
                 f"batch = (tile // {tiles}){self.wide}",
@@ -294,20 +255,24 @@ class Matmul(Kernel):
             text += indent([*order, *tile], 2)
             grid = str(programs)
         else:
-            # Grouped order (inductor's and the Triton tutorial's): GROUP_M row tiles share
-            # their column tiles of B while those are still in L2.
-            order = [
-                "pid = tl.program_id(0)",
-                f"batch = tl.program_id(1){self.wide}",
-                f"width = GROUP_M * {grid_n}",
-                "first_m = (pid // width) * GROUP_M",
-                f"group_m = tl.minimum({grid_m} - first_m, GROUP_M)",
-                "pid_m = first_m + (pid % width) % group_m",
-                "pid_n = (pid % width) // group_m",
-            ]
+            order = ["pid = tl.program_id(0)", f"batch = tl.program_id(1){self.wide}"]
+            if grouped:
+                # Grouped order (inductor's and the Triton tutorial's): GROUP_M row tiles
+                # share their column tiles of B while those are still in L2.
+                order += [
+                    f"width = GROUP_M * {grid_n}",
+                    "first_m = (pid // width) * GROUP_M",
+                    f"group_m = tl.minimum({grid_m} - first_m, GROUP_M)",
+                    "pid_m = first_m + (pid % width) % group_m",
+                    "pid_n = (pid % width) // group_m",
+                ]
+                kwargs["GROUP_M"] = int(config.get("GROUP_M") or rules.group_m or 1)
+            else:
+                order += [f"pid_m = pid // {grid_n}", f"pid_n = pid % {grid_n}"]
             text += indent([*order, *tile], 1)
             grid = f"{tiles}, {self.batch}"
-            kwargs["GROUP_M"] = int(config.get("GROUP_M", 8))
+        if rules.num_warps:
             kwargs["num_warps"] = int(config.get("num_warps", 4))
+        if rules.num_stages:
             kwargs["num_stages"] = int(config.get("num_stages", 3))
         return text + launch_source("_kope_matmul", grid, [*self.names, *self.outs], kwargs)

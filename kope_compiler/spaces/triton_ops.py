@@ -14,9 +14,9 @@ import math
 
 from torch_mlir import ir
 
-from kope.agents.triton_index import ZERO, Index, address, paren
-from kope.agents.triton_ir import Unsupported, element_type, maps, owner
-from kope.agents.triton_scope import Scalar, Scope
+from kope.spaces.triton_index import ZERO, Index, address, paren
+from kope.spaces.triton_ir import Unsupported, element_type, maps, owner
+from kope.spaces.triton_scope import Scalar, Scope
 
 FLOATS = {"f16", "bf16", "f32", "f64"}
 

@@ -20,10 +20,10 @@ The kernel is derived from the payload's structure, never from the operator's na
 
 `triton_space` lists the configurations of the family with prior scores, as the heuristic
 agent's search expects (flat decisions it can change one at a time); `render_triton` writes
-the module text (`launch(*inputs, *outputs)` computes the outputs in place). The Triton
-target's `capabilities` choose the flavour: `cuda` (a 3-D grid, warps and stages) or `ascend`
-(a 1-D grid no larger than the core count, tiles looped inside programs, the block footprint
-bounded by the unified buffer).
+the module text (`launch(*inputs, *outputs)` computes the outputs in place). Both read the
+rules the Triton target supplies (`kope.targets.triton_rules.TritonRules`): a grid as large as
+the work with warps and stages (a GPU), or a few programs that loop over the tiles, with block
+footprints bounded by a unified buffer (Ascend); never the target's name.
 
 This module chooses the family; each family is a module of its own (`triton_pointwise` with
 the loops family, `triton_rows`, `triton_matmul`, on the shared `triton_family`). The IR half,
@@ -33,12 +33,11 @@ which evaluates the payload's tensors at a family's coordinates, is `triton_lowe
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
 
 from torch_mlir import ir
 
-from kope.agents.triton_family import LOOPS, MATMUL, POINTWISE, ROWS, UB_BYTES, Config, Kernel
-from kope.agents.triton_ir import (
+from kope.spaces.triton_family import LOOPS, MATMUL, POINTWISE, ROWS, Config, Kernel
+from kope.spaces.triton_ir import (
     FUNC_LEVEL,
     Payload,
     Unsupported,
@@ -48,9 +47,10 @@ from kope.agents.triton_ir import (
     plain,
     shape,
 )
-from kope.agents.triton_matmul import Matmul, contraction_roles
-from kope.agents.triton_pointwise import Loops, Pointwise
-from kope.agents.triton_rows import Rows
+from kope.spaces.triton_matmul import Matmul, contraction_roles
+from kope.spaces.triton_pointwise import Loops, Pointwise
+from kope.spaces.triton_rows import Rows
+from kope.targets.triton_rules import TritonRules
 from kope.vocabulary.specs import TensorSpec
 
 __all__ = [
@@ -70,7 +70,7 @@ def triton_space(
     payload: str,
     inputs: tuple[TensorSpec, ...],
     outputs: tuple[TensorSpec, ...],
-    capabilities: dict[str, Any],
+    rules: TritonRules,
 ) -> list[tuple[Config, float]]:
     """Every configuration worth trying for this operator with a prior score (higher: try
     first); [] when the operator is not of a supported kind (`unsupported_reason` says why)."""
@@ -78,31 +78,30 @@ def triton_space(
         kernel = _lower(payload, tuple(inputs), tuple(outputs))
     except Unsupported:
         return []
-    return _space(kernel, capabilities)
+    return _space(kernel, rules)
 
 
 def unsupported_reason(
     payload: str,
     inputs: tuple[TensorSpec, ...],
     outputs: tuple[TensorSpec, ...],
-    capabilities: dict[str, Any] | None = None,
+    rules: TritonRules | None = None,
 ) -> str | None:
-    """Why `triton_space` is empty for this operator on a target of these capabilities (a
-    phrase for logs); None if it is not. Without capabilities: on a CUDA-like target."""
+    """Why `triton_space` is empty for this operator on a target of these rules (a phrase for
+    logs); None if it is not. Without rules: whether the operator lowers at all."""
     try:
         kernel = _lower(payload, tuple(inputs), tuple(outputs))
     except Unsupported as err:
         return str(err)
-    if capabilities is None or _space(kernel, capabilities):
+    if rules is None or _space(kernel, rules):
         return None
-    if capabilities.get("flavour", "cuda") == "ascend":
-        smallest = kernel.smallest_footprint()
-        ub = int(capabilities.get("ub_bytes", UB_BYTES))
+    if rules.ub_bytes is not None:
+        smallest = kernel.smallest_footprint(rules)
         return (
             f"the smallest {kernel.family} block needs {smallest} bytes of the unified buffer, "
-            f"which holds {ub}"
+            f"which holds {rules.ub_bytes}"
         )
-    return f"no {kernel.family} configuration suits the capabilities {capabilities}"
+    return f"no {kernel.family} configuration suits the rules {rules}"
 
 
 def render_triton(
@@ -110,7 +109,7 @@ def render_triton(
     inputs: tuple[TensorSpec, ...],
     outputs: tuple[TensorSpec, ...],
     config: Config,
-    capabilities: dict[str, Any],
+    rules: TritonRules,
 ) -> str:
     """The kernel module text for one configuration of `triton_space`."""
     kernel = _lower(payload, tuple(inputs), tuple(outputs))
@@ -118,7 +117,7 @@ def render_triton(
         raise ValueError(
             f"configuration of family {config.get('family')!r} for a {kernel.family} operator"
         )
-    return kernel.source(config, capabilities)
+    return kernel.source(config, rules)
 
 
 def describe_config(config: Config) -> str:
@@ -141,10 +140,8 @@ def describe_config(config: Config) -> str:
     return ", ".join(parts)
 
 
-def _space(kernel: Kernel, capabilities: dict[str, Any]) -> list[tuple[Config, float]]:
-    ascend = capabilities.get("flavour", "cuda") == "ascend"
-    found = kernel.ascend_space(capabilities) if ascend else kernel.cuda_space(capabilities)
-    return sorted(found, key=lambda pair: -pair[1])
+def _space(kernel: Kernel, rules: TritonRules) -> list[tuple[Config, float]]:
+    return sorted(kernel.space(rules), key=lambda pair: -pair[1])
 
 
 # -- choosing the family -----------------------------------------------------------------------

@@ -10,22 +10,20 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from kope.agents.triton_family import (
+from kope.spaces.triton_family import (
     HEADER,
     ROWS,
     Config,
     Kernel,
     NoSpecials,
-    buffering,
     indent,
     launch_source,
-    nearest_warps,
+    launches,
     pow2,
-    ub_fits,
-    warp_counts,
 )
-from kope.agents.triton_index import Index, delinearize
-from kope.agents.triton_ir import Payload, Unsupported
+from kope.spaces.triton_index import Index, delinearize
+from kope.spaces.triton_ir import Payload, Unsupported
+from kope.targets.triton_rules import TritonRules
 from kope.vocabulary.specs import TensorSpec
 
 MAX_ROW = 16384  # longest row held in one block; longer ones would need a looped reduction
@@ -95,26 +93,18 @@ class Rows(Kernel):
         self.masks = [f"cmask{e} = cols < {e}" for e in sorted(frame.extents)]
         self.tiles = low.vector_loads[0] + len(self.outputs) + 2
 
-    def cuda_space(self, capabilities: dict[str, Any]) -> list[tuple[Config, float]]:
-        wanted = 4 if self.block <= 2048 else 8
-        found = []
-        for warps in warp_counts(capabilities):
-            score = 1.0 if warps == nearest_warps(capabilities, wanted) else 0.0
-            found.append(({"family": ROWS, "BLOCK": self.block, "num_warps": warps}, score))
-        return found
+    def space(self, rules: TritonRules) -> list[tuple[Config, float]]:
+        wanted = rules.nearest_warps(4 if self.block <= 2048 else 8) if rules.num_warps else 0
+        nbytes = self.block * 4 * self.tiles
+        return [
+            ({"family": ROWS, "BLOCK": self.block, **options}, bonus)
+            for options, bonus in launches(rules, nbytes, wanted, 1.0)
+        ]
 
-    def smallest_footprint(self) -> int:
+    def smallest_footprint(self, rules: TritonRules) -> int:
         return self.block * 4 * self.tiles
 
-    def ascend_space(self, capabilities: dict[str, Any]) -> list[tuple[Config, float]]:
-        found = []
-        for buffered in buffering(capabilities):
-            if ub_fits(capabilities, self.block * 4 * self.tiles, buffered):
-                config = {"family": ROWS, "BLOCK": self.block, "multibuffer": buffered}
-                found.append((config, 0.5 if buffered else 0.0))
-        return found
-
-    def source(self, config: Config, capabilities: dict[str, Any]) -> str:
+    def source(self, config: Config, rules: TritonRules) -> str:
         block = int(config["BLOCK"])
         if block < self.block:
             raise ValueError(f"BLOCK {block} is shorter than the rows ({self.block})")
@@ -122,15 +112,17 @@ class Rows(Kernel):
         text = HEADER + f"\n\n@triton.jit\ndef _kope_rows({params}):\n"
         text += indent(["cols = tl.arange(0, BLOCK)", *self.masks], 1)
         body = [*self.body, *self.stores]
-        if capabilities.get("flavour", "cuda") == "ascend":
-            programs = min(self.rows, int(capabilities.get("max_programs", 40)))
+        kwargs: dict[str, Any] = {"BLOCK": block}
+        if rules.programs is not None:
+            programs = min(self.rows, rules.programs)
             text += f"    for tile in range(tl.program_id(0), {self.rows}, {programs}):\n"
             text += indent([f"row = tile{self.wide}", *body], 2)
-            grid, kwargs = str(programs), {"BLOCK": block}
+            grid = str(programs)
         else:
             text += indent([f"row = tl.program_id(0){self.wide}", *body], 1)
             grid = str(self.rows)
-            kwargs = {"BLOCK": block, "num_warps": int(config.get("num_warps", 4))}
+        if rules.num_warps:
+            kwargs["num_warps"] = int(config.get("num_warps", 4))
         return text + launch_source("_kope_rows", grid, [*self.names, *self.outs], kwargs)
 
 

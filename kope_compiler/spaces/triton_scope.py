@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from torch_mlir import ir
 
-from kope.agents.triton_index import Index
+from kope.spaces.triton_index import Index
 
 
 @dataclass(frozen=True)
