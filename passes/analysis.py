@@ -16,7 +16,7 @@ from torch_mlir import ir
 from torch_mlir.passmanager import PassManager
 
 from kope.passes.abi import function_type
-from kope.passes.base import PipelineElement
+from kope.passes.base import PipelineElement, defining_op
 from kope.passes.integer_powers import ExpandPowers
 from kope.passes.narrow_f64 import NarrowF64, boundary_has_f64, has_f64
 
@@ -303,7 +303,7 @@ def _plain_matmul(func: ir.Operation) -> PlainMatmul | None:
     maps = _maps(matmul)
     if a is None or b is None or a == b or maps != _MATMUL_MAPS:
         return None
-    if _owner(matmul.operands[2]) != fill or len(list(matmul.operands[1].uses)) != 1:
+    if defining_op(matmul.operands[2]) != fill or len(list(matmul.operands[1].uses)) != 1:
         return None
     a_type = ir.RankedTensorType(matmul.operands[0].type)
     b_type = ir.RankedTensorType(matmul.operands[1].type)
@@ -330,17 +330,11 @@ def _is_epilogue(op: ir.Operation, m: int, n: int) -> bool:
     )
 
 
-def _owner(value: ir.Value) -> ir.Operation | None:
-    owner = value.owner
-    owner = owner.operation if hasattr(owner, "operation") else owner
-    return owner if isinstance(owner, ir.Operation) else None
-
-
 def _produced_by(values: Iterable[ir.Value], ops: list[ir.Operation]) -> list[int]:
     """The indices in `ops` of the ops that produce `values`, in the values' order."""
     found = []
     for value in values:
-        owner = _owner(value)
+        owner = defining_op(value)
         for index, candidate in enumerate(ops):
             if owner is not None and candidate == owner:
                 found.append(index)
@@ -364,7 +358,7 @@ def _returned_op(value: ir.Value, ops: list[ir.Operation]) -> int | None:
     """The index in `ops` of the linalg op that computes `value` (through reshapes and casts);
     None if the walk reaches an argument or a constant first."""
     while True:
-        owner = _owner(value)
+        owner = defining_op(value)
         if owner is None:
             return None
         if owner.name.startswith("linalg."):

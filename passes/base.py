@@ -49,6 +49,14 @@ def nested_ops(op: ir.Operation) -> list[ir.Operation]:
     return found
 
 
+def defining_op(value: ir.Value) -> ir.Operation | None:
+    """The op whose result `value` is; None for a block argument."""
+    if not isinstance(value, ir.OpResult):
+        return None
+    owner = value.owner
+    return owner.operation if isinstance(owner, ir.OpView) else owner
+
+
 def emit_diagnostic(severity: str, location: ir.Location, message: str) -> None:
     """Report a warning or remark at `location` to the innermost handler, else to the log."""
     handlers = _HANDLERS.get()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from torch_mlir import ir
 
-from kope.passes.base import ModulePass, nested_ops
+from kope.passes.base import ModulePass, defining_op, nested_ops
 
 _LOAD = "llvm.load"
 _STORE = "llvm.store"
@@ -38,9 +38,8 @@ def _bytes_of(t: ir.VectorType) -> ir.VectorType:
 
 def _packed_memory(address: ir.Value) -> bool:
     """Whether `address` points into memory whose elements are vectors (packed on purpose)."""
-    owner = address.owner
-    op = owner.operation if hasattr(owner, "operation") else owner
-    if not isinstance(op, ir.Operation) or op.name not in ("llvm.getelementptr", "llvm.alloca"):
+    op = defining_op(address)
+    if op is None or op.name not in ("llvm.getelementptr", "llvm.alloca"):
         return False
     element = op.attributes["elem_type"]
     return isinstance(ir.TypeAttr(element).value, ir.VectorType)

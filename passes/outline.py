@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from torch_mlir import ir
 
-from kope.passes.base import ModulePass, check_target
+from kope.passes.base import ModulePass, check_target, defining_op
 from kope.passes.keys import (
     GLUE_ATTR,
     KERNEL_ATTR,
@@ -37,15 +37,6 @@ _INIT_PRODUCERS = {"tensor.empty", "linalg.fill", "arith.constant"}
 
 def is_operator(op: ir.Operation) -> bool:
     return op.name.startswith("linalg.") and op.name not in _NOT_OPERATORS
-
-
-def _defining_op(value: ir.Value) -> ir.Operation | None:
-    owner = value.owner
-    return owner if isinstance(owner, ir.Operation) else getattr(owner, "operation", None)
-
-
-def _is_op_result(value: ir.Value) -> bool:
-    return isinstance(value, ir.OpResult)
 
 
 def operator_label(op: ir.Operation) -> str:
@@ -200,9 +191,7 @@ def _init_chain(op: ir.Operation) -> list[ir.Operation]:
     seen: set[int] = set()
 
     def visit(value: ir.Value) -> None:
-        if not _is_op_result(value):
-            return
-        producer = _defining_op(value)
+        producer = defining_op(value)
         if producer is None or producer.name not in _INIT_PRODUCERS or id_of(producer) in seen:
             return
         for operand in producer.operands:
@@ -224,9 +213,9 @@ def _captured_values(op: ir.Operation) -> list[ir.Value]:
 
     def walk(inner: ir.Operation) -> ir.WalkResult:
         for operand in inner.operands:
-            if _is_op_result(operand):
-                owner = _defining_op(operand)
-                if owner is not None and not _is_inside(owner, op):
+            owner = defining_op(operand)
+            if owner is not None:
+                if not _is_inside(owner, op):
                     captured.append(operand)
             elif isinstance(operand, ir.BlockArgument):
                 parent = operand.owner.owner
@@ -257,11 +246,11 @@ def _external_operands(
     values: list[ir.Value] = []
     for producer in [*inits, op]:
         for operand in producer.operands:
-            owner = _defining_op(operand) if _is_op_result(operand) else None
+            owner = defining_op(operand)
             if owner is None or id_of(owner) not in inside:
                 values.append(operand)
     for value in _captured_values(op):
-        owner = _defining_op(value) if _is_op_result(value) else None
+        owner = defining_op(value)
         if owner is None or id_of(owner) not in inside:
             values.append(value)
     return values

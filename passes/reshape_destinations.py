@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from torch_mlir import ir
 from torch_mlir.dialects import bufferization, tensor
 
-from kope.passes.base import ModulePass, nested_ops
+from kope.passes.base import ModulePass, defining_op, nested_ops
 
 _EXPAND = "tensor.expand_shape"
 _COLLAPSE = "tensor.collapse_shape"
@@ -41,12 +41,6 @@ class ReshapeDestinations(ModulePass):
                 _reshape_destination(op)
 
 
-def _defining(value: ir.Value) -> ir.Operation | None:
-    if not isinstance(value, ir.OpResult):
-        return None
-    return value.owner.operation
-
-
 def _only_use(value: ir.Value) -> bool:
     return len(list(value.uses)) == 1
 
@@ -56,11 +50,11 @@ def _reshape_destination(materialize: ir.Operation) -> None:
     if not isinstance(destination.type, ir.MemRefType):
         return
     reshapes: list[ir.Operation] = []  # from the written value inwards
-    op = _defining(value)
+    op = defining_op(value)
     while op is not None and op.name in (_EXPAND, _COLLAPSE) and _only_use(op.results[0]):
         reshapes.append(op)
         value = op.operands[0]
-        op = _defining(value)
+        op = defining_op(value)
     if not reshapes:
         return  # empty-tensor elimination's own case
     empty = _empty_destination(value)
@@ -97,7 +91,7 @@ def _empty_destination(value: ir.Value) -> ir.Operation | None:
     """The static `tensor.empty` that `value`'s destination starts from, through ops writing
     it in place, each value on the way read by its next op alone; None where there is none."""
     while _only_use(value):
-        op = _defining(value)
+        op = defining_op(value)
         if op is None:
             return None
         if op.name == "tensor.empty":
