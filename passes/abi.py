@@ -66,6 +66,16 @@ def _memref_of(t: ir.Type) -> str:
     return str(ir.MemRefType.get(rt.shape, rt.element_type))
 
 
+def plain_memref(t: ir.Type) -> bool:
+    """A memref of static shape in the default (contiguous, row-major) layout and memory
+    space: what the invoker's descriptors describe, and what `memcpy` copies whole."""
+    return (
+        isinstance(t, ir.MemRefType)
+        and t.has_static_shape
+        and str(t) == str(ir.MemRefType.get(t.shape, t.element_type))
+    )
+
+
 def adopt_entry(entry: ir.Operation) -> None:
     """Give a hand-written `@kope_kernel` the calling convention the invoker relies on."""
     if not entry.regions[0].blocks:
@@ -81,12 +91,7 @@ def adopt_entry(entry: ir.Operation) -> None:
     for index, t in enumerate(ftype.inputs):
         # The invoker passes contiguous descriptors built once from static shapes; any other
         # layout, a dynamic size or a memory space would be read through the wrong strides.
-        plain = (
-            isinstance(t, ir.MemRefType)
-            and t.has_static_shape
-            and str(t) == str(ir.MemRefType.get(t.shape, t.element_type))
-        )
-        if not plain:
+        if not plain_memref(t):
             raise PassError(
                 f"@{ENTRY} argument {index} is {t}; arguments must be memrefs with static "
                 "shapes and the default (contiguous) layout",

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from torch_mlir import ir
 from torch_mlir.dialects import linalg
 
+from kope.passes.abi import plain_memref
 from kope.passes.base import ModulePass, nested_ops
 
 
@@ -28,20 +29,8 @@ class MemrefCopyToLinalg(ModulePass):
 
     def run(self, module: ir.Operation) -> None:
         for copy in [op for op in nested_ops(module) if op.name == "memref.copy"]:
-            if all(_contiguous(value.type) for value in copy.operands):
+            if all(plain_memref(value.type) for value in copy.operands):
                 continue
             with ir.InsertionPoint(copy), copy.location:
                 linalg.copy(copy.operands[0], outs=[copy.operands[1]])
             copy.erase()
-
-
-def _contiguous(type_: ir.Type) -> bool:
-    """A static memref in row-major order with no offset: what `memcpy` copies whole."""
-    if not isinstance(type_, ir.MemRefType):
-        return False
-    layout = type_.layout
-    return (
-        type_.has_static_shape
-        and isinstance(layout, ir.AffineMapAttr)
-        and layout.value == ir.AffineMap.get_identity(type_.rank)
-    )
