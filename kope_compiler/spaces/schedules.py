@@ -777,25 +777,29 @@ def _depthwise(info: PayloadInfo, config: Config) -> str:
         "    transform.apply_patterns.canonicalization\n"
         "  } : !transform.any_op"
     )
-    tile = s.fresh("madd")
-    s.emit(
-        f'{tile} = transform.structured.match ops{{["linalg.generic"]}} in {func} '
-        ": (!transform.any_op) -> !transform.any_op"
-    )
-    if config.get("columns_inner"):
-        # The multiply-add's loops are (columns, channels), as the 1-D form's NWC order
-        # left them: vectorized so, every NCHW row is transposed into channels in registers
-        # and back. Interchanged, the vector runs along the row, as NCHW stores it.
-        swapped = s.fresh("madd")
+    full = conv.ranges[2] % config["columns"] == 0
+    inner = bool(config.get("columns_inner"))
+    if full or inner:  # the multiply-add is addressed on its own
+        tile = s.fresh("madd")
         s.emit(
-            f"{swapped} = transform.structured.interchange {tile} iterator_interchange = [1, 0] "
+            f'{tile} = transform.structured.match ops{{["linalg.generic"]}} in {func} '
             ": (!transform.any_op) -> !transform.any_op"
         )
-        tile = swapped
-    if conv.ranges[2] % config["columns"] == 0:
-        # Full tiles are static: vectorize the multiply-add first and fold its slices into
-        # the transfers, for the reason given in `_vectorize_tile`.
-        _vectorize_tile(s, tile)
+        if inner:
+            # The multiply-add's loops are (columns, channels), as the 1-D form's NWC order
+            # left them: vectorized so, every NCHW row is transposed into channels in
+            # registers and back. Interchanged, the vector runs along the row, as NCHW
+            # stores it.
+            swapped = s.fresh("madd")
+            s.emit(
+                f"{swapped} = transform.structured.interchange {tile} "
+                "iterator_interchange = [1, 0] : (!transform.any_op) -> !transform.any_op"
+            )
+            tile = swapped
+        if full:
+            # Full tiles are static: vectorize the multiply-add first and fold its slices
+            # into the transfers, for the reason given in `_vectorize_tile`.
+            _vectorize_tile(s, tile)
     s.vectorize_function()
     return s.text()
 
