@@ -36,7 +36,7 @@ from kope.frontend.backend import aten_inference_graph
 from kope.frontend.dispatch import fast_operators, subgraph
 from kope.frontend.partition import fused_groups
 from kope.passes.analysis import analyze, prepare_payload
-from kope.spaces.schedules import kernel_source
+from kope.spaces.kernels import kernel_source
 from kope.targets.cpu import CpuTarget, build_kernel
 from kope.targets.measure import MeasureConfig, measure_interleaved
 from kope.vocabulary.kernels import Kernel

@@ -38,7 +38,8 @@ from typing import Any
 from kope.memory.tokens import default_counter
 from kope.passes.analysis import analyze, prepare_payload
 from kope.spaces.cpu import schedule_space
-from kope.spaces.schedules import describe, kernel_source
+from kope.spaces.kernels import kernel_source
+from kope.spaces.schedules import describe
 from kope.testing import Reply, ScriptedOpenAIServer
 from kope.tools.bench import scratch_dir
 from kope.tools.cli import main

@@ -17,7 +17,8 @@ from kope.frontend.partition import partition
 from kope.memory.schema import REFINES
 from kope.memory.store import ExperienceStore
 from kope.passes.analysis import analyze, prepare_payload
-from kope.spaces.schedules import attach, config_key, render
+from kope.spaces.kernels import kernel_source
+from kope.spaces.schedules import config_key
 from kope.targets.cpu import CpuTarget
 from kope.tuner.optimize import Budget, optimize_task, task_view
 from kope.vocabulary.kernels import Kernel
@@ -68,7 +69,7 @@ def test_best_prior_schedules_verify(name: str, target: CpuTarget) -> None:
         prepared = prepare_payload(
             task.payload, approximate_math=bool(config.get("approximate_math"))
         )
-        source = attach(prepared, render(analyze(prepared), config))
+        source = kernel_source(prepared, analyze(prepared), config)
         result = target.evaluate(
             task.spec, Kernel(source), oracle=Kernel(task.payload), measure=False
         )

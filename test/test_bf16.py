@@ -25,7 +25,8 @@ from kope.core.task import Task
 from kope.frontend.partition import partition
 from kope.passes.analysis import analyze, prepare_payload
 from kope.passes.emulate_bf16 import has_bf16
-from kope.spaces.schedules import Config, kernel_source
+from kope.spaces.kernels import kernel_source
+from kope.spaces.schedules import Config
 from kope.targets import jit, verify
 from kope.targets.cpu import CpuTarget, build_kernel
 from kope.tuner.optimize import task_view

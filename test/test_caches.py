@@ -16,7 +16,7 @@ from kope.core.lowering import LoweringError
 from kope.core.task import make_task
 from kope.frontend.partition import partition
 from kope.passes.analysis import analyze, prepare_payload
-from kope.spaces.schedules import kernel_source
+from kope.spaces.kernels import kernel_source
 from kope.targets.cpu import CpuTarget, _lowered
 from kope.targets.kernel_cache import cached_library, load_kernel
 from kope.vocabulary.kernels import Kernel

@@ -13,7 +13,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from kope.frontend.partition import partition
 from kope.passes.analysis import PlainMatmul, analyze, prepare_payload
 from kope.spaces.cpu import schedule_space
-from kope.spaces.schedules import _panels, _thread_tiles, k_tile, kernel_source
+from kope.spaces.kernels import kernel_source
+from kope.spaces.schedules import _panels, _thread_tiles, k_tile
 from kope.targets.cpu import BuildError, CpuTarget, build_kernel
 from kope.vocabulary.kernels import Kernel
 from kope.vocabulary.layouts import lay_out, panel_geometry

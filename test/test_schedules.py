@@ -261,7 +261,7 @@ def _scheduled(fn: Callable[..., Any], args: tuple, target: CpuTarget, config: d
     from torch_mlir.passmanager import PassManager
 
     from kope.passes.analysis import analyze, prepare_payload
-    from kope.spaces.schedules import kernel_source
+    from kope.spaces.kernels import kernel_source
 
     (task,) = partition(make_fx(fn, tracing_mode="fake")(*args), target).tasks
     payload = prepare_payload(task_view(task, target).payload)
@@ -308,7 +308,7 @@ def test_ragged_rows_are_vectorized(name: str, target: CpuTarget) -> None:
 
     from kope.agents.heuristic import candidate_space
     from kope.passes.analysis import analyze, prepare_payload
-    from kope.spaces.schedules import kernel_source
+    from kope.spaces.kernels import kernel_source
 
     fn, args = RAGGED[name]
     (task,) = partition(make_fx(fn, tracing_mode="fake")(*args), target).tasks

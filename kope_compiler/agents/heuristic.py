@@ -21,7 +21,8 @@ from kope.agents.base import Agent, Feedback, Proposal, ProposalRequest
 from kope.agents.search import WIDENED, Choice, Search, Space
 from kope.passes.analysis import PayloadInfo, analyze, prepare_payload
 from kope.spaces.cpu import BIG_WORK, renders, schedule_space
-from kope.spaces.schedules import Config, config_key, describe, kernel_source, work
+from kope.spaces.kernels import kernel_source
+from kope.spaces.schedules import Config, config_key, describe, work
 from kope.spaces.triton_kernels import describe_config as describe_triton
 from kope.spaces.triton_kernels import render_triton, triton_space, unsupported_reason
 from kope.vocabulary.kernels import FORM_MLIR, FORM_TRITON

@@ -65,6 +65,12 @@ def describe(config: Config) -> str:
             "1-D decomposition, one multiply-add per window column"
             + (", vectors along the row" if config.get("columns_inner") else "")
         )
+    elif family == "conv" and config.get("algorithm") == "im2col":
+        mr, nr, kr = config["register"]
+        parts.append(
+            f"im2col: windows copied into panels of {nr} plane columns, then one product "
+            f"in {mr}x{nr} register tiles, cache " + "x".join(map(str, config["cache"]))
+        )
     elif family == "conv":
         parts.append(
             f"tiles {config['channels']} out-channels x {config['columns']} columns "
@@ -315,20 +321,14 @@ def principal_op(info: PayloadInfo) -> OpInfo | None:
     return next((op for op in info.ops if op.is_root), None)
 
 
-def kernel_source(payload: str, info: PayloadInfo, config: Config) -> str:
-    """The kernel module for `config`: the payload with its schedule, or, for a packed
-    contraction, a payload rewritten to take B in panels (`packed_kernel`)."""
-    if config.get("pack"):
-        return packed_kernel(payload, info, config)
-    return attach(payload, render(info, config))
-
-
 def render(info: PayloadInfo, config: Config) -> str:
     family = config["family"]
     if family == "contraction":
         return _contraction(info, config)
     if family == "rows":
         return _rows(info, config)
+    if family == "conv" and config.get("algorithm") == "im2col":
+        raise ValueError("an im2col convolution rewrites its payload: use kernel_source")
     if family == "conv":
         return _conv(info, config)
     if family == "depthwise":
