@@ -35,6 +35,13 @@ CASES: dict[str, tuple[Callable[..., torch.Tensor], tuple[int, ...], tuple[int, 
                       (6, 3, 3, 3)),
     "5x3_valid": (lambda x, w, b: F.conv2d(x, w, b), (1, 4, 8, 18), (8, 4, 5, 3)),
     "no_bias": (lambda x, w, b: F.conv2d(x, w, None, padding=1), (1, 4, 6, 32), (8, 4, 3, 3)),
+    "batch3": (lambda x, w, b: F.conv2d(x, w, b, padding=1), (3, 4, 5, 16), (8, 4, 3, 3)),
+    # Five panels, one image: two threads split the output channels.
+    "channel_split": (lambda x, w, b: F.conv2d(x, w, b, padding=1), (1, 3, 5, 16), (16, 3, 3, 3)),
+    # A row no panel width divides: computed to whole panels, the zero columns dropped.
+    "ragged_row": (lambda x, w, b: F.conv2d(x, w, b, padding=1), (2, 3, 4, 37), (6, 3, 3, 3)),
+    "ragged_row_stride2": (lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1),
+                           (1, 3, 7, 29), (4, 3, 3, 3)),
 }  # fmt: skip
 
 
@@ -70,16 +77,18 @@ def test_im2col_configurations_verify(name: str, target: CpuTarget) -> None:
 
 def test_im2col_is_offered_only_where_it_renders() -> None:
     capabilities = {**CpuTarget().capabilities(), "threads": 2, "openmp": True}
-    batch2 = prepare_payload(
-        _task(lambda x, w, b: F.conv2d(x, w, b, padding=1), (2, 4, 6, 32), (8, 4, 3, 3)).payload
+    transposed = make_fx(
+        lambda x, w: F.conv_transpose2d(x, w, stride=2, padding=1), tracing_mode="fake"
+    )(torch.randn(1, 16, 9, 16), torch.randn(16, 8, 4, 4))
+    (task,) = partition(transposed, CpuTarget()).tasks
+    assert _im2col_points(prepare_payload(task.payload), capabilities) == []
+    payload = prepare_payload(
+        _task(lambda x, w, b: F.conv2d(x, w, b, padding=1), (1, 6, 6, 20), (12, 6, 3, 3)).payload
     )
-    assert _im2col_points(batch2, capabilities) == []
-    single = prepare_payload(
-        _task(lambda x, w, b: F.conv2d(x, w, b, padding=1), (1, 4, 6, 32), (8, 4, 3, 3)).payload
-    )
-    config = _im2col_points(single, capabilities)[0]
-    info = analyze(batch2)
-    assert not renders(info, capabilities, config)  # proven elsewhere, mutated: refused here
-    assert renders(analyze(single), capabilities, config)
-    # A register tile whose panel does not divide the output row is refused.
-    assert not renders(analyze(single), capabilities, {**config, "register": [8, 24, 1]})
+    info = analyze(payload)
+    config = _im2col_points(payload, capabilities)[0]
+    assert renders(info, capabilities, config)
+    # Mutations it cannot take: register rows that do not divide the 12 output channels, a
+    # panel more than a third zero columns (20 columns in panels of 32).
+    assert not renders(info, capabilities, {**config, "register": [8, config["register"][1], 1]})
+    assert not renders(info, capabilities, {**config, "register": [4, 32, 1]})

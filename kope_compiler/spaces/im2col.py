@@ -10,11 +10,16 @@ times the input), which is why this is a decision and not the rule.
 
 The rewrite happens in the payload, as `packed_kernel` rewrites a matmul's B: each window
 position (kh, kw) is one strided slice of the padded input copied into its rows of the
-columns (a plain 3-D copy, vectorized along the output row), so the copies are exactly the
+columns (a copy vectorized along the output row), so the copies are exactly the
 convolution's reads and the product exactly its sum, in the same order over (c, kh, kw).
+An output row that the panel width does not divide is computed to whole panels (the input
+read with zero columns beyond its edge) and the extra columns dropped: a partial register
+tile would be masked.
 """
 
 from __future__ import annotations
+
+import math
 
 from torch_mlir import ir
 from torch_mlir.passmanager import PassManager
@@ -36,9 +41,9 @@ def conv_of(info: PayloadInfo) -> OpInfo | None:
     return next((op for op in info.ops if op.name == CONV_2D), None)
 
 
-def plane(conv: OpInfo) -> int:
-    """The output plane OH·OW: the product's columns."""
-    return conv.ranges[2] * conv.ranges[3]
+def panel_row(conv: OpInfo, nr: int) -> int:
+    """The output row rounded up to whole panels of `nr` columns."""
+    return math.ceil(conv.ranges[3] / nr) * nr
 
 
 def depth(conv: OpInfo) -> int:
@@ -47,10 +52,11 @@ def depth(conv: OpInfo) -> int:
 
 
 def fits(info: PayloadInfo, config: Config) -> bool:
-    """f32, batch 1 (the columns of a batch would be a batch of products), every extent
-    static, an input read as it is (not spread into zeros by a strided insert), and tiles
-    whole: register tiles dividing the channels and the plane (a partial tile would
-    be masked), the reduction unrolled only where the unroll divides it."""
+    """f32, every extent static, an input read as it is (not spread into zeros by a strided
+    insert), and tiles whole: register tiles dividing the output channels (a partial tile
+    would be masked), panels at most a third zero columns, the reduction unrolled only where
+    the unroll divides it, and threads that split the batch, the panels or the output
+    channels evenly."""
     conv = conv_of(info)
     if conv is None or info.element_type != "f32" or not all(conv.ranges):
         return False
@@ -58,13 +64,17 @@ def fits(info: PayloadInfo, config: Config) -> bool:
         return False
     mr, nr, kr = config["register"]
     threads = config.get("threads", 1)
-    channels, columns = conv.ranges[1], plane(conv)
+    batch, channels, rows, row = conv.ranges[:4]
+    padded = panel_row(conv, nr)
     return (
-        conv.ranges[0] == 1
-        and channels % mr == 0
-        and conv.ranges[3] % nr == 0
-        and (columns // nr) % threads == 0
+        channels % mr == 0
+        and 3 * (padded - row) <= padded
         and depth(conv) % kr == 0
+        and (
+            batch % threads == 0
+            or (rows * padded // nr) % threads == 0
+            or channels % (threads * mr) == 0
+        )
     )
 
 
@@ -141,70 +151,106 @@ def _function(
     dilations: list[int],
     nr: int,
 ) -> str:
-    """`@kope_im2col_conv(padded input, filters, init) -> the convolution`, batch 1.
+    """`@kope_im2col_conv(padded input, filters, init) -> the convolution`.
 
-    The columns are written straight into panels of `nr` plane columns (J x C·KH·KW x nr,
-    J = OH·OW / nr, as `packed_kernel` takes a matmul's B), so that a register tile reads
+    The columns are written straight into panels of `nr` plane columns (N x J x C·KH·KW x nr,
+    J = OH·OW' / nr, as `packed_kernel` takes a matmul's B), so that a register tile reads
     its columns as one stream along the reduction: rows of the plain OH·OW-long columns lie
-    4 KB and more apart, and a 16x32x32 convolution's product ran 2.5x slower on them."""
-    _, c, _, _ = x
+    4 KB and more apart, and a 16x32x32 convolution's product ran 2.5x slower on them. OW' is
+    the output row rounded up to whole panels: the input is read with zero columns beyond
+    its edge, and the product's extra columns are dropped."""
+    n, c, _, width = x
     f, _, kh, kw = w
     _, _, oh, ow = out
-    k, p, jw = c * kh * kw, oh * ow, ow // nr
+    wide = math.ceil(ow / nr) * nr
+    k, p, jw = c * kh * kw, oh * wide, wide // nr
     j = oh * jw
+    # Columns the widest window position reads beyond the input row.
+    extra = max(0, (kw - 1) * dilations[1] + (wide - 1) * strides[1] + 1 - width)
     x_t, w_t = _tensor(x), _tensor(w)
-    panels = _tensor([oh, jw, c, kh, kw, nr])
-    window = _tensor([c, oh, ow])
-    split = _tensor([c, oh, jw, nr])
-    placed = _tensor([oh, jw, c, nr])
-    body = [f"%panels0 = tensor.empty() : {panels}"]
+    body = ["%zero = arith.constant 0.0 : f32"]
+    source, source_t = "%x", x_t
+    if extra:
+        source, source_t = "%xw", _tensor([n, c, x[2], width + extra])
+        body += _pad("%xw", "%x", x_t, source_t, [0, 0, 0, extra])
+    panels = _tensor([n, oh, jw, c, kh, kw, nr])
+    window = _tensor([n, c, oh, wide])
+    split = _tensor([n, c, oh, jw, nr])
+    placed = _tensor([n, oh, jw, c, nr])
+    body.append(f"%panels0 = tensor.empty() : {panels}")
     last = "%panels0"
-    n = 0
+    count = 0
     for i in range(kh):
         for jj in range(kw):
-            n += 1
+            count += 1
             di, dj = i * dilations[0], jj * dilations[1]
-            at = f"[0, 0, 0, {i}, {jj}, 0] [{oh}, {jw}, {c}, 1, 1, {nr}] [1, 1, 1, 1, 1, 1]"
+            at = (
+                f"[0, 0, 0, 0, {i}, {jj}, 0] [{n}, {oh}, {jw}, {c}, 1, 1, {nr}] "
+                "[1, 1, 1, 1, 1, 1, 1]"
+            )
             body += [
-                f"%src{n} = tensor.extract_slice %x[0, 0, {di}, {dj}] [1, {c}, {oh}, {ow}] "
-                f"[1, 1, {strides[0]}, {strides[1]}] : {x_t} to {window}",
-                f"%split{n} = tensor.expand_shape %src{n} [[0], [1], [2, 3]] output_shape "
-                f"[{c}, {oh}, {jw}, {nr}] : {window} into {split}",
-                f"%dst{n} = tensor.extract_slice {last}{at} : {panels} to {placed}",
-                f"%copy{n} = linalg.transpose ins(%split{n} : {split}) outs(%dst{n} : "
-                f"{placed}) permutation = [1, 2, 0, 3]",
-                f"%panels{n} = tensor.insert_slice %copy{n} into {last}{at} : {placed} into "
-                f"{panels}",
+                f"%src{count} = tensor.extract_slice {source}[0, 0, {di}, {dj}] "
+                f"[{n}, {c}, {oh}, {wide}] [1, 1, {strides[0]}, {strides[1]}] : {source_t} "
+                f"to {window}",
+                f"%split{count} = tensor.expand_shape %src{count} [[0], [1], [2], [3, 4]] "
+                f"output_shape [{n}, {c}, {oh}, {jw}, {nr}] : {window} into {split}",
+                f"%dst{count} = tensor.extract_slice {last}{at} : {panels} to {placed}",
+                f"%copy{count} = linalg.transpose ins(%split{count} : {split}) "
+                f"outs(%dst{count} : {placed}) permutation = [0, 2, 3, 1, 4]",
+                f"%panels{count} = tensor.insert_slice %copy{count} into {last}{at} : {placed} "
+                f"into {panels}",
             ]
-            last = f"%panels{n}"
-    out_t = _tensor([1, f, oh, ow])
-    c3 = _tensor([f, j, nr])
+            last = f"%panels{count}"
+    out_t = _tensor(out)
+    init, init_t = "%init", out_t
+    if wide != ow:
+        init, init_t = "%initw", _tensor([n, f, oh, wide])
+        body += _pad("%initw", "%init", out_t, init_t, [0, 0, 0, wide - ow])
+    c4 = _tensor([n, f, j, nr])
+    flat = _tensor([n, f, p])
+    b_t = _tensor([n, j, k, nr])
     body += [
         f"%a = tensor.collapse_shape %w [[0], [1, 2, 3]] : {w_t} into {_tensor([f, k])}",
-        f"%b = tensor.collapse_shape {last} [[0, 1], [2, 3, 4], [5]] : {panels} into "
-        f"{_tensor([j, k, nr])}",
-        f"%flat = tensor.collapse_shape %init [[0, 1], [2, 3]] : {out_t} into {_tensor([f, p])}",
-        f"%c = tensor.expand_shape %flat [[0], [1, 2]] output_shape [{f}, {j}, {nr}] : "
-        f"{_tensor([f, p])} into {c3}",
+        f"%b = tensor.collapse_shape {last} [[0], [1, 2], [3, 4, 5], [6]] : {panels} into {b_t}",
+        f"%flat = tensor.collapse_shape {init} [[0], [1], [2, 3]] : {init_t} into {flat}",
+        f"%c = tensor.expand_shape %flat [[0], [1], [2, 3]] output_shape [{n}, {f}, {j}, "
+        f"{nr}] : {flat} into {c4}",
         "%product = linalg.generic {indexing_maps = ["
-        "affine_map<(m, j, r, k) -> (m, k)>, affine_map<(m, j, r, k) -> (j, k, r)>, "
-        'affine_map<(m, j, r, k) -> (m, j, r)>], iterator_types = ["parallel", "parallel", '
-        f'"parallel", "reduction"]}} ins(%a, %b : {_tensor([f, k])}, {_tensor([j, k, nr])}) '
-        f"outs(%c : {c3}) {{",
+        "affine_map<(n, m, j, r, k) -> (m, k)>, affine_map<(n, m, j, r, k) -> (n, j, k, r)>, "
+        "affine_map<(n, m, j, r, k) -> (n, m, j, r)>], iterator_types = "
+        '["parallel", "parallel", "parallel", "parallel", "reduction"]} '
+        f"ins(%a, %b : {_tensor([f, k])}, {b_t}) outs(%c : {c4}) {{",
         "^bb0(%u: f32, %v: f32, %acc: f32):",
         "  %uv = arith.mulf %u, %v : f32",
         "  %sum = arith.addf %acc, %uv : f32",
         "  linalg.yield %sum : f32",
-        f"}} -> {c3}",
-        f"%rows = tensor.collapse_shape %product [[0], [1, 2]] : {c3} into {_tensor([f, p])}",
-        f"%result = tensor.expand_shape %rows [[0, 1], [2, 3]] output_shape [1, {f}, {oh}, "
-        f"{ow}] : {_tensor([f, p])} into {out_t}",
-        f"return %result : {out_t}",
+        f"}} -> {c4}",
+        f"%rows = tensor.collapse_shape %product [[0], [1], [2, 3]] : {c4} into {flat}",
+        f"%wide = tensor.expand_shape %rows [[0], [1], [2, 3]] output_shape [{n}, {f}, {oh}, "
+        f"{wide}] : {flat} into {init_t}",
     ]
+    result = "%wide"
+    if wide != ow:
+        body.append(
+            f"%result = tensor.extract_slice %wide[0, 0, 0, 0] [{n}, {f}, {oh}, {ow}] "
+            f"[1, 1, 1, 1] : {init_t} to {out_t}"
+        )
+        result = "%result"
+    body.append(f"return {result} : {out_t}")
     return (
         f"module {{\nfunc.func private @{_FUNCTION}(%x: {x_t}, %w: {w_t}, %init: {out_t}) "
         f"-> {out_t} {{\n  " + "\n  ".join(body) + "\n}\n}\n"
     )
+
+
+def _pad(name: str, value: str, from_t: str, to_t: str, high: list[int]) -> list[str]:
+    """`name = value` with zeros after it along each dim by `high`."""
+    return [
+        f"{name} = tensor.pad {value} low[0, 0, 0, 0] high{high} {{",
+        "^bb0(%i0: index, %i1: index, %i2: index, %i3: index):",
+        "  tensor.yield %zero : f32",
+        f"}} : {from_t} to {to_t}",
+    ]
 
 
 def _tensor(shape: list[int]) -> str:
@@ -216,15 +262,22 @@ def _schedule(
 ) -> str:
     mr, nr, kr = config["register"]
     threads = config.get("threads", 1)
-    channels, k = conv.ranges[1], depth(conv)
-    panels = plane(conv) // nr
+    batch, channels = conv.ranges[:2]
+    k = depth(conv)
+    panels = conv.ranges[2] * panel_row(conv, nr) // nr
     s = Script(vectorize_all=False)
-    # Each copy is (oh, jw, c, r): one channel's output row at a time, in panels of nr.
+    # Each copy is (n, oh, jw, c, r): one channel's output row at a time, in panels of nr;
+    # threads take whole images, else bands of output rows.
     for index in copies:
-        oh, jw, c, _ = shapes[index]
-        tiled, _ = s.tile_for(s.match_op(index), [1, 0, 1, 0])
+        _, rows, jw, _, _ = shapes[index]
+        copy = s.match_op(index)
+        if threads > 1 and batch % threads == 0:
+            copy, _ = s.tile_forall(copy, [batch // threads, 0, 0, 0, 0])
+        elif threads > 1:
+            copy, _ = s.tile_forall(copy, [0, math.ceil(rows / threads), 0, 0, 0])
+        tiled, _ = s.tile_for(copy, [1, 1, 0, 1, 0])
         func = s.parent_function(tiled)
-        s.vectorize(tiled, [1, jw, 1, nr])
+        s.vectorize(tiled, [1, 1, jw, 1, nr])
         # The slices fold into the transfers before anything else sees them: a read of a
         # whole slice written whole to another canonicalizes to a slice copy, which
         # bufferizes to a strided memref.copy, copied a scalar at a time.
@@ -234,15 +287,23 @@ def _schedule(
             "  } : !transform.any_op"
         )
     handle = s.match_op(product)
-    # Threads split the panels (the channels are often fewer than two register tiles each).
-    if threads > 1:
-        handle, _ = s.tile_forall(handle, [0, panels // threads, 0, 0])
-    mc = fit_tile(channels, config["cache"][0], mr)
-    jc = fit_tile(panels // threads, max(1, config["cache"][1] // nr), 1)
+    # Threads split the batch, else the panels (the channels are often fewer than two
+    # register tiles each), else the output channels.
+    per_thread, rows = panels, channels
+    if threads > 1 and batch % threads == 0:
+        handle, _ = s.tile_forall(handle, [batch // threads, 0, 0, 0, 0])
+    elif threads > 1 and panels % threads == 0:
+        per_thread = panels // threads
+        handle, _ = s.tile_forall(handle, [0, 0, per_thread, 0, 0])
+    elif threads > 1:
+        rows = channels // threads
+        handle, _ = s.tile_forall(handle, [0, rows, 0, 0, 0])
+    mc = fit_tile(rows, config["cache"][0], mr)
+    jc = fit_tile(per_thread, max(1, config["cache"][1] // nr), 1)
     kc = k_tile(k, config["cache"][2], kr)
-    cached, _ = s.tile_for(handle, [mc, jc, nr, kc])
-    registers, _ = s.tile_for(cached, [mr, 1, nr, kr])
-    s.vectorize(registers, [mr, 1, nr, kr])
+    cached, _ = s.tile_for(handle, [1, mc, jc, nr, kc])
+    registers, _ = s.tile_for(cached, [1, mr, 1, nr, kr])
+    s.vectorize(registers, [1, mr, 1, nr, kr])
     # The init (a bias broadcast, or zeros) and anything after the product: rows of the
     # output plane.
     for index, shape in enumerate(shapes):
