@@ -68,8 +68,9 @@ def describe(config: Config) -> str:
     elif family == "conv" and config.get("algorithm") == "im2col":
         mr, nr, kr = config["register"]
         parts.append(
-            f"im2col: windows copied into panels of {nr} plane columns, then one product "
-            f"in {mr}x{nr} register tiles, cache " + "x".join(map(str, config["cache"]))
+            f"im2col: the windows' columns in panels of {nr}, each cache block written just "
+            f"before one product reads it in {mr}x{nr} register tiles, cache "
+            + "x".join(map(str, config["cache"]))
         )
     elif family == "conv":
         parts.append(
