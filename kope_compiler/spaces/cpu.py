@@ -227,7 +227,7 @@ def schedule_space(
                     wide,
                 )
             )
-        found += _im2col_points(info, capabilities, threads, lanes)
+        found += _im2col_points(info, capabilities, threads, lanes, big)
     elif info.kind == "convolution" and info.find(DEPTHWISE):
         conv = info.find(DEPTHWISE)
         assert conv is not None
@@ -328,7 +328,7 @@ def schedule_space(
 
 
 def _im2col_points(
-    info: PayloadInfo, capabilities: dict[str, Any], threads: list[int], lanes: int
+    info: PayloadInfo, capabilities: dict[str, Any], threads: list[int], lanes: int, big: bool
 ) -> list[tuple[Config, float, bool]]:
     """A 2-D convolution as its windows' columns times the filters (`kope.spaces.im2col`):
     register tiles of whole panels of the output plane by rows of output channels, as many
@@ -374,10 +374,10 @@ def _im2col_points(
         if not im2col.fits(info, config):
             continue
         # A 3x3 convolution of 16 to 32 channels on a 32x32 plane ran 216 us at the direct
-        # schedules' best and 92 us so (eager 100-125; AVX-512, one thread): the most
-        # accumulators first. Thread counts rank alike: the copies run on one thread, and
-        # which count pays differed between planes of 32x32 and 64x64.
-        score = 3.75 if (mr, nr) == tiles[0] else 2.5
+        # schedules' best and 64 us so on two threads, 96 on one (eager 100; AVX-512): the
+        # most accumulators first, threads by the work as everywhere.
+        score = 2.0 if (t > 1) == big else 0.0
+        score += 1.75 if (mr, nr) == tiles[0] else 0.5
         points.append((config, score, wide))
     return points
 
