@@ -24,15 +24,15 @@ from __future__ import annotations
 import math
 
 from torch_mlir import ir
-from torch_mlir.passmanager import PassManager
 
-from kope.passes.analysis import OP_ATTR, OpInfo, PayloadInfo
+from kope.passes.analysis import OpInfo, PayloadInfo
 from kope.spaces.schedules import (
     Config,
     Script,
     attach,
     fit_tile,
     k_tile,
+    replace_with_call,
 )
 
 CONV_2D = "linalg.conv_2d_nchw_fchw"
@@ -110,28 +110,7 @@ def im2col_kernel(payload: str, info: PayloadInfo, config: Config) -> str:
             ),
             context,
         )
-        module.body.append(next(iter(helper.body)).operation)
-        with ir.InsertionPoint(op):
-            call = ir.Operation.create(
-                "func.call",
-                results=[op.results[0].type],
-                operands=list(op.operands),
-                attributes={"callee": ir.FlatSymbolRefAttr.get(_FUNCTION)},
-            )
-        op.results[0].replace_all_uses_with(call.results[0])
-        op.erase()
-        PassManager.parse("builtin.module(inline, symbol-dce, canonicalize, cse)").run(
-            module.operation
-        )
-        main = next(op.operation for op in module.body if op.operation.name == "func.func")
-        ops = [
-            o.operation
-            for o in main.regions[0].blocks[0].operations
-            if o.operation.name.startswith("linalg.")
-        ]
-        i64 = ir.IntegerType.get_signless(64)
-        for index, o in enumerate(ops):
-            o.attributes[OP_ATTR] = ir.IntegerAttr.get(i64, index)
+        ops = replace_with_call(module, op, list(op.operands), helper, _FUNCTION)
     products = [
         i
         for i, o in enumerate(ops)

@@ -1026,34 +1026,46 @@ def packed_kernel(payload: str, info: PayloadInfo, config: Config) -> str:
                 for index in range(len(inputs))
             ]
         )
-        module.body.append(next(iter(product.body)).operation)
-        with ir.InsertionPoint(matmul):
-            call = ir.Operation.create(
-                "func.call",
-                results=[matmul.results[0].type],
-                operands=[matmul.operands[0], b],
-                attributes={"callee": ir.FlatSymbolRefAttr.get(_PRODUCT)},
-            )
-        matmul.results[0].replace_all_uses_with(call.results[0])
-        matmul.erase()
-        PassManager.parse("builtin.module(inline, symbol-dce, canonicalize, cse)").run(
-            module.operation
-        )
-        main = next(op.operation for op in module.body if op.operation.name == "func.func")
-        ops = [
-            op.operation
-            for op in main.regions[0].blocks[0].operations
-            if op.operation.name.startswith("linalg.")
-        ]
-        i64 = ir.IntegerType.get_signless(64)
-        for index, op in enumerate(ops):
-            op.attributes[OP_ATTR] = ir.IntegerAttr.get(i64, index)
+        ops = replace_with_call(module, matmul, [matmul.operands[0], b], product, _PRODUCT)
     names = [op.name for op in ops]
     if names[:2] != ["linalg.fill", "linalg.generic"] or len(ops) != 2 + plain.epilogue:
         raise ValueError(f"the packed payload's ops are not fill, product, epilogue: {names}")
     text = module.operation.get_asm(enable_debug_info=False)
     ranks = [len(ir.RankedTensorType(op.results[0].type).shape) for op in ops[2:]]
     return attach(text, _packed_schedule(plain, config, shape, ranks))
+
+
+def replace_with_call(
+    module: ir.Module,
+    op: ir.Operation,
+    operands: list[ir.Value],
+    helper: ir.Module,
+    callee: str,
+) -> list[ir.Operation]:
+    """Replace `op` in `module`'s function by a call of `callee` (the one function of
+    `helper`) on `operands`, inline it, and number the function's linalg ops (`OP_ATTR`) for
+    a schedule to match; the numbered ops, in order. Within the module's context."""
+    module.body.append(next(iter(helper.body)).operation)
+    with ir.InsertionPoint(op):
+        call = ir.Operation.create(
+            "func.call",
+            results=[op.results[0].type],
+            operands=operands,
+            attributes={"callee": ir.FlatSymbolRefAttr.get(callee)},
+        )
+    op.results[0].replace_all_uses_with(call.results[0])
+    op.erase()
+    PassManager.parse("builtin.module(inline, symbol-dce, canonicalize, cse)").run(module.operation)
+    main = next(o.operation for o in module.body if o.operation.name == "func.func")
+    ops = [
+        o.operation
+        for o in main.regions[0].blocks[0].operations
+        if o.operation.name.startswith("linalg.")
+    ]
+    i64 = ir.IntegerType.get_signless(64)
+    for index, o in enumerate(ops):
+        o.attributes[OP_ATTR] = ir.IntegerAttr.get(i64, index)
+    return ops
 
 
 def _packed_product(plain: PlainMatmul, shape: _Panels) -> str:
