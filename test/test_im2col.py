@@ -92,3 +92,12 @@ def test_im2col_is_offered_only_where_it_renders() -> None:
     # panel more than a third zero columns (20 columns in panels of 32).
     assert not renders(info, capabilities, {**config, "register": [8, config["register"][1], 1]})
     assert not renders(info, capabilities, {**config, "register": [4, 32, 1]})
+    # Two threads on one image of 5 output rows and 12 channels in tiles of 4: the schedule
+    # would split the channels into 6 each, not whole register tiles (even panels, 10 of 32
+    # columns, do not help: the schedule does not split panels).
+    odd = prepare_payload(
+        _task(lambda x, w, b: F.conv2d(x, w, b, padding=1), (1, 6, 5, 64), (12, 6, 3, 3)).payload
+    )
+    two = {**config, "threads": 2, "register": [4, 32, 1]}
+    assert not renders(analyze(odd), capabilities, two)
+    assert renders(analyze(odd), capabilities, {**two, "threads": 1})

@@ -59,8 +59,8 @@ def fits(info: PayloadInfo, config: Config) -> bool:
     """f32, every extent static, an input read as it is (not spread into zeros by a strided
     insert), and tiles whole: register tiles dividing the output channels (a partial tile
     would be masked), panels at most a third zero columns, the reduction unrolled only where
-    the unroll divides it, and threads that split the batch, the panels or the output
-    channels evenly."""
+    the unroll divides it, and threads that split what `_schedule` splits evenly: the
+    images, else the output rows, else the output channels in whole register tiles."""
     conv = conv_of(info)
     if conv is None or info.element_type != "f32" or not all(conv.ranges):
         return False
@@ -74,11 +74,7 @@ def fits(info: PayloadInfo, config: Config) -> bool:
         channels % mr == 0
         and 3 * (padded - row) <= padded
         and depth(conv) % kr == 0
-        and (
-            batch % threads == 0
-            or (rows * padded // nr) % threads == 0
-            or channels % (threads * mr) == 0
-        )
+        and (batch % threads == 0 or rows % threads == 0 or channels % (threads * mr) == 0)
     )
 
 
@@ -248,7 +244,6 @@ def _schedule(
     handle = s.match_op(product)
     panels = s.match_op(packing)
     band, per_thread = rows, channels
-    loop = None
     if threads > 1:
         sizes = [0] * 6
         if batch % threads == 0:
@@ -271,7 +266,7 @@ def _schedule(
     panels, _ = s.fuse_into(panels, loops[-1])
     # The block's panels a row of one panel at a time, the row's unit loops folded, so that
     # the input row is read as one contiguous vector where the window's stride is 1.
-    row, row_loops = s.tile_for(panels, [1, 1, 1, 1, 0])
+    _, row_loops = s.tile_for(panels, [1, 1, 1, 1, 0])
     s.emit(
         f"transform.apply_patterns to {row_loops[-1]} {{\n"
         "    transform.apply_patterns.linalg.fold_unit_extent_dims_via_reshapes\n"
