@@ -31,6 +31,7 @@ from kope.spaces.schedules import (
     Script,
     attach,
     fit_tile,
+    helper_function,
     k_tile,
     replace_with_call,
 )
@@ -208,10 +209,7 @@ def _function(
         )
         result = "%result"
     body.append(f"return {result} : {out_t}")
-    return (
-        f"module {{\nfunc.func private @{_FUNCTION}(%x: {x_t}, %w: {w_t}, %init: {out_t}) "
-        f"-> {out_t} {{\n  " + "\n  ".join(body) + "\n}\n}\n"
-    )
+    return helper_function(_FUNCTION, [f"%x: {x_t}", f"%w: {w_t}", f"%init: {out_t}"], out_t, body)
 
 
 def _pad(name: str, value: str, from_t: str, to_t: str, high: list[int]) -> list[str]:

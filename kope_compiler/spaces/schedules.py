@@ -1108,9 +1108,17 @@ def _packed_product(plain: PlainMatmul, shape: _Panels) -> str:
         )
         result = "%valid"
     body.append(f"return {result} : {c2}")
+    params = [f"%a: tensor<{m}x{k}xf32>", f"%b: tensor<{j}x{k}x{nr}xf32>"]
+    return helper_function(_PRODUCT, params, c2, body)
+
+
+def helper_function(name: str, params: list[str], result: str, body: list[str]) -> str:
+    """A module of one private function `name(params) -> result` with `body` (its last line
+    the return), for `replace_with_call` to inline where an op was."""
     return (
-        f"module {{\nfunc.func private @{_PRODUCT}(%a: tensor<{m}x{k}xf32>, "
-        f"%b: tensor<{j}x{k}x{nr}xf32>) -> {c2} {{\n  " + "\n  ".join(body) + "\n}\n}\n"
+        f"module {{\nfunc.func private @{name}({', '.join(params)}) -> {result} {{\n  "
+        + "\n  ".join(body)
+        + "\n}\n}\n"
     )
 
 
