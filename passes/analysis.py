@@ -69,8 +69,9 @@ class OpInfo:
     # a result of the function besides the root's (a multi-output op's statistics): fusing
     # such an op into a loop crashes MLIR's fusion, so it is computed on its own
     returned: bool = False
-    # a convolution's window strides, per spatial dim (empty for other ops)
+    # a convolution's window strides and dilations, per spatial dim (empty for other ops)
     strides: list[int] = field(default_factory=list)
+    dilations: list[int] = field(default_factory=list)
 
     @property
     def reduction_dims(self) -> list[int]:
@@ -240,7 +241,9 @@ def analyze(text: str) -> PayloadInfo:
 
     func.walk(collect)
     plain_matmul = _plain_matmul(func)  # of the named ops, before they are generalized
-    strides = [_strides(op) for op in _linalg_ops(_main(module))]  # named ops' attributes
+    # named ops' attributes
+    strides = [_window(op, "strides") for op in _linalg_ops(_main(module))]
+    dilations = [_window(op, "dilations") for op in _linalg_ops(_main(module))]
     with context:
         PassManager.parse("builtin.module(func.func(linalg-generalize-named-ops))").run(
             module.operation
@@ -262,6 +265,7 @@ def analyze(text: str) -> PayloadInfo:
                 reads[index],
                 index in returned and index != root_index,
                 strides[index],
+                dilations[index],
             )
         )
         if op.results:
@@ -387,11 +391,12 @@ def _root_index(func: ir.Operation) -> int:
     return len(ops) - 1 if index is None else index
 
 
-def _strides(op: ir.Operation) -> list[int]:
-    """A convolution's `strides` attribute as integers; empty where the op has none."""
-    if "strides" not in op.attributes:
+def _window(op: ir.Operation, name: str) -> list[int]:
+    """A convolution's `strides` or `dilations` attribute as integers; empty where the op
+    has none."""
+    if name not in op.attributes:
         return []
-    return [int(v) for v in ir.DenseIntElementsAttr(op.attributes["strides"])]
+    return [int(v) for v in ir.DenseIntElementsAttr(op.attributes[name])]
 
 
 def _loops(op: ir.Operation) -> tuple[list[str], list[int]]:

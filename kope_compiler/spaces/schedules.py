@@ -59,6 +59,12 @@ def describe(config: Config) -> str:
             parts.append(f"B packed in panels of {config['register'][1]}")
     elif family == "rows":
         parts.append(f"{config['rows']} rows/step, vectors of {config['vector']}")
+    elif family == "depthwise" and config.get("algorithm") == "rows":
+        parts.append(
+            f"blocks of {config['rows']} output rows x {config['columns']} columns in "
+            f"registers, vectors of {config['vector']}, each input row read once per window "
+            "column"
+        )
     elif family == "depthwise":
         parts.append(
             f"tiles {config['channels']} channels x {config['columns']} columns, "
@@ -332,6 +338,10 @@ def render(info: PayloadInfo, config: Config) -> str:
         raise ValueError("an im2col convolution rewrites its payload: use kernel_source")
     if family == "conv":
         return _conv(info, config)
+    if family == "depthwise" and config.get("algorithm") == "rows":
+        raise ValueError(
+            "a depthwise convolution by row blocks rewrites its payload: use kernel_source"
+        )
     if family == "depthwise":
         return _depthwise(info, config)
     if family == "transpose":
