@@ -1,5 +1,6 @@
-"""2-D convolutions of common CNN shapes: the direct schedules against im2col, each timed
-against eager in the worker that verifies it.
+"""2-D convolutions of common CNN shapes: the direct schedules against im2col (full
+convolutions) and against blocks of rows in registers (depthwise ones), each timed against
+eager in the worker that verifies it.
 
     python benchmarks/conv_algorithms.py [--shapes resnet_s1,...] [--per-algorithm 4]
 
@@ -28,24 +29,34 @@ from kope.spaces.kernels import kernel_source
 from kope.spaces.schedules import describe
 from kope.vocabulary.kernels import Kernel
 
-# name: (input N x C x H x W, output channels, kernel, stride, padding)
-SHAPES: dict[str, tuple[tuple[int, int, int, int], int, int, int, int]] = {
-    "resnet_s1": ((1, 64, 56, 56), 64, 3, 1, 1),
-    "resnet_s2": ((1, 128, 28, 28), 128, 3, 1, 1),
-    "resnet_s3": ((1, 256, 14, 14), 256, 3, 1, 1),
-    "resnet_down": ((1, 64, 56, 56), 128, 3, 2, 1),
-    "resnet_stem": ((1, 3, 224, 224), 64, 7, 2, 3),
-    "unet_batch2": ((2, 32, 32, 32), 32, 3, 1, 1),
-    "small_37": ((1, 16, 37, 37), 32, 3, 1, 1),
+Shape = tuple[tuple[int, int, int, int], int, int, int, int, int]
+# name: (input N x C x H x W, output channels, kernel, stride, padding, groups)
+SHAPES: dict[str, Shape] = {
+    "resnet_s1": ((1, 64, 56, 56), 64, 3, 1, 1, 1),
+    "resnet_s2": ((1, 128, 28, 28), 128, 3, 1, 1, 1),
+    "resnet_s3": ((1, 256, 14, 14), 256, 3, 1, 1, 1),
+    "resnet_down": ((1, 64, 56, 56), 128, 3, 2, 1, 1),
+    "resnet_stem": ((1, 3, 224, 224), 64, 7, 2, 3, 1),
+    "unet_batch2": ((2, 32, 32, 32), 32, 3, 1, 1, 1),
+    "small_37": ((1, 16, 37, 37), 32, 3, 1, 1, 1),
+    # Depthwise: MobileNetV2's inverted residuals, EfficientNet's 5x5, ConvNeXt's 7x7.
+    "dw_mbv2_112": ((1, 32, 112, 112), 32, 3, 1, 1, 32),
+    "dw_mbv2_56": ((1, 144, 56, 56), 144, 3, 1, 1, 144),
+    "dw_mbv2_28": ((1, 192, 28, 28), 192, 3, 1, 1, 192),
+    "dw_mbv2_14": ((1, 384, 14, 14), 384, 3, 1, 1, 384),
+    "dw_effnet_5x5": ((1, 240, 28, 28), 240, 5, 1, 2, 240),
+    "dw_convnext_7x7": ((1, 96, 28, 28), 96, 7, 1, 3, 96),
+    "dw_batch2_ragged": ((2, 64, 30, 30), 64, 5, 1, 2, 64),
+    "dw_stride2": ((1, 96, 56, 56), 96, 3, 2, 1, 96),
 }
 
 
-def _task(shape: tuple[tuple[int, int, int, int], int, int, int, int], target: Any) -> Any:
-    size, out, k, stride, padding = shape
-    args = (torch.randn(*size), torch.randn(out, size[1], k, k), torch.randn(out))
+def _task(shape: Shape, target: Any) -> Any:
+    size, out, k, stride, padding, groups = shape
+    args = (torch.randn(*size), torch.randn(out, size[1] // groups, k, k), torch.randn(out))
 
     def conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return F.conv2d(x, w, b, stride=stride, padding=padding)
+        return F.conv2d(x, w, b, stride=stride, padding=padding, groups=groups)
 
     (task,) = partition(make_fx(conv, tracing_mode="fake")(*args), target).tasks
     return task
@@ -58,7 +69,7 @@ def main() -> None:
     args = parser.parse_args()
     target = target_for("cpu", 1, 300.0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    ratios: dict[str, list[float]] = {"direct": [], "im2col": []}
+    ratios: dict[str, list[float]] = {"direct": [], "im2col": [], "rows": []}
     try:
         for name in args.shapes.split(","):
             torch.manual_seed(0)
@@ -68,7 +79,8 @@ def main() -> None:
             space, _ = schedule_space(info, target.capabilities())
             space.sort(key=lambda point: -point[1])
             eager: list[float] = []
-            for algorithm in ("direct", "im2col"):
+            offered = {c.get("algorithm", "direct") for c, _ in space}
+            for algorithm in [a for a in ratios if a in offered]:
                 chosen = [c for c, _ in space if c.get("algorithm", "direct") == algorithm][
                     : args.per_algorithm
                 ]
