@@ -1,7 +1,8 @@
 """A depthwise convolution by blocks of output rows in registers (`kope.spaces.depthwise`):
 the configurations the space offers verify against the reference lowering (bias or none,
 padding on both sides, one side or none, blocks that do not divide the plane, more than one
-image, one and two threads), and the space offers them only where they render."""
+image, strides of 2 along the row, down the columns or both, one and two threads), and the
+space offers them only where they render."""
 
 from __future__ import annotations
 
@@ -47,6 +48,12 @@ CASES: dict[str, tuple[Callable[..., torch.Tensor], tuple[int, ...], int]] = {
     "row_padding_only": (_dw((0, 1)), (1, 4, 6, 33), 3),
     # A row of several blocks and a part.
     "wide_row": (_dw(1), (1, 2, 5, 70), 3),
+    # Strides of 2: odd and even extents, a last input row no window reads, an odd padding.
+    "3x3_stride2": (_dw(1, stride=2), (1, 8, 13, 29), 3),
+    "5x5_stride2": (_dw(2, stride=2), (1, 4, 12, 36), 5),
+    "stride2_valid_batch2": (_dw(0, stride=2), (2, 4, 10, 21), 3),
+    "stride2_down_only": (_dw(1, stride=(2, 1)), (1, 4, 9, 20), 3),
+    "stride2_along_only": (_dw((0, 3), stride=(1, 2)), (1, 4, 9, 40), 7),
 }
 
 
@@ -73,9 +80,12 @@ def test_row_block_configurations_verify(name: str, target: CpuTarget) -> None:
     payload = prepare_payload(task.payload)
     points = [config for config, _ in _row_points(payload, _capabilities(target))]
     assert points, "no row-block configuration for a stride-1 depthwise convolution"
-    # The first configuration of each thread count, and one block of a single vector.
+    # The first configuration of each thread count, one block of a single vector, and the
+    # first with vectors half as long (what a machine with half the vector width is offered).
     chosen = [next(p for p in points if p["threads"] == t) for t in (2, 1)]
     chosen.append(next(p for p in points if p["columns"] == p["vector"]))
+    half = chosen[0]["vector"] // 2
+    chosen.append({**chosen[0], "vector": half, "columns": 2 * half})
     for config in chosen:
         source = kernel_source(payload, analyze(payload), config)
         result = target.evaluate(
@@ -99,8 +109,8 @@ def test_row_blocks_come_first_and_only_where_they_render(target: CpuTarget) -> 
     assert not renders(info, capabilities, {**best, "vector": 2 * lanes, "columns": 2 * lanes})
     # Threads that do not split the 8 channels evenly.
     assert not renders(info, {**capabilities, "threads": 3}, {**best, "threads": 3})
-    # A strided or dilated window reads the row with gaps: not offered.
-    for fn in (_dw(1, stride=2), _dw(2, dilation=2)):
-        strided = prepare_payload(_task(fn, (1, 8, 14, 14), 3).payload)
-        assert _row_points(strided, capabilities) == []
-        assert not renders(analyze(strided), capabilities, best)
+    # A dilated window, or a stride of 3: not offered.
+    for fn in (_dw(2, dilation=2), _dw(1, stride=3)):
+        other = prepare_payload(_task(fn, (1, 8, 14, 14), 3).payload)
+        assert _row_points(other, capabilities) == []
+        assert not renders(analyze(other), capabilities, best)

@@ -10,9 +10,14 @@ read feeds the multiply-adds of every output row whose window holds that input r
 KH of them). A 7x7 window over four output rows reads 10 input rows, 70 vectors per column
 vector, for 196 multiply-adds; the schedules read 49 and write 49 for 49.
 
+A window stride of 2 along the row (MobileNet's downsampling blocks) would read every other
+column: the copy deals each row's columns into two phases (even, odd) with a shuffle, so
+that a block reads each phase's columns contiguously, the window column choosing the phase.
+A stride of 2 down the columns only changes which input rows feed which output row.
+
 The rewrite happens in the payload, as `im2col` rewrites a full convolution: the op, with
 the `tensor.pad` before it, becomes one function of `scf` loops over vector transfers
-(`scf.forall` over channels where threads share the work). Stride and dilation 1, f32.
+(`scf.forall` over channels where threads share the work). Strides 1 or 2, dilation 1, f32.
 """
 
 from __future__ import annotations
@@ -34,13 +39,13 @@ def conv_of(info: PayloadInfo) -> OpInfo | None:
 
 
 def fits(info: PayloadInfo, config: Config) -> bool:
-    """f32, static, stride and dilation 1, blocks of whole vectors, and threads that split
-    the channels evenly. (Whether a block's accumulators fit the machine's registers is the
+    """f32, static, strides of 1 or 2, dilation 1, blocks of whole vectors, and threads that
+    split the channels evenly. (Whether a block's accumulators fit the machine's registers is the
     space's to say: `accumulators`.)"""
     conv = conv_of(info)
     if conv is None or info.element_type != "f32" or not all(conv.ranges):
         return False
-    if any(s != 1 for s in conv.strides) or any(d != 1 for d in conv.dilations):
+    if any(s not in (1, 2) for s in conv.strides) or any(d != 1 for d in conv.dilations):
         return False
     rows, columns, vector = (int(config.get(k, 0)) for k in ("rows", "columns", "vector"))
     threads = int(config.get("threads", 1))
@@ -71,6 +76,8 @@ class _Shape:
     top: int  # padding
     left: int
     source_rank: int  # 3: the pad's source (images·channels x H x W); 4: the input itself
+    stride_rows: int = 1
+    stride_row: int = 1
 
 
 def depthwise_kernel(payload: str, info: PayloadInfo, config: Config) -> str:
@@ -107,6 +114,7 @@ def depthwise_kernel(payload: str, info: PayloadInfo, config: Config) -> str:
 def _unpadded(op: ir.Operation) -> tuple[ir.Value, _Shape]:
     """The convolution's input before torch-mlir padded it (the `tensor.pad` of its
     images·channels x H x W collapse, expanded back), or the input itself; and the shape."""
+    strides = [int(v) for v in ir.DenseIntElementsAttr(op.attributes["strides"])]
     x = ir.RankedTensorType(op.operands[0].type).shape
     w = ir.RankedTensorType(op.operands[1].type).shape
     out = ir.RankedTensorType(op.results[0].type).shape
@@ -136,6 +144,8 @@ def _unpadded(op: ir.Operation) -> tuple[ir.Value, _Shape]:
         top=top,
         left=left,
         source_rank=rank,
+        stride_rows=strides[0],
+        stride_row=strides[1],
     )
     return source, shape
 
@@ -175,13 +185,15 @@ class _Writer:
         self.out_type = f"tensor<{self.images}x{shape.channels}x{planes}"
         # What one thread writes: its channels of every image (all of them on one thread).
         self.into_type = f"tensor<{self.images}x{self.per_thread}x{planes}"
-        # A plane with its zero border, wide enough that every vector a block reads (whole
-        # vectors along the output row, shifted by each window column) lies inside it.
+        # A plane with its zero border, its columns dealt into `stride_row` phases, each
+        # wide enough that every vector a block reads (whole vectors along the output row,
+        # shifted by each window column) lies inside it.
+        self.phases = shape.stride_row
         self.buffer = (
-            shape.out_rows + shape.kh - 1,
-            math.ceil(shape.out_row / self.lanes) * self.lanes + shape.kw - 1,
+            shape.stride_rows * (shape.out_rows - 1) + shape.kh,
+            math.ceil(shape.out_row / self.lanes) * self.lanes + (shape.kw - 1) // self.phases,
         )
-        self.buf_type = f"tensor<{self.buffer[0]}x{self.buffer[1]}xf32>"
+        self.buf_type = f"tensor<{self.phases}x{self.buffer[0]}x{self.buffer[1]}xf32>"
         self.vec = f"vector<{self.lanes}xf32>"
         self.lines: list[str] = []
         self.counter = 0
@@ -310,36 +322,49 @@ class _Writer:
 
     def plane(self) -> None:
         """`%filled`: this image's channel `%c`, its rows copied into a zeroed buffer below
-        the top padding and after the left padding, a vector at a time."""
-        sh, lanes = self.sh, self.lanes
+        the top padding and after the left padding, a vector at a time; under a stride of 2
+        along the row, each read of two vectors dealt into the even and the odd phase."""
+        sh, lanes, phases = self.sh, self.lanes, self.phases
         rows, row = self.buffer
         self.emit(f"%empty = tensor.empty() : {self.buf_type}")
         self.loop("%zeroed", "%zr", (0, rows, 1), "%bz", "%empty", self.buf_type)
         current = "%bz"
-        for v in range(math.ceil(row / lanes)):
-            whole = (v + 1) * lanes <= row
-            current = self.write(
-                "%zeros", current, ["%zr", self.index(v * lanes)], self.buf_type, whole
-            )
+        for phase in range(phases):
+            for v in range(math.ceil(row / lanes)):
+                at = [self.index(phase), "%zr", self.index(v * lanes)]
+                current = self.write("%zeros", current, at, self.buf_type, (v + 1) * lanes <= row)
         self.end_loop(current, self.buf_type)
         if sh.source_rank == 3:  # the pad's source: images·channels x H x W
             self.emit(f"%nc = arith.muli %n, {self.index(sh.channels)} : index")
             self.emit("%plane = arith.addi %nc, %c : index")
-            at = ["%plane", "%ir"]
+            source = ["%plane", "%ir"]
         else:
-            at = ["%n", "%c", "%ir"]
-        self.loop("%filled", "%ir", (0, sh.rows, 1), "%bc", "%zeroed", self.buf_type)
+            source = ["%n", "%c", "%ir"]
+        # Input rows below the last window are read by none (a stride that does not divide).
+        copied = min(sh.rows, rows - sh.top)
+        self.loop("%filled", "%ir", (0, copied, 1), "%bc", "%zeroed", self.buf_type)
         self.emit(f"%br = arith.addi %ir, {self.index(sh.top)} : index")
         current = "%bc"
-        for v in range(math.ceil(sh.row / lanes)):
+        span = phases * lanes  # input columns per read
+        for u in range(math.ceil(sh.row / span)):
             # Read past the row's end as zeros; written past the buffer's end, not at all.
-            x = self.read(
-                "%x", [*at, self.index(v * lanes)], self.source_type, (v + 1) * lanes <= sh.row
+            whole = (u + 1) * span <= sh.row
+            wide = f"vector<{span}xf32>"
+            x = self.fresh("v")
+            self.emit(
+                f"{x} = vector.transfer_read %x[{', '.join(source)}, {self.index(u * span)}], "
+                f"%zero {{in_bounds = [{_bool(whole)}]}} : {self.source_type}, {wide}"
             )
-            column = sh.left + v * lanes
-            current = self.write(
-                x, current, ["%br", self.index(column)], self.buf_type, column + lanes <= row
-            )
+            for first in range(phases):  # the read's columns first, first + phases, ...
+                dealt = x
+                if phases > 1:
+                    dealt = self.fresh("deal")
+                    lanes_of = ", ".join(str(first + phases * m) for m in range(lanes))
+                    self.emit(f"{dealt} = vector.shuffle {x}, {x} [{lanes_of}] : {wide}, {wide}")
+                padded = sh.left + u * span + first  # the first one's column, padded
+                column = padded // phases
+                at = [self.index(padded % phases), "%br", self.index(column)]
+                current = self.write(dealt, current, at, self.buf_type, column + lanes <= row)
         self.end_loop(current, self.buf_type)
 
     def taps(self) -> dict[tuple[int, int], str]:
@@ -406,37 +431,48 @@ class _Writer:
         once per window column and multiplied into each output row whose window holds it,
         the sums written."""
         kh, kw, lanes = self.sh.kh, self.sh.kw, self.lanes
+        sr, phases = self.sh.stride_rows, self.phases
         vectors = math.ceil(columns / lanes)
-        at_rows = [self.add(row, r) for r in range(rows + kh - 1)]
-        at_cols = {(v, j): self.add(col, v * lanes + j) for v in range(vectors) for j in range(kw)}
+        out_rows = [self.add(row, r) for r in range(rows)]
+        out_cols = [self.add(col, v * lanes) for v in range(vectors)]
+        # Output row r's window starts at input row sr * (row + r); column c's tap j reads
+        # padded column phases * c + j: phase j % phases, column c + j // phases of it.
+        first = row
+        if sr > 1:
+            first = self.fresh("ix")
+            self.emit(f"{first} = arith.muli {row}, {self.index(sr)} : index")
+        in_rows = [self.add(first, i) for i in range(sr * (rows - 1) + kh)]
+        in_cols = {
+            (v, j): self.add(col, v * lanes + j // phases)
+            for v in range(vectors)
+            for j in range(kw)
+        }
         sums: dict[tuple[int, int], str] = {}
         for r in range(rows):
             for v in range(vectors):
                 whole = not (partial and v == vectors - 1)
-                sums[r, v] = self.read(
-                    out, ["%n", "%cl", at_rows[r], at_cols[v, 0]], self.into_type, whole
-                )
-        for i in range(rows + kh - 1):
+                at = ["%n", "%cl", out_rows[r], out_cols[v]]
+                sums[r, v] = self.read(out, at, self.into_type, whole)
+        for i in range(len(in_rows)):
+            # The output rows whose window holds input row i, and at which of its rows.
+            reached = [(r, i - sr * r) for r in range(rows) if 0 <= i - sr * r < kh]
             for j in range(kw):
                 for v in range(vectors):
-                    x = self.read("%filled", [at_rows[i], at_cols[v, j]], self.buf_type, True)
-                    for r in range(max(0, i - kh + 1), min(rows - 1, i) + 1):
+                    at = [self.index(j % phases), in_rows[i], in_cols[v, j]]
+                    x = self.read("%filled", at, self.buf_type, True)
+                    for r, tap_row in reached:
                         name = self.fresh("a")
                         self.emit(
-                            f"{name} = vector.fma {x}, {taps[i - r, j]}, {sums[r, v]} : {self.vec}"
+                            f"{name} = vector.fma {x}, {taps[tap_row, j]}, {sums[r, v]} : "
+                            f"{self.vec}"
                         )
                         sums[r, v] = name
         current = out
         for r in range(rows):
             for v in range(vectors):
                 whole = not (partial and v == vectors - 1)
-                current = self.write(
-                    sums[r, v],
-                    current,
-                    ["%n", "%cl", at_rows[r], at_cols[v, 0]],
-                    self.into_type,
-                    whole,
-                )
+                at = ["%n", "%cl", out_rows[r], out_cols[v]]
+                current = self.write(sums[r, v], current, at, self.into_type, whole)
         return current
 
 
