@@ -62,7 +62,9 @@ def _frame_cost(name: str, model: nn.Module, x: torch.Tensor) -> None:
         dynamo(x)
         torch.compile(model, backend=grab)(x)
         graph = captured[0]
-        args = [*model.parameters(), x]
+        params = iter(model.parameters())
+        placeholders = [n.name for n in graph.graph.nodes if n.op == "placeholder"]
+        args = [next(params) if "parameters" in p else x for p in placeholders]
         fns: dict[str, Callable[[], Any]] = {
             "eager": lambda: model(x),
             "dynamo": lambda: dynamo(x),
