@@ -28,7 +28,14 @@ from dataclasses import dataclass
 from torch_mlir import ir
 
 from kope.passes.analysis import OpInfo, PayloadInfo
-from kope.spaces.schedules import Config, Script, attach, helper_function, replace_with_call
+from kope.spaces.schedules import (
+    Config,
+    Script,
+    attach,
+    helper_function,
+    payload_op,
+    replace_with_call,
+)
 
 DEPTHWISE_2D = "linalg.depthwise_conv_2d_nchw_chw"
 _FUNCTION = "kope_depthwise_rows"
@@ -85,16 +92,8 @@ def depthwise_kernel(payload: str, info: PayloadInfo, config: Config) -> str:
     row blocks in registers, and the schedule of what is left (the init's broadcast)."""
     conv = conv_of(info)
     assert conv is not None and fits(info, config)
-    context = ir.Context()
-    context.enable_multithreading(False)
-    module = ir.Module.parse(payload, context)
+    context, module, op = payload_op(payload, DEPTHWISE_2D)
     with context, ir.Location.unknown():
-        main = next(op.operation for op in module.body if op.operation.name == "func.func")
-        op = next(
-            o.operation
-            for o in main.regions[0].blocks[0].operations
-            if o.operation.name == DEPTHWISE_2D
-        )
         source, shape = _unpadded(op)
         text = _Writer(shape, config, str(source.type), str(op.operands[1].type)).function()
         helper = ir.Module.parse(text, context)

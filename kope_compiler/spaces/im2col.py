@@ -33,6 +33,7 @@ from kope.spaces.schedules import (
     fit_tile,
     helper_function,
     k_tile,
+    payload_op,
     replace_with_call,
 )
 
@@ -83,14 +84,8 @@ def im2col_kernel(payload: str, info: PayloadInfo, config: Config) -> str:
     """The payload with its convolution rewritten to panels and a product, and its schedule."""
     conv = conv_of(info)
     assert conv is not None and fits(info, config)
-    context = ir.Context()
-    context.enable_multithreading(False)
-    module = ir.Module.parse(payload, context)
+    context, module, op = payload_op(payload, CONV_2D)
     with context, ir.Location.unknown():
-        main = next(op.operation for op in module.body if op.operation.name == "func.func")
-        op = next(
-            o.operation for o in main.regions[0].blocks[0].operations if o.operation.name == CONV_2D
-        )
         strides = [int(v) for v in ir.DenseIntElementsAttr(op.attributes["strides"])]
         dilations = [int(v) for v in ir.DenseIntElementsAttr(op.attributes["dilations"])]
         x_type = ir.RankedTensorType(op.operands[0].type)

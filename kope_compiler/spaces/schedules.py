@@ -1045,6 +1045,17 @@ def packed_kernel(payload: str, info: PayloadInfo, config: Config) -> str:
     return attach(text, _packed_schedule(plain, config, shape, ranks))
 
 
+def payload_op(payload: str, name: str) -> tuple[ir.Context, ir.Module, ir.Operation]:
+    """The payload parsed in a context of its own, and its function's first `name` op: what a
+    payload rewrite replaces (`replace_with_call`)."""
+    context = ir.Context()
+    context.enable_multithreading(False)
+    module = ir.Module.parse(payload, context)
+    main = next(op.operation for op in module.body if op.operation.name == "func.func")
+    op = next(o.operation for o in main.regions[0].blocks[0].operations if o.operation.name == name)
+    return context, module, op
+
+
 def replace_with_call(
     module: ir.Module,
     op: ir.Operation,
