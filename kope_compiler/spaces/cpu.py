@@ -397,7 +397,6 @@ def _row_block_points(
     filter tap)."""
     if depthwise.conv_of(info) is None:
         return []
-    registers = _registers(capabilities)
     points: list[tuple[Config, float, bool]] = []
     for (t, rows, vectors), wide in _grid([threads, [4, 8], [2, 1]], [[], [6, 2], [4]]):
         config: Config = {
@@ -408,7 +407,7 @@ def _row_block_points(
             "columns": vectors * lanes,
             "vector": lanes,
         }
-        if not depthwise.fits(info, config) or depthwise.accumulators(config) + 2 > registers:
+        if not _row_blocks_fit(info, capabilities, config):
             continue
         # Every shape tried on AVX-512 (3x3 over 14-112 wide planes, 5x5, 7x7) ran 1.1-3x
         # eager this way and 0.5-1.25x with the row-at-a-time schedules: blocks first.
@@ -416,6 +415,16 @@ def _row_block_points(
         score += 2.5 if (rows, vectors) == (4, 2) else 2.3
         points.append((config, score, wide))
     return points
+
+
+def _row_blocks_fit(info: PayloadInfo, capabilities: dict[str, Any], config: Config) -> bool:
+    """Row blocks of the machine's vectors that render (`depthwise.fits`), their sums in
+    its vector registers beside an input vector and a filter tap."""
+    return (
+        int(config.get("vector", 0)) == _lanes(capabilities, info.element_type)
+        and depthwise.fits(info, config)
+        and depthwise.accumulators(config) + 2 <= _registers(capabilities)
+    )
 
 
 def _packed_fits(info: PayloadInfo, plain: PlainMatmul, mr: int, nr: int, kr: int) -> bool:
@@ -483,12 +492,7 @@ def renders(info: PayloadInfo, capabilities: dict[str, Any], config: Config) -> 
         extents = conv.ranges[f_dim], conv.ranges[ow_dim], conv.ranges[c_dim]
         return _conv_tiles_fit(*extents, threads, f, ow, c)
     if family == "depthwise" and config.get("algorithm") == "rows":
-        fitting = int(config.get("vector", 0)) == _lanes(capabilities, info.element_type)
-        return (
-            fitting
-            and depthwise.fits(info, config)
-            and depthwise.accumulators(config) + 2 <= _registers(capabilities)
-        )
+        return _row_blocks_fit(info, capabilities, config)
     if family == "depthwise":
         conv = info.find(DEPTHWISE)
         f = int(config.get("channels", 0))

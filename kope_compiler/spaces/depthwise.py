@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from torch_mlir import ir
 
 from kope.passes.analysis import OpInfo, PayloadInfo
+from kope.passes.base import defining_op
 from kope.spaces.schedules import (
     Config,
     Script,
@@ -72,7 +73,7 @@ def accumulators(config: Config) -> int:
 
 @dataclass(frozen=True)
 class _Shape:
-    planes: int  # images x channels
+    images: int
     channels: int
     rows: int  # of the input, unpadded
     row: int
@@ -83,8 +84,8 @@ class _Shape:
     top: int  # padding
     left: int
     source_rank: int  # 3: the pad's source (images·channels x H x W); 4: the input itself
-    stride_rows: int = 1
-    stride_row: int = 1
+    stride_rows: int
+    stride_row: int
 
 
 def depthwise_kernel(payload: str, info: PayloadInfo, config: Config) -> str:
@@ -102,10 +103,9 @@ def depthwise_kernel(payload: str, info: PayloadInfo, config: Config) -> str:
         )
     s = Script(vectorize_all=False)
     for index, o in enumerate(ops):  # the init (a bias broadcast, or zeros): by output rows
-        rank = len(ir.RankedTensorType(o.results[0].type).shape)
-        out_row = ir.RankedTensorType(o.results[0].type).shape[-1]
-        tiled, _ = s.tile_for(s.match_op(index), [1] * (rank - 1) + [0])
-        s.vectorize(tiled, [1] * (rank - 1) + [out_row])
+        *outer, out_row = ir.RankedTensorType(o.results[0].type).shape
+        tiled, _ = s.tile_for(s.match_op(index), [1] * len(outer) + [0])
+        s.vectorize(tiled, [1] * len(outer) + [out_row])
     s.vectorize_function()
     return attach(module.operation.get_asm(enable_debug_info=False), s.text())
 
@@ -120,8 +120,8 @@ def _unpadded(op: ir.Operation) -> tuple[ir.Value, _Shape]:
     source: ir.Value = op.operands[0]
     top = left = 0
     rows, row, rank = x[2], x[3], 4
-    producer = _producer(source, "tensor.expand_shape")
-    pad = _producer(producer.operands[0], "tensor.pad") if producer is not None else None
+    producer = _defined_by(source, "tensor.expand_shape")
+    pad = _defined_by(producer.operands[0], "tensor.pad") if producer is not None else None
     if pad is not None:
         low = [int(v) for v in ir.DenseI64ArrayAttr(pad.attributes["static_low"])]
         high = [int(v) for v in ir.DenseI64ArrayAttr(pad.attributes["static_high"])]
@@ -132,7 +132,7 @@ def _unpadded(op: ir.Operation) -> tuple[ir.Value, _Shape]:
             top, left = low[1], low[2]
             rows, row = x[2] - low[1] - high[1], x[3] - low[2] - high[2]
     shape = _Shape(
-        planes=x[0] * x[1],
+        images=x[0],
         channels=x[1],
         rows=rows,
         row=row,
@@ -149,19 +149,16 @@ def _unpadded(op: ir.Operation) -> tuple[ir.Value, _Shape]:
     return source, shape
 
 
-def _producer(value: ir.Value, name: str) -> ir.Operation | None:
-    owner = value.owner
-    if isinstance(owner, ir.Operation) and owner.name == name:
-        return owner
-    if isinstance(owner, ir.OpView) and owner.operation.name == name:
-        return owner.operation
-    return None
+def _defined_by(value: ir.Value, name: str) -> ir.Operation | None:
+    """The `name` op whose result `value` is; None where another op or none defines it."""
+    op = defining_op(value)
+    return op if op is not None and op.name == name else None
 
 
 def _pads_with_zero(pad: ir.Operation) -> bool:
     body = pad.regions[0].blocks[0]
     yielded = list(body.operations)[-1].operands[0]
-    constant = _producer(yielded, "arith.constant")
+    constant = _defined_by(yielded, "arith.constant")
     if constant is None:
         return False
     attr = constant.attributes["value"]
@@ -178,7 +175,7 @@ class _Writer:
         self.rows, self.columns = int(config["rows"]), int(config["columns"])
         self.threads = int(config.get("threads", 1))
         self.source_type, self.filter_type = source_type, filter_type
-        self.images = shape.planes // shape.channels
+        self.images = shape.images
         self.per_thread = shape.channels // self.threads
         planes = f"{shape.out_rows}x{shape.out_row}xf32>"
         self.out_type = f"tensor<{self.images}x{shape.channels}x{planes}"
