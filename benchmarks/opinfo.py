@@ -9,7 +9,9 @@ torch; importing it needs `expecttest`, in KOPE's `test` extra), or the `--ops` 
 seeded random `--sample` of them, is checked on its first `--limit-samples` sample inputs in
 float32 (another dtype where the operator has no float32 on the CPU), once per `--kernels`
 mode, each operator and mode in a process of its own with its own empty store (`--store`
-shares one). For each sample the child runs eager twice, then
+shares one). The processes are forked from one server that imported torch, KOPE and op_db
+once, so a child costs its compiles (~4 s an operator), not a fresh interpreter's imports too.
+For each sample the child runs eager twice, then
 `torch.compile(backend="eager")`, then `torch.compile(backend="kope", options={"kernels": K})`,
 all under `torch.no_grad()`, and compares KOPE's result with eager's (NaN equals NaN, a
 tolerance per dtype). Each sample ends as one outcome:
@@ -37,14 +39,15 @@ suite (`test/test_external_suites.py`).
 from __future__ import annotations
 
 import argparse
+import importlib
 import itertools
 import json
 import math
+import multiprocessing
 import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -336,11 +339,14 @@ def _failed(
 # -- the OpInfo child -----------------------------------------------------------------------------
 
 
+OP_DB_MODULE = "torch.testing._internal.common_methods_invocations"
+
+
 def load_op_db() -> list[Any]:
     """`op_db`, imported on demand: it takes ~4 s and needs `expecttest`, and only the
     processes that enumerate or check operators use it (not torch_mlir_e2e.py's)."""
     try:
-        from torch.testing._internal.common_methods_invocations import op_db
+        op_db = importlib.import_module(OP_DB_MODULE).op_db
     except ModuleNotFoundError as error:
         raise SystemExit(
             f"importing PyTorch's OpInfo database failed ({error}); "
@@ -446,6 +452,15 @@ class Child:
     timeout_s: float
     store: Path | None = None  # shared store; None: a fresh one per child
     path: Path = HERE  # where `module` is (this folder, or a test's)
+    # Modules the fork server imports once, beside torch and kope, for every child to share.
+    preload: tuple[str, ...] = ()
+
+
+# Children are forked from one server process that imported torch and kope (and `preload`)
+# before it ran any operator: a child starts in ~0.1 s where a fresh interpreter spends ~4 s
+# on imports (most of an OpInfo child's time). The server starts with the first child, so the
+# first `Child`'s `preload` is the one it keeps.
+_FORK = multiprocessing.get_context("forkserver")
 
 
 def run_child(child: Child, arguments: dict[str, Any]) -> tuple[list[dict[str, Any]], str, str]:
@@ -453,55 +468,70 @@ def run_child(child: Child, arguments: dict[str, Any]) -> tuple[list[dict[str, A
     words) with the tail of its stderr. Children run in their own session, so that on a
     timeout their workers die with them."""
     request = {"module": child.module, "function": child.function, **arguments}
-    code = (
-        f"import sys; sys.path[:0] = [{str(child.path)!r}, {str(HERE)!r}]; "
-        f"import {child.module}; {child.module}.child_main(sys.argv[1])"
-    )
-    env = dict(os.environ)
-    env.pop("KOPE_STRICT", None)  # a user's setting: the harness measures what users get
     home = child.store or Path(tempfile.mkdtemp(prefix="kope-suite-home-"))
-    env["KOPE_HOME"] = str(home)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, json.dumps(request)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        errors="replace",
-        env=env,
-        start_new_session=True,
-    )
+    _FORK.set_forkserver_preload(["torch", "kope", *child.preload])
     ended = "ok"
-    try:
-        out, err = proc.communicate(timeout=child.timeout_s)
-    except subprocess.TimeoutExpired:
-        ended = TIMEOUT
-        _kill_group(proc)
-        out, err = proc.communicate()
-    except BaseException:
-        _kill_group(proc)
-        proc.wait()
-        raise
-    finally:
-        if child.store is None:
-            shutil.rmtree(home, ignore_errors=True)
-    _kill_group(proc)  # workers a dead child left behind
+    with tempfile.TemporaryDirectory(prefix="kope-suite-child-") as scratch:
+        out_path, err_path = Path(scratch) / "stdout", Path(scratch) / "stderr"
+        code = _CHILD_CODE.format(
+            scratch=scratch,
+            home=str(home),
+            path=str(child.path),
+            here=str(HERE),
+            module=child.module,
+            request=json.dumps(request),
+        )
+        process = _FORK.Process(target=exec, args=(code, {}))
+        try:
+            process.start()
+            process.join(child.timeout_s)
+            if process.is_alive():
+                ended = TIMEOUT
+        finally:
+            if process.pid is not None:
+                _kill_group(process.pid)  # the child, if it still runs, and workers it left
+            process.join()
+            if child.store is None:
+                shutil.rmtree(home, ignore_errors=True)
+        out = out_path.read_text(errors="replace") if out_path.exists() else ""
+        err = err_path.read_text(errors="replace") if err_path.exists() else ""
     events = [
         json.loads(line[len(EVENT_PREFIX) :])
         for line in out.splitlines()
         if line.startswith(EVENT_PREFIX)
     ]
     done = any(e["event"] == "done" for e in events)
+    code = process.exitcode
     if ended == "ok" and not done:
-        if proc.returncode < 0:
-            ended = f"killed by {signal.Signals(-proc.returncode).name}"
+        if code is not None and code < 0:
+            ended = f"killed by {signal.Signals(-code).name}"
         else:
-            ended = f"exit code {proc.returncode} without a result"
+            ended = f"exit code {code} without a result"
     return events, ended, err[-3000:]
 
 
-def _kill_group(proc: subprocess.Popen[str]) -> None:
+# What a forked child runs (as source, so that the server need not import this file to unpickle
+# it): its own session, stdout and stderr (C-level writes included) into files, its own store,
+# then `module.child_main(request)`.
+_CHILD_CODE = """
+import os, sys, importlib
+os.setsid()
+sys.stdout.flush(); sys.stderr.flush()
+for fd, name in ((1, "stdout"), (2, "stderr")):
+    target = os.open(os.path.join({scratch!r}, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(target, fd)
+    os.close(target)
+os.environ["KOPE_HOME"] = {home!r}
+os.environ.pop("KOPE_STRICT", None)  # a user's setting: the harness measures what users get
+sys.path[:0] = [{path!r}, {here!r}]
+importlib.import_module({module!r}).child_main({request!r})
+sys.stdout.flush()
+"""
+
+
+def _kill_group(pid: int) -> None:
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
 
@@ -772,7 +802,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     names = choose([op_name(op) for op in load_op_db()], args.ops, args.sample, args.seed)
-    child = Child("opinfo", "check_operator", args.timeout, args.store)
+    child = Child("opinfo", "check_operator", args.timeout, args.store, preload=(OP_DB_MODULE,))
     began = time.perf_counter()
     samples = {"limit_samples": args.limit_samples}
     items = run_all(child, names, args.kernels, lambda name: samples, args.jobs)

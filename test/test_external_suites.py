@@ -51,8 +51,8 @@ def check_all(names, announce):
 
 
 def test_a_fixed_opinfo_sample_is_right_and_runs_on_kope_kernels(tmp_path: Path) -> None:
-    # One child for the six operators: a child per operator (the harness's way) would spend
-    # most of a minute importing torch and the OpInfo database six times.
+    # One child for the six operators (the harness runs one per operator): one KOPE lowering
+    # worker started instead of six.
     (tmp_path / "fixed_sample.py").write_text(FIXED_SAMPLE)
     child = opinfo.Child("fixed_sample", "check_all", timeout_s=600, path=tmp_path)
     events, ended, stderr = opinfo.run_child(child, {"names": FIXED_OPS})
