@@ -33,10 +33,10 @@ from kope.spaces.schedules import (
     Config,
     Script,
     attach,
-    helper_function,
     payload_op,
     replace_with_call,
 )
+from kope.spaces.writer import VectorWriter, blocks
 
 DEPTHWISE_2D = "linalg.depthwise_conv_2d_nchw_chw"
 _FUNCTION = "kope_depthwise_rows"
@@ -165,13 +165,12 @@ def _pads_with_zero(pad: ir.Operation) -> bool:
     return isinstance(attr, ir.FloatAttr) and ir.FloatAttr(attr).value == 0.0
 
 
-class _Writer:
-    """`@kope_depthwise_rows` as text: fresh SSA names, index constants made once at the
-    function's entry, and the shapes every part of the body refers to."""
+class _Writer(VectorWriter):
+    """`@kope_depthwise_rows` as text, and the shapes every part of the body refers to."""
 
     def __init__(self, shape: _Shape, config: Config, source_type: str, filter_type: str):
+        super().__init__(int(config["vector"]))
         self.sh = shape
-        self.lanes = int(config["vector"])
         self.rows, self.columns = int(config["rows"]), int(config["columns"])
         self.threads = int(config.get("threads", 1))
         self.source_type, self.filter_type = source_type, filter_type
@@ -190,66 +189,6 @@ class _Writer:
             math.ceil(shape.out_row / self.lanes) * self.lanes + (shape.kw - 1) // self.phases,
         )
         self.buf_type = f"tensor<{self.phases}x{self.buffer[0]}x{self.buffer[1]}xf32>"
-        self.vec = f"vector<{self.lanes}xf32>"
-        self.lines: list[str] = []
-        self.counter = 0
-        self.constants: dict[int, str] = {}
-
-    # -- text ---------------------------------------------------------------------------------
-
-    def fresh(self, prefix: str) -> str:
-        self.counter += 1
-        return f"%{prefix}{self.counter}"
-
-    def emit(self, line: str) -> None:
-        self.lines.append(line)
-
-    def index(self, value: int) -> str:
-        if value not in self.constants:
-            self.constants[value] = f"%i{value}"
-        return self.constants[value]
-
-    def add(self, base: str, offset: int) -> str:
-        if offset == 0:
-            return base
-        name = self.fresh("ix")
-        self.emit(f"{name} = arith.addi {base}, {self.index(offset)} : index")
-        return name
-
-    def loop(
-        self,
-        result: str,
-        iv: str,
-        bounds: tuple[int, int, int],
-        carried: str,
-        init: str,
-        type_: str,
-    ) -> None:
-        low, high, step = (self.index(b) for b in bounds)
-        self.emit(
-            f"{result} = scf.for {iv} = {low} to {high} step {step} "
-            f"iter_args({carried} = {init}) -> ({type_}) {{"
-        )
-
-    def end_loop(self, value: str, type_: str) -> None:
-        self.emit(f"scf.yield {value} : {type_}")
-        self.emit("}")
-
-    def read(self, source: str, indices: list[str], type_: str, whole: bool) -> str:
-        name = self.fresh("v")
-        self.emit(
-            f"{name} = vector.transfer_read {source}[{', '.join(indices)}], %zero "
-            f"{{in_bounds = [{_bool(whole)}]}} : {type_}, {self.vec}"
-        )
-        return name
-
-    def write(self, value: str, into: str, indices: list[str], type_: str, whole: bool) -> str:
-        name = self.fresh("t")
-        self.emit(
-            f"{name} = vector.transfer_write {value}, {into}[{', '.join(indices)}] "
-            f"{{in_bounds = [{_bool(whole)}]}} : {self.vec}, {type_}"
-        )
-        return name
 
     # -- the function --------------------------------------------------------------------------
 
@@ -272,16 +211,16 @@ class _Writer:
         else:
             self.emit("%cbase = arith.constant 0 : index")
             start = "%init"
-        self.loop("%images", "%n", (0, self.images, 1), "%s0", start, self.into_type)
-        self.loop("%planes", "%cl", (0, self.per_thread, 1), "%s1", "%s0", self.into_type)
+        self.loop("%images", "%n", (0, self.images, 1), [("%s0", start, self.into_type)])
+        self.loop("%planes", "%cl", (0, self.per_thread, 1), [("%s1", "%s0", self.into_type)])
         self.emit("%c = arith.addi %cbase, %cl : index")
         self.plane()
         taps = self.taps()
         current = "%s1"
         row_start = 0
-        for block_rows, row_count in _blocks(self.sh.out_rows, self.rows):
+        for block_rows, row_count in blocks(self.sh.out_rows, self.rows):
             column_start = 0
-            for block_columns, column_count in _blocks(self.sh.out_row, self.columns):
+            for block_columns, column_count in blocks(self.sh.out_row, self.columns):
                 current = self.blocks(
                     current,
                     taps,
@@ -290,8 +229,8 @@ class _Writer:
                 )
                 column_start += block_columns * column_count
             row_start += block_rows * row_count
-        self.end_loop(current, self.into_type)
-        self.end_loop("%planes", self.into_type)
+        self.end_loop([current], [self.into_type])
+        self.end_loop(["%planes"], [self.into_type])
         result = "%images"
         if self.threads > 1:
             self.emit("scf.forall.in_parallel {")
@@ -303,12 +242,10 @@ class _Writer:
             self.emit("}")
             result = "%result"
         self.emit(f"return {result} : {self.out_type}")
-        constants = [f"{name} = arith.constant {v} : index" for v, name in self.constants.items()]
-        return helper_function(
+        return self.function_text(
             _FUNCTION,
             [f"%x: {self.source_type}", f"%w: {self.filter_type}", f"%init: {self.out_type}"],
             self.out_type,
-            constants + self.lines,
         )
 
     def _slab(self) -> str:
@@ -323,13 +260,13 @@ class _Writer:
         sh, lanes, phases = self.sh, self.lanes, self.phases
         rows, row = self.buffer
         self.emit(f"%empty = tensor.empty() : {self.buf_type}")
-        self.loop("%zeroed", "%zr", (0, rows, 1), "%bz", "%empty", self.buf_type)
+        self.loop("%zeroed", "%zr", (0, rows, 1), [("%bz", "%empty", self.buf_type)])
         current = "%bz"
         for phase in range(phases):
             for v in range(math.ceil(row / lanes)):
                 at = [self.index(phase), "%zr", self.index(v * lanes)]
                 current = self.write("%zeros", current, at, self.buf_type, (v + 1) * lanes <= row)
-        self.end_loop(current, self.buf_type)
+        self.end_loop([current], [self.buf_type])
         if sh.source_rank == 3:  # the pad's source: images·channels x H x W
             self.emit(f"%nc = arith.muli %n, {self.index(sh.channels)} : index")
             self.emit("%plane = arith.addi %nc, %c : index")
@@ -338,7 +275,7 @@ class _Writer:
             source = ["%n", "%c", "%ir"]
         # Input rows below the last window are read by none (a stride that does not divide).
         copied = min(sh.rows, rows - sh.top)
-        self.loop("%filled", "%ir", (0, copied, 1), "%bc", "%zeroed", self.buf_type)
+        self.loop("%filled", "%ir", (0, copied, 1), [("%bc", "%zeroed", self.buf_type)])
         self.emit(f"%br = arith.addi %ir, {self.index(sh.top)} : index")
         current = "%bc"
         span = phases * lanes  # input columns per read
@@ -346,11 +283,8 @@ class _Writer:
             # Read past the row's end as zeros; written past the buffer's end, not at all.
             whole = (u + 1) * span <= sh.row
             wide = f"vector<{span}xf32>"
-            x = self.fresh("v")
-            self.emit(
-                f"{x} = vector.transfer_read %x[{', '.join(source)}, {self.index(u * span)}], "
-                f"%zero {{in_bounds = [{_bool(whole)}]}} : {self.source_type}, {wide}"
-            )
+            at = [*source, self.index(u * span)]
+            x = self.read("%x", at, self.source_type, whole, vec=wide)
             for first in range(phases):  # the read's columns first, first + phases, ...
                 dealt = x
                 if phases > 1:
@@ -361,7 +295,7 @@ class _Writer:
                 column = padded // phases
                 at = [self.index(padded % phases), "%br", self.index(column)]
                 current = self.write(dealt, current, at, self.buf_type, column + lanes <= row)
-        self.end_loop(current, self.buf_type)
+        self.end_loop([current], [self.buf_type])
 
     def taps(self) -> dict[tuple[int, int], str]:
         """The channel's filter taps, each broadcast to a vector once for all its blocks."""
@@ -393,15 +327,13 @@ class _Writer:
         row_end = row_start + block_rows * row_count
         col_end = col_start + block_columns * col_count
         self.loop(
-            result, out_row, (row_start, row_end, block_rows), carried, current, self.into_type
+            result, out_row, (row_start, row_end, block_rows), [(carried, current, self.into_type)]
         )
         self.loop(
             inner,
             out_col,
             (col_start, col_end, block_columns),
-            carried_inner,
-            carried,
-            self.into_type,
+            [(carried_inner, carried, self.into_type)],
         )
         # Only a block ending the row, where the row is not whole vectors, writes a part of a
         # vector (masked); every read of the buffer lies inside it.
@@ -409,8 +341,8 @@ class _Writer:
         written = self.block(
             carried_inner, taps, out_row, out_col, block_rows, block_columns, partial
         )
-        self.end_loop(written, self.into_type)
-        self.end_loop(inner, self.into_type)
+        self.end_loop([written], [self.into_type])
+        self.end_loop([inner], [self.into_type])
         return result
 
     def block(
@@ -470,13 +402,3 @@ class _Writer:
                 at = ["%n", "%cl", out_rows[r], out_cols[v]]
                 current = self.write(sums[r, v], current, at, self.into_type, whole)
         return current
-
-
-def _blocks(extent: int, size: int) -> list[tuple[int, int]]:
-    """(block size, how many) covering `extent`: the whole blocks, then one of what is left."""
-    whole = [(size, extent // size)] if extent >= size else []
-    return whole + ([(extent % size, 1)] if extent % size else [])
-
-
-def _bool(value: bool) -> str:
-    return "true" if value else "false"
