@@ -103,12 +103,67 @@ class PlainMatmul:
     epilogue: int = 0  # all-parallel M x N generics after the matmul
 
 
+# On a Task's function whose payload is attention's decomposition (`kope.core.task`): what the
+# decomposition no longer says plainly, {causal, scale}. A kernel family rewrites it whole.
+ATTENTION_ATTR = "kope.attention"
+
+
+@dataclass(frozen=True)
+class Attention:
+    """One attention: q B x H x Lq x D, k B x H x Lk x D, v B x H x Lk x E -> B x H x Lq x E."""
+
+    batch: int
+    heads: int
+    queries: int
+    keys: int
+    depth: int
+    value_depth: int
+    causal: bool
+    scale: float
+
+    @property
+    def pairs(self) -> int:
+        return self.batch * self.heads
+
+
+def mark_attention(payload: str, causal: bool, scale: float) -> str:
+    """The payload with its function marked as attention (`ATTENTION_ATTR`)."""
+    context = ir.Context()
+    context.enable_multithreading(False)
+    module = ir.Module.parse(payload, context)
+    with context, ir.Location.unknown():
+        attr = ir.DictAttr.get(
+            {
+                "causal": ir.BoolAttr.get(causal),
+                "scale": ir.FloatAttr.get(ir.F64Type.get(), scale),
+            }
+        )
+        _main(module).attributes[ATTENTION_ATTR] = attr
+    return module.operation.get_asm(enable_debug_info=False)
+
+
+def _attention(func: ir.Operation) -> Attention | None:
+    """The attention `func` computes, if it is marked as one and takes q, k, v of rank 4
+    (f32) to one result."""
+    if ATTENTION_ATTR not in func.attributes:
+        return None
+    marks = ir.DictAttr(func.attributes[ATTENTION_ATTR])
+    signature = function_type(func)
+    shapes = [ir.RankedTensorType(t) for t in [*signature.inputs, *signature.results]]
+    if len(shapes) != 4 or any(t.rank != 4 or str(t.element_type) != "f32" for t in shapes):
+        return None
+    (b, h, lq, d), (_, _, lk, _), (_, _, _, e), _ = (t.shape for t in shapes)
+    return Attention(
+        b, h, lq, lk, d, e, ir.BoolAttr(marks["causal"]).value, ir.FloatAttr(marks["scale"]).value
+    )
+
+
 @dataclass
 class PayloadInfo:
     """The linalg ops of a payload in program order, and what kind of kernel it is."""
 
     ops: list[OpInfo] = field(default_factory=list)
-    kind: str = "elementwise"  # contraction | convolution | reduction | elementwise
+    kind: str = "elementwise"  # contraction | convolution | reduction | elementwise | attention
     math: set[str] = field(default_factory=set)  # math.* ops in op bodies
     element_type: str = "f32"
     plain_matmul: PlainMatmul | None = None
@@ -119,6 +174,7 @@ class PayloadInfo:
     # f64 intermediates in a function of f32 tensors (torch-mlir's widened variance): a
     # kernel may compute them in f32 (`kope.passes.narrow_f64`).
     wide_f64: bool = False
+    attention: Attention | None = None  # a Task marked as attention (`ATTENTION_ATTR`)
 
     @property
     def root(self) -> OpInfo:
@@ -271,7 +327,8 @@ def analyze(text: str) -> PayloadInfo:
         if op.results:
             element = op.results[0].type.element_type
             info.element_type = str(element)
-    info.kind = _classify(info)
+    info.attention = _attention(func)
+    info.kind = "attention" if info.attention is not None else _classify(info)
     info.plain_matmul = plain_matmul
     return info
 

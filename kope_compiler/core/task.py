@@ -33,6 +33,7 @@ from kope.core.lowering import (
     isolated_import,
     op_name,
 )
+from kope.passes.analysis import mark_attention
 from kope.passes.keys import (
     EAGER_ATTR,
     KEY_ATTR,
@@ -186,15 +187,24 @@ def eager_label(node: fx.Node) -> str:
         return op_name(node.target) if hasattr(node.target, "_opname") else str(node.target)
 
 
-def make_task(nodes: fx.Node | list[fx.Node], target_key: str, decomposed: bool = False) -> Task:
+def make_task(
+    nodes: fx.Node | list[fx.Node],
+    target_key: str,
+    decomposed: bool = False,
+    attention: tuple[bool, float] | None = None,
+) -> Task:
     """Import a node (or a group of nodes fused into one kernel) and key it; raises
     LoweringError when torch-mlir cannot lower it. With `decomposed`, the node is imported
-    through its decomposition, as one function; its eager call stays the node's own."""
+    through its decomposition, as one function; its eager call stays the node's own. With
+    `attention` (causal, scale), the function is marked as that attention
+    (`kope.passes.analysis.mark_attention`), which its decomposition no longer says plainly."""
     group = nodes if isinstance(nodes, list) else [nodes]
     inputs, call, in_specs, out_specs = group_signature(group)
     label = label_for(call, in_specs)
     request = ImportRequest(call, in_specs, input_strides(inputs), decomposed)
     payload = reference_lowering(request, out_specs, label)
+    if attention is not None:
+        payload = mark_attention(payload, *attention)
     spec = TaskSpec(label, in_specs, out_specs, call)
     return Task(
         group, inputs, spec, payload, task_key(payload, target_key), workload_digest(payload)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import operator
 from collections import deque
 from collections.abc import Callable
@@ -804,6 +805,11 @@ def _take_rewritten(node: fx.Node, made_by: str, target: Target, result: Partiti
     if not isinstance(node.target, torch._ops.OpOverload) or node.target.is_view:
         return
     name = op_name(node.target)
+    if node.target is aten.scaled_dot_product_attention.default:
+        task = attention_task(node, target)
+        if task is not None:
+            result.tasks.append(task)
+            return
     view = node.args[0] if node.target is aten.clone.default else None
     group = [view, node] if isinstance(view, fx.Node) and view.meta.get(REWRITE) else node
     if eager_reason(node, target) is None:
@@ -816,6 +822,37 @@ def _take_rewritten(node: fx.Node, made_by: str, target: Target, result: Partiti
     # copy only moves.
     compute = node.target is not aten.clone.default
     result.eager.append(EagerNode(node, name, f"{made_by}: ATen runs it", compute))
+
+
+def attention_task(node: fx.Node, target: Target) -> Task | None:
+    """A `scaled_dot_product_attention` with no dropout, mask or grouped heads, of f32 q, k and
+    v of rank 4 (three distinct tensors), as one Task: imported through its decomposition, its
+    function marked with what that loses (causal, the scale) for the attention kernel family
+    (`kope.spaces.attention`); its eager call stays ATen's. None where it is not one."""
+    kwargs: Any = node.kwargs
+    qkv = node.args[:3]
+    if len(node.args) > 3 or set(kwargs) - {"is_causal", "scale"} or len(set(qkv)) != 3:
+        return None
+    values = [n.meta.get("val") if isinstance(n, fx.Node) else None for n in qkv]
+    if not all(
+        isinstance(v, torch.Tensor)
+        and v.dim() == 4
+        and v.dtype == torch.float32
+        and not has_symbols(v)
+        and target.refuses(v) is None
+        for v in values
+    ):
+        return None
+    q = values[0]
+    scale = kwargs.get("scale")
+    scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    try:
+        return make_task(
+            node, target.key(), decomposed=True, attention=(bool(kwargs.get("is_causal")), scale)
+        )
+    except LoweringError as err:
+        log.debug("attention %s does not lower through its decomposition: %s", node.name, err)
+        return None
 
 
 def decompose_in_place(

@@ -39,6 +39,11 @@ rewritten graph and gives its Tasks the same keys.
   and the weighted sum `@ v` — as hand-written attention and KOPE's own decomposition of
   `nn.TransformerEncoderLayer` trace — become one `scaled_dot_product_attention` (a flash
   kernel on CPU: no scores tensor, no contiguous copies of q, k and v).
+- **Attention calls as one operator**: `scaled_dot_product_attention` traces on the CPU to
+  `_scaled_dot_product_flash_attention_for_cpu`, whose second result (a log-sum-exp) no model
+  reads and whose decomposition does not compute; with no dropout or mask and only its output
+  read, it becomes one `scaled_dot_product_attention` again: the same ATen kernel eagerly, and
+  a Task whose decomposition is one function (`kope.frontend.partition`).
 
 Each rewrite is checked when it is made: the original nodes and the replacement run on seeded
 random inputs of the nodes' shapes and must agree within the dtype's tolerance
@@ -75,6 +80,7 @@ FUSED_ATTENTION = "attention as one scaled_dot_product_attention"
 CHANNELS_LAST = "convolutions computed channels-last"
 FUSED_CONVOLUTION = "elementwise ops fused into the convolution before them (oneDNN)"
 POINTWISE_CONVOLUTION = "1x1 convolution as a matrix product"
+ATTENTION_CALL = "ATen's CPU attention as one scaled_dot_product_attention"
 
 
 def rewrite(gm: fx.GraphModule, onednn: bool = True, attention: bool = True) -> list[str]:
@@ -85,6 +91,7 @@ def rewrite(gm: fx.GraphModule, onednn: bool = True, attention: bool = True) -> 
     made = fold_batch_norms(gm.graph) + channels_last(gm.graph, fuse=onednn)
     made += pointwise_convolutions_as_matmuls(gm.graph)
     made += fuse_attention(gm.graph) if attention else []
+    made += attention_calls(gm.graph)
     return [node.meta[REWRITE] for node in made]
 
 
@@ -1068,6 +1075,41 @@ def _fake_attention(found: _Attention) -> torch.Tensor:
     with mode:
         out: torch.Tensor = aten.scaled_dot_product_attention.default(*values, scale=found.scale)
     return out
+
+
+_CPU_ATTENTION = aten._scaled_dot_product_flash_attention_for_cpu.default
+_CPU_ATTENTION_ARGS = ("query", "key", "value", "dropout_p", "is_causal")
+
+
+def attention_calls(graph: fx.Graph) -> list[fx.Node]:
+    """Each call of ATen's CPU attention with no dropout or mask, whose output alone is read,
+    as one `scaled_dot_product_attention` (the op it was traced from); the new nodes."""
+    made = []
+    for node in list(graph.nodes):
+        if _calls(node, _CPU_ATTENTION) is None:
+            continue
+        bound = {**dict(zip(_CPU_ATTENTION_ARGS, node.args, strict=False)), **node.kwargs}
+        if bound.get("dropout_p", 0.0) != 0.0 or bound.get("attn_mask") is not None:
+            continue
+        users = list(node.users)
+        outputs = [u for u in users if u.target is operator.getitem and u.args[1] == 0]
+        unread = [u for u in users if u.target is operator.getitem and not u.users]
+        if not outputs or len(set(outputs) | set(unread)) != len(users):
+            continue
+        with graph.inserting_after(node):
+            call = graph.call_function(
+                aten.scaled_dot_product_attention.default,
+                (bound["query"], bound["key"], bound["value"]),
+                {"is_causal": bool(bound.get("is_causal", False)), "scale": bound.get("scale")},
+            )
+        call.meta["val"] = outputs[0].meta["val"]
+        call.meta[REWRITE] = ATTENTION_CALL
+        for user in users:
+            user.replace_all_uses_with(call)
+            graph.erase_node(user)
+        graph.erase_node(node)
+        made.append(call)
+    return made
 
 
 def _layout_read_below(node: fx.Node) -> bool:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from kope.passes.analysis import CONTRACTIONS, OpInfo, PayloadInfo, PlainMatmul
-from kope.spaces import depthwise, im2col
+from kope.spaces import attention, depthwise, im2col
 from kope.spaces.schedules import (
     CONVOLUTIONS,
     DEPTHWISE,
@@ -290,6 +290,8 @@ def schedule_space(
             if approx:
                 transpose["approximate_math"] = True
             found.append((transpose, score, wide))
+    elif info.kind == "attention":
+        found += _attention_points(info, capabilities, threads, lanes, big)
     elif info.kind in ("reduction", "elementwise"):
         approximate = [True, False] if info.math & APPROXIMABLE else [False]
         row_options = [1, 4, 8] if info.kind == "reduction" else [1, 4]
@@ -417,6 +419,49 @@ def _row_block_points(
     return points
 
 
+def _attention_points(
+    info: PayloadInfo, capabilities: dict[str, Any], threads: list[int], lanes: int, big: bool
+) -> list[tuple[Config, float, bool]]:
+    """Attention by blocks of query rows (`kope.spaces.attention`): 4, 6 or 8 rows (2 and 12
+    widen) by 2-4 vectors of keys a chunk of scores, V's vectors in the largest group whose
+    sums fit beside them, within the machine's vector registers."""
+    found = info.attention
+    if found is None:
+        return []
+    registers = _registers(capabilities)
+    value_vectors = found.value_depth // lanes if found.value_depth % lanes == 0 else 0
+    points: list[tuple[Config, float, bool]] = []
+    for (t, rows, keys), wide in _grid([threads, [6, 4, 8], [4, 2, 3]], [[], [2, 12], []]):
+        if not value_vectors:
+            break
+        config: Config = {
+            "family": "attention",
+            "threads": t,
+            "rows": rows,
+            "keys": keys,
+            "values": attention.value_group(rows, value_vectors, registers * 3 // 4),
+            "vector": lanes,
+        }
+        if not _attention_fits(info, capabilities, config):
+            continue
+        score = 2.0 if (t > 1) == big else 0.0
+        score += 1.0 if rows * keys == registers * 3 // 4 else 0.5 if rows >= 4 else 0.0
+        points.append((config, score, wide))
+    return points
+
+
+def _attention_fits(info: PayloadInfo, capabilities: dict[str, Any], config: Config) -> bool:
+    """Blocks of the machine's vectors that render (`attention.fits`), their sums within
+    its vector registers beside the loads of K or V and a broadcast."""
+    return (
+        info.attention is not None
+        and int(config.get("vector", 0)) == _lanes(capabilities, info.element_type)
+        and attention.fits(info.attention, config)
+        and attention.sums(config) + max(int(config["keys"]), int(config["values"])) + 1
+        <= _registers(capabilities)
+    )
+
+
 def _row_blocks_fit(info: PayloadInfo, capabilities: dict[str, Any], config: Config) -> bool:
     """Row blocks of the machine's vectors that render (`depthwise.fits`), their sums in
     its vector registers beside an input vector and a filter tap."""
@@ -491,6 +536,8 @@ def renders(info: PayloadInfo, capabilities: dict[str, Any], config: Config) -> 
         f, ow, c = (int(config.get(k, 0)) for k in ("channels", "columns", "inputs"))
         extents = conv.ranges[f_dim], conv.ranges[ow_dim], conv.ranges[c_dim]
         return _conv_tiles_fit(*extents, threads, f, ow, c)
+    if family == "attention":
+        return _attention_fits(info, capabilities, config)
     if family == "depthwise" and config.get("algorithm") == "rows":
         return _row_blocks_fit(info, capabilities, config)
     if family == "depthwise":

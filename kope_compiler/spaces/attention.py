@@ -1,0 +1,408 @@
+"""Attention as one kernel: scores, softmax and the weighted sum of values a block of query
+rows at a time, the scores never leaving the cache.
+
+`scaled_dot_product_attention` reaches a Task as torch-mlir's lowering of its decomposition
+(two batched products around a softmax, a causal mask built from index tensors: the
+reference), with what the decomposition loses recorded on its function (`kope.attention`:
+causal or not, the scale; see `kope.core.task`). That lowering writes every score of every
+head to memory three times. Here, per head (heads split over threads):
+
+1. K is packed transposed (D x keys, padded to whole chunks), so that a chunk of scores is
+   vector loads along the keys;
+2. per block of R query rows: the scores of every key chunk (R x C vectors of sums in
+   registers, one broadcast of a query element and C loads of K per step along D), scaled,
+   masked (keys past the end, and under `causal` keys after the row) and kept in an R x keys
+   scratch that stays in L1/L2, with each row's running maximum;
+3. `exp(score - max)` over the scratch in place, with each row's sum;
+4. the weighted sum of V's rows (R x G vectors of sums per group of G vectors along V's
+   depth, one broadcast of a weight and G loads of V per key), divided by the row's sum.
+
+Under `causal` a block reads only the keys its last row may see. Any sequence lengths (a
+ragged last block of rows, a ragged last chunk of keys), head depths that are whole vectors,
+f32. The softmax is two passes over the block's scores in cache, not flash attention's
+online rescaling: a block's scores take R x keys x 4 bytes (8 rows of 4096 keys: 128 KB).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from torch_mlir import ir
+
+from kope.passes.analysis import Attention, PayloadInfo
+from kope.spaces.writer import VectorWriter, blocks
+
+_FUNCTION = "kope_attention"
+
+
+def fits(attention: Attention, config: dict[str, Any]) -> bool:
+    """Depths of whole vectors, V's vectors in whole groups, and threads that split the heads
+    evenly. (Whether a block's sums fit the machine's registers is the space's to say:
+    `sums`.)"""
+    lanes, rows, chunk, group = (
+        int(config.get(k, 0)) for k in ("vector", "rows", "keys", "values")
+    )
+    threads = int(config.get("threads", 1))
+    return (
+        min(lanes, rows, chunk, group, threads) > 0
+        and attention.depth % lanes == 0
+        and attention.value_depth % lanes == 0
+        and (attention.value_depth // lanes) % group == 0
+        and attention.pairs % threads == 0
+    )
+
+
+def sums(config: dict[str, Any]) -> int:
+    """The vector registers a block's sums take: R x C scores, or R x G of the output."""
+    rows = int(config["rows"])
+    return rows * max(int(config["keys"]), int(config["values"]))
+
+
+def value_group(rows: int, value_vectors: int, registers: int) -> int:
+    """The most of V's vectors one pass of the weighted sum can keep `rows` rows of sums for
+    in `registers`, in groups that divide V's vectors evenly."""
+    fit = max(1, registers // max(rows, 1))
+    return max(g for g in range(1, value_vectors + 1) if value_vectors % g == 0 and g <= fit)
+
+
+def attention_kernel(payload: str, info: PayloadInfo, config: dict[str, Any]) -> str:
+    """The kernel for a payload marked as attention: its function, under its own name, now
+    calls `@kope_attention`, with `exp` as a polynomial that vectorizes
+    (`kope.passes.approximate_math`)."""
+    from kope.passes.approximate_math import ApproximateMath
+    from kope.passes.pipeline import build_pass_manager
+
+    assert info.attention is not None and fits(info.attention, config)
+    context = ir.Context()
+    context.enable_multithreading(False)
+    name = ir.StringAttr(_main(ir.Module.parse(payload, context)).attributes["sym_name"]).value
+    module = ir.Module.parse(attention_module(info.attention, config, name), context)
+    build_pass_manager([ApproximateMath(), "canonicalize"], context).run(module.operation)
+    return module.operation.get_asm(enable_debug_info=False)
+
+
+def _main(module: ir.Module) -> ir.Operation:
+    return next(op.operation for op in module.body if op.operation.name == "func.func")
+
+
+def attention_module(attention: Attention, config: dict[str, Any], name: str = "main") -> str:
+    """A kernel module: `@name(q, k, v) -> out` on 4-D tensors, calling the attention."""
+    a = attention
+    q4 = f"tensor<{a.batch}x{a.heads}x{a.queries}x{a.depth}xf32>"
+    k4 = f"tensor<{a.batch}x{a.heads}x{a.keys}x{a.depth}xf32>"
+    v4 = f"tensor<{a.batch}x{a.heads}x{a.keys}x{a.value_depth}xf32>"
+    o4 = f"tensor<{a.batch}x{a.heads}x{a.queries}x{a.value_depth}xf32>"
+    writer = _Writer(a, config)
+    q3, k3, v3, o3 = writer.q_type, writer.k_type, writer.v_type, writer.out_type
+    helper = writer.function()
+    body = [
+        f"%q = tensor.collapse_shape %arg0 [[0, 1], [2], [3]] : {q4} into {q3}",
+        f"%k = tensor.collapse_shape %arg1 [[0, 1], [2], [3]] : {k4} into {k3}",
+        f"%v = tensor.collapse_shape %arg2 [[0, 1], [2], [3]] : {v4} into {v3}",
+        f"%init = tensor.empty() : {o3}",
+        f"%o = func.call @{_FUNCTION}(%q, %k, %v, %init) : ({q3}, {k3}, {v3}, {o3}) -> {o3}",
+        f"%out = tensor.expand_shape %o [[0, 1], [2], [3]] output_shape "
+        f"[{a.batch}, {a.heads}, {a.queries}, {a.value_depth}] : {o3} into {o4}",
+        f"return %out : {o4}",
+    ]
+    inner = helper[helper.index("{") + 1 : helper.rindex("}")]
+    return (
+        "module {\n"
+        f"func.func @{name}(%arg0: {q4}, %arg1: {k4}, %arg2: {v4}) -> {o4} {{\n  "
+        + "\n  ".join(body)
+        + "\n}\n"
+        + inner
+        + "}\n"
+    )
+
+
+class _Writer(VectorWriter):
+    """`@kope_attention(q, k, v, init)` on N x L x D tensors (N = batch x heads) as text."""
+
+    def __init__(self, attention: Attention, config: dict[str, Any]):
+        super().__init__(int(config["vector"]))
+        a = self.a = attention
+        self.rows = int(config["rows"])
+        self.chunk = int(config["keys"]) * self.lanes  # keys per chunk of scores
+        self.chunk_vectors = int(config["keys"])
+        self.threads = int(config.get("threads", 1))
+        self.group = int(config["values"])  # V's vectors per pass of the weighted sum
+        self.per_thread = a.pairs // self.threads
+        self.padded_keys = math.ceil(a.keys / self.chunk) * self.chunk
+        n, lq, lk = a.pairs, a.queries, a.keys
+        self.q_type = f"tensor<{n}x{lq}x{a.depth}xf32>"
+        self.k_type = f"tensor<{n}x{lk}x{a.depth}xf32>"
+        self.v_type = f"tensor<{n}x{lk}x{a.value_depth}xf32>"
+        self.out_type = f"tensor<{n}x{lq}x{a.value_depth}xf32>"
+        self.into_type = f"tensor<{self.per_thread}x{lq}x{a.value_depth}xf32>"
+        self.kt_type = f"tensor<{a.depth}x{self.padded_keys}xf32>"
+        self.scores_type = f"tensor<{self.rows}x{self.padded_keys}xf32>"
+        self.ivec = f"vector<{self.lanes}xi32>"
+        # Keys past the end, or (causal) after a row, are masked: not where every chunk is
+        # whole and nothing is causal.
+        self.masked = a.causal or a.keys % self.chunk != 0
+
+    def function(self) -> str:
+        a, lanes = self.a, self.lanes
+        self.emit("%zero = arith.constant 0.0 : f32")
+        self.emit("%one = arith.constant 1.0 : f32")
+        self.emit(f"%zeros = arith.constant dense<0.0> : {self.vec}")
+        self.emit(f"%ninfs = arith.constant dense<0xFF800000> : {self.vec}")
+        self.emit(f"%scale = arith.constant dense<{a.scale!r}> : {self.vec}")
+        iota = ", ".join(str(i) for i in range(lanes))
+        self.emit(f"%iota = arith.constant dense<[{iota}]> : {self.ivec}")
+        if self.threads > 1:
+            self.emit(
+                f"%result = scf.forall (%t) in ({self.threads}) shared_outs(%o = %init) "
+                f"-> ({self.out_type}) {{"
+            )
+            self.emit(f"%hbase = arith.muli %t, {self.index(self.per_thread)} : index")
+            self.emit(
+                f"%slab = tensor.extract_slice %o{self._slab()} : "
+                f"{self.out_type} to {self.into_type}"
+            )
+            start = "%slab"
+        else:
+            self.emit("%hbase = arith.constant 0 : index")
+            start = "%init"
+        self.emit(f"%scratch = tensor.empty() : {self.scores_type}")
+        self.loop(
+            "%heads",
+            "%hl",
+            (0, self.per_thread, 1),
+            [("%o0", start, self.into_type), ("%s0", "%scratch", self.scores_type)],
+        )
+        self.emit("%h = arith.addi %hbase, %hl : index")
+        kt = self.pack_keys()
+        out, scores = "%o0", "%s0"
+        begin = 0
+        for rows, count in blocks(a.queries, self.rows):
+            result = self.fresh("qb")
+            i0, o, s = self.fresh("i"), self.fresh("o"), self.fresh("s")
+            self.loop(
+                result,
+                i0,
+                (begin, begin + rows * count, rows),
+                [(o, out, self.into_type), (s, scores, self.scores_type)],
+            )
+            o_next, s_next = self.query_block(rows, i0, o, s, kt)
+            self.end_loop([o_next, s_next], [self.into_type, self.scores_type])
+            out, scores = f"{result}#0", f"{result}#1"
+            begin += rows * count
+        self.end_loop([out, scores], [self.into_type, self.scores_type])
+        result = "%heads#0"
+        if self.threads > 1:
+            self.emit("scf.forall.in_parallel {")
+            self.emit(
+                f"tensor.parallel_insert_slice %heads#0 into %o{self._slab()} : "
+                f"{self.into_type} into {self.out_type}"
+            )
+            self.emit("}")
+            self.emit("}")
+            result = "%result"
+        self.emit(f"return {result} : {self.out_type}")
+        params = [
+            f"%q: {self.q_type}",
+            f"%k: {self.k_type}",
+            f"%v: {self.v_type}",
+            f"%init: {self.out_type}",
+        ]
+        return self.function_text(_FUNCTION, params, self.out_type)
+
+    def _slab(self) -> str:
+        a = self.a
+        return f"[%hbase, 0, 0] [{self.per_thread}, {a.queries}, {a.value_depth}] [1, 1, 1]"
+
+    def pack_keys(self) -> str:
+        """K of head %h transposed into D x padded keys: a vector of a key's row read, its
+        lanes written down a column (the padding keys are never unmasked: left as they are)."""
+        a, lanes = self.a, self.lanes
+        self.emit(f"%kt0 = tensor.empty() : {self.kt_type}")
+        self.loop("%kt", "%j", (0, a.keys, 1), [("%ka", "%kt0", self.kt_type)])
+        current = "%ka"
+        for dv in range(a.depth // lanes):
+            x = self.read("%k", ["%h", "%j", self.index(dv * lanes)], self.k_type, True)
+            for lane in range(lanes):
+                scalar, inserted = self.fresh("x"), self.fresh("kt")
+                self.emit(f"{scalar} = vector.extract {x}[{lane}] : f32 from {self.vec}")
+                self.emit(
+                    f"{inserted} = tensor.insert {scalar} into {current}"
+                    f"[{self.index(dv * lanes + lane)}, %j] : {self.kt_type}"
+                )
+                current = inserted
+        self.end_loop([current], [self.kt_type])
+        return "%kt"
+
+    def query_block(self, rows: int, i0: str, out: str, scores: str, kt: str) -> tuple[str, str]:
+        """Rows i0 .. i0 + rows of head %h: scores, softmax, weighted sum; the output and the
+        scratch after them."""
+        a = self.a
+        # The keys this block reads: all (padded to whole chunks), or under `causal` those up
+        # to its last row's (the loops' bound then depends on the block).
+        limits: list[str] = []  # per row: the first key it may not see, as a vector
+        if a.causal:
+            last = self.add(i0, rows)
+            seen = self.fresh("kend")
+            self.emit(f"{seen} = arith.minui {last}, {self.index(a.keys)} : index")
+            score_end, value_end = seen, seen
+        else:
+            score_end, value_end = self.index(self.padded_keys), self.index(a.keys)
+        if self.masked:
+            for r in range(rows):
+                bound = self.index(a.keys)
+                if a.causal:
+                    bound = self.fresh("lim")
+                    self.emit(
+                        f"{bound} = arith.minui {self.add(i0, r + 1)}, {self.index(a.keys)} : index"
+                    )
+                as_int, vector = self.fresh("lim"), self.fresh("limv")
+                self.emit(f"{as_int} = arith.index_cast {bound} : index to i32")
+                self.emit(f"{vector} = vector.broadcast {as_int} : i32 to {self.ivec}")
+                limits.append(vector)
+        maxima = self.scores(rows, i0, scores, kt, score_end, limits)
+        weights, inverse = self.softmax(rows, f"{maxima}#0", maxima, score_end)
+        return self.weighted_sum(rows, i0, out, weights, inverse, value_end), weights
+
+    def scores(self, rows: int, i0: str, scores: str, kt: str, end: str, limits: list[str]) -> str:
+        """`result#0`: the scratch with the block's scaled, masked scores; `result#1..`: each
+        row's running maximum, a vector."""
+        cv, lanes = self.chunk_vectors, self.lanes
+        result, j0, s = self.fresh("sc"), self.fresh("j"), self.fresh("s")
+        running = [self.fresh("m") for _ in range(rows)]
+        self.loop(
+            result,
+            j0,
+            (0, end, self.chunk),
+            [(s, scores, self.scores_type)] + [(m, "%ninfs", self.vec) for m in running],
+        )
+        q_rows = [self.add(i0, r) for r in range(rows)]
+        keys = [self.add(j0, c * lanes) for c in range(cv)]
+        sums = self.fresh("acc")
+        d = self.fresh("d")
+        carried = [(self.fresh("a"), "%zeros", self.vec) for _ in range(rows * cv)]
+        self.loop(sums, d, (0, self.a.depth, 1), carried)
+        loaded = [self.read(kt, [d, keys[c]], self.kt_type, True) for c in range(cv)]
+        updated = []
+        for r in range(rows):
+            scalar, broadcast = self.fresh("q"), self.fresh("qb")
+            self.emit(f"{scalar} = tensor.extract %q[%h, {q_rows[r]}, {d}] : {self.q_type}")
+            self.emit(f"{broadcast} = vector.broadcast {scalar} : f32 to {self.vec}")
+            for c in range(cv):
+                name = self.fresh("f")
+                acc = carried[r * cv + c][0]
+                self.emit(f"{name} = vector.fma {broadcast}, {loaded[c]}, {acc} : {self.vec}")
+                updated.append(name)
+        self.end_loop(updated, [self.vec] * len(updated))
+        current = s
+        maxima = list(running)
+        for c in range(cv):
+            keys_vector = None
+            if limits:
+                as_int, base = self.fresh("kix"), self.fresh("kb")
+                keys_vector = self.fresh("kv")
+                self.emit(f"{as_int} = arith.index_cast {keys[c]} : index to i32")
+                self.emit(f"{base} = vector.broadcast {as_int} : i32 to {self.ivec}")
+                self.emit(f"{keys_vector} = arith.addi {base}, %iota : {self.ivec}")
+            for r in range(rows):
+                value = self.fresh("sv")
+                total = f"{sums}#{r * cv + c}" if rows * cv > 1 else sums
+                self.emit(f"{value} = arith.mulf {total}, %scale : {self.vec}")
+                if keys_vector is not None:
+                    inside, masked = self.fresh("in"), self.fresh("sm")
+                    self.emit(
+                        f"{inside} = arith.cmpi slt, {keys_vector}, {limits[r]} : {self.ivec}"
+                    )
+                    self.emit(
+                        f"{masked} = arith.select {inside}, {value}, %ninfs : "
+                        f"vector<{lanes}xi1>, {self.vec}"
+                    )
+                    value = masked
+                current = self.write(
+                    value, current, [self.index(r), keys[c]], self.scores_type, True
+                )
+                maximum = self.fresh("mx")
+                self.emit(f"{maximum} = arith.maximumf {maxima[r]}, {value} : {self.vec}")
+                maxima[r] = maximum
+        self.end_loop([current, *maxima], [self.scores_type] + [self.vec] * rows)
+        return result
+
+    def softmax(self, rows: int, scores: str, maxima: str, end: str) -> tuple[str, list[str]]:
+        """The scratch's scores replaced by exp(score - the row's maximum); the reciprocal of
+        each row's sum of them."""
+        lanes = self.lanes
+        shifts = []
+        for r in range(rows):
+            scalar, vector = self.fresh("rmax"), self.fresh("rmaxv")
+            self.emit(
+                f"{scalar} = vector.reduction <maximumf>, {maxima}#{r + 1} : {self.vec} into f32"
+            )
+            self.emit(f"{vector} = vector.broadcast {scalar} : f32 to {self.vec}")
+            shifts.append(vector)
+        result, j0, s = self.fresh("ex"), self.fresh("j"), self.fresh("s")
+        sums = [self.fresh("l") for _ in range(rows)]
+        self.loop(
+            result,
+            j0,
+            (0, end, self.chunk),
+            [(s, scores, self.scores_type)] + [(total, "%zeros", self.vec) for total in sums],
+        )
+        current, totals = s, list(sums)
+        for c in range(self.chunk_vectors):
+            key = self.add(j0, c * lanes)
+            for r in range(rows):
+                x = self.read(current, [self.index(r), key], self.scores_type, True)
+                shifted, weight, total = self.fresh("d"), self.fresh("e"), self.fresh("ls")
+                self.emit(f"{shifted} = arith.subf {x}, {shifts[r]} : {self.vec}")
+                self.emit(f"{weight} = math.exp {shifted} : {self.vec}")
+                self.emit(f"{total} = arith.addf {totals[r]}, {weight} : {self.vec}")
+                totals[r] = total
+                current = self.write(weight, current, [self.index(r), key], self.scores_type, True)
+        self.end_loop([current, *totals], [self.scores_type] + [self.vec] * rows)
+        inverse = []
+        for r in range(rows):
+            scalar, reciprocal, vector = self.fresh("lsum"), self.fresh("rcp"), self.fresh("rv")
+            self.emit(f"{scalar} = vector.reduction <add>, {result}#{r + 1} : {self.vec} into f32")
+            self.emit(f"{reciprocal} = arith.divf %one, {scalar} : f32")
+            self.emit(f"{vector} = vector.broadcast {reciprocal} : f32 to {self.vec}")
+            inverse.append(vector)
+        return f"{result}#0", inverse
+
+    def weighted_sum(
+        self, rows: int, i0: str, out: str, weights: str, inverse: list[str], end: str
+    ) -> str:
+        """out[rows] = weights @ V / each row's sum, `values` of V's vectors at a time."""
+        a, lanes = self.a, self.lanes
+        vectors, group = a.value_depth // lanes, self.group
+        current = out
+        out_rows = [self.add(i0, r) for r in range(rows)]
+        for g0 in range(0, vectors, group):
+            sums, j = self.fresh("ws"), self.fresh("j")
+            carried = [(self.fresh("w"), "%zeros", self.vec) for _ in range(rows * group)]
+            self.loop(sums, j, (0, end, 1), carried)
+            values = [
+                self.read("%v", ["%h", j, self.index((g0 + g) * lanes)], self.v_type, True)
+                for g in range(group)
+            ]
+            updated = []
+            for r in range(rows):
+                scalar, broadcast = self.fresh("p"), self.fresh("pb")
+                self.emit(
+                    f"{scalar} = tensor.extract {weights}[{self.index(r)}, {j}] : "
+                    f"{self.scores_type}"
+                )
+                self.emit(f"{broadcast} = vector.broadcast {scalar} : f32 to {self.vec}")
+                for g in range(group):
+                    name = self.fresh("f")
+                    acc = carried[r * group + g][0]
+                    self.emit(f"{name} = vector.fma {broadcast}, {values[g]}, {acc} : {self.vec}")
+                    updated.append(name)
+            self.end_loop(updated, [self.vec] * len(updated))
+            for r in range(rows):
+                for g in range(group):
+                    total = f"{sums}#{r * group + g}" if rows * group > 1 else sums
+                    scaled = self.fresh("o")
+                    self.emit(f"{scaled} = arith.mulf {total}, {inverse[r]} : {self.vec}")
+                    at = ["%hl", out_rows[r], self.index((g0 + g) * lanes)]
+                    current = self.write(scaled, current, at, self.into_type, True)
+        return current

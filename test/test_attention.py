@@ -1,0 +1,147 @@
+"""Attention as a kernel family (`kope.spaces.attention`): `scaled_dot_product_attention`
+becomes a Task whose reference is its decomposition, the configurations the space offers
+verify against it (causal or not, query and key lengths that leave ragged blocks and chunks,
+queries and keys of different lengths, value depths other than the query's, one and two
+threads), the space offers them only where they render, and through the backend the answer is
+right where ATen's own call is kept too (a mask)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+import kope
+from kope.frontend.partition import attention_task
+from kope.frontend.rewrites import attention_calls
+from kope.passes.analysis import analyze, prepare_payload
+from kope.spaces.cpu import renders, schedule_space
+from kope.spaces.kernels import kernel_source
+from kope.targets.cpu import CpuTarget
+from kope.vocabulary.kernels import Kernel
+
+
+@pytest.fixture(scope="module")
+def target():
+    cpu = CpuTarget(workers=1, timeout_s=120)
+    yield cpu
+    cpu.close()
+
+
+def _sdpa_node(
+    q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...], **kwargs: Any
+) -> fx.Node:
+    graph = fx.Graph()
+    inputs = [graph.placeholder(name) for name in "qkv"]
+    for node, shape in zip(inputs, (q, k, v), strict=True):
+        node.meta["val"] = torch.empty(shape)
+    call = graph.call_function(
+        torch.ops.aten.scaled_dot_product_attention.default, tuple(inputs), kwargs
+    )
+    call.meta["val"] = torch.empty(*q[:3], v[3])
+    graph.output(call)
+    return call
+
+
+# (q, k, v shapes, causal)
+CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool]] = {
+    # 50 query rows: blocks of 4, 6 and 8 leave some over; 37 keys: a ragged chunk.
+    "causal_ragged": ((2, 2, 50, 32), (2, 2, 37, 32), (2, 2, 37, 32), True),
+    "ragged": ((1, 3, 13, 32), (1, 3, 45, 32), (1, 3, 45, 32), False),
+    # Values twice as deep as queries and keys: the weighted sum in groups.
+    "value_depth": ((1, 2, 24, 16), (1, 2, 64, 16), (1, 2, 64, 128), False),
+    "causal_more_queries": ((1, 2, 40, 64), (1, 2, 24, 64), (1, 2, 24, 64), True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_space_verifies_against_the_decomposition(case: str, target: CpuTarget) -> None:
+    q, k, v, causal = CASES[case]
+    task = attention_task(_sdpa_node(q, k, v, is_causal=causal), target)
+    assert task is not None
+    payload = prepare_payload(task.payload)
+    info = analyze(payload)
+    assert info.kind == "attention" and info.attention is not None
+    assert info.attention.causal is causal and info.attention.keys == k[2]
+    space, _ = schedule_space(info, target.capabilities())
+    assert space
+    lanes = space[0][0]["vector"]
+    # The prior's first picks, a single thread, and blocks whose rows or sums differ.
+    configs = [config for config, _ in sorted(space, key=lambda p: -p[1])[:2]]
+    configs.append({**configs[0], "threads": 1, "rows": 2, "keys": 1})
+    for config in configs:
+        assert renders(info, target.capabilities(), config), config
+        evaluation = target.evaluate(task.spec, Kernel(kernel_source(payload, info, config)))
+        assert evaluation.verdict == "verified", (config, evaluation.error)
+    assert q[3] % lanes == 0
+
+
+def test_the_space_refuses_what_does_not_render(target: CpuTarget) -> None:
+    caps = target.capabilities()
+    task = attention_task(_sdpa_node((1, 2, 16, 64), (1, 2, 16, 64), (1, 2, 16, 64)), target)
+    assert task is not None
+    info = analyze(prepare_payload(task.payload))
+    space, _ = schedule_space(info, caps)
+    config = dict(space[0][0])
+    lanes = config["vector"]
+    assert not renders(info, caps, {**config, "vector": lanes // 2})  # not the machine's
+    assert not renders(info, caps, {**config, "values": 3})  # does not divide 64 / lanes
+    assert not renders(info, caps, {**config, "threads": 3})  # does not split 2 heads
+    assert not renders(info, caps, {**config, "rows": 16, "keys": 4})  # 64 sums
+    # A head depth of no whole vectors: no attention kernel (ATen's call stays the best).
+    odd = attention_task(_sdpa_node((1, 2, 16, 20), (1, 2, 16, 20), (1, 2, 16, 20)), target)
+    assert odd is not None
+    assert schedule_space(analyze(prepare_payload(odd.payload)), caps)[0] == []
+
+
+def test_what_is_not_plain_attention_is_no_task(target: CpuTarget) -> None:
+    shape = (1, 2, 8, 16)
+    mask = _sdpa_node(shape, shape, shape)
+    mask.kwargs = {"attn_mask": mask.args[0]}
+    assert attention_task(mask, target) is None
+    same = _sdpa_node(shape, shape, shape)
+    same.args = (same.args[0],) * 3  # self-attention of one tensor as q, k and v
+    assert attention_task(same, target) is None
+
+
+def test_cpu_attention_calls_become_one_operator() -> None:
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    q = torch.randn(1, 2, 8, 16)
+    gm = make_fx(attend, tracing_mode="fake")(q, q.clone(), q.clone())
+    before = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default in before
+    (made,) = attention_calls(gm.graph)
+    assert made.target is torch.ops.aten.scaled_dot_product_attention.default
+    assert made.kwargs["is_causal"] is True
+    after = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert after == [torch.ops.aten.scaled_dot_product_attention.default]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_backend_runs_attention_as_a_task(causal: bool, tmp_path: Any, monkeypatch) -> None:
+    monkeypatch.setenv("KOPE_HOME", str(tmp_path))
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 24, 32) for _ in range(3))
+    mask = torch.randn(24, 24)
+
+    def model(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        plain = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        masked = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # stays ATen's
+        return plain + masked
+
+    kope.reset_report()
+    with torch.no_grad():
+        got = torch.compile(model, backend="kope", options={"kernels": "reference"})(q, k, v)
+        want = model(q, k, v)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    report = kope.report()
+    ran = [t for t in report.tasks if t.op == "aten.scaled_dot_product_attention.default"]
+    assert ran and all(t.jit and t.calls > 0 for t in ran)
+    torch._dynamo.reset()
