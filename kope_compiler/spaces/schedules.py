@@ -83,6 +83,12 @@ def describe(config: Config) -> str:
             f"tiles {config['channels']} out-channels x {config['columns']} columns "
             f"x {config['inputs']} in-channels, 1-D decomposition"
         )
+    elif family == "attention":
+        parts.append(
+            f"blocks of {config['rows']} query rows, scores {config['keys']} vectors of keys "
+            f"at a time, values {config['values']} vectors at a time, vectors of "
+            f"{config['vector']}, scores in cache"
+        )
     elif family == "transpose":
         reads, writes = config["tile"]
         parts.append(
