@@ -7,8 +7,9 @@ reference), with what the decomposition loses recorded on its function (`kope.at
 causal or not, the scale; see `kope.core.task`). That lowering writes every score of every
 head to memory three times. Here, per head (heads split over threads):
 
-1. K is packed transposed (D x keys, padded to whole chunks), so that a chunk of scores is
-   vector loads along the keys;
+1. K is packed transposed (D x keys, padded to whole chunks; blocks of a vector's lanes
+   square transposed by shuffles in registers), so that a chunk of scores is vector loads
+   along the keys;
 2. per block of R query rows: the scores of every key chunk (R x C vectors of sums in
    registers, one broadcast of a query element and C loads of K per step along D), scaled,
    masked (keys past the end, and under `causal` keys after the row) and kept in an R x keys
@@ -215,11 +216,29 @@ class _Writer(VectorWriter):
         return f"[%hbase, 0, 0] [{self.per_thread}, {a.queries}, {a.value_depth}] [1, 1, 1]"
 
     def pack_keys(self) -> str:
-        """K of head %h transposed into D x padded keys: a vector of a key's row read, its
-        lanes written down a column (the padding keys are never unmasked: left as they are)."""
+        """K of head %h transposed into D x padded keys: blocks of `lanes` keys x `lanes` of
+        the depth read as rows and transposed in registers (`transpose`); the last keys, a
+        block short, one key at a time, its lanes written down a column. (The padding keys
+        are always masked: left as they are.)"""
         a, lanes = self.a, self.lanes
+        whole = a.keys - a.keys % lanes
         self.emit(f"%kt0 = tensor.empty() : {self.kt_type}")
-        self.loop("%kt", "%j", (0, a.keys, 1), [("%ka", "%kt0", self.kt_type)])
+        current = "%kt0"
+        if whole:
+            self.loop("%ktb", "%jb", (0, whole, lanes), [("%kb", "%kt0", self.kt_type)])
+            current = "%kb"
+            keys = [self.add("%jb", r) for r in range(lanes)]
+            for dv in range(a.depth // lanes):
+                depth = self.index(dv * lanes)
+                rows = [self.read("%k", ["%h", j, depth], self.k_type, True) for j in keys]
+                for d, column in enumerate(self.transpose(rows)):
+                    at = [self.index(dv * lanes + d), "%jb"]
+                    current = self.write(column, current, at, self.kt_type, True)
+            self.end_loop([current], [self.kt_type])
+            current = "%ktb"
+        if whole == a.keys:
+            return current
+        self.loop("%kt", "%j", (whole, a.keys, 1), [("%ka", current, self.kt_type)])
         current = "%ka"
         for dv in range(a.depth // lanes):
             x = self.read("%k", ["%h", "%j", self.index(dv * lanes)], self.k_type, True)
@@ -233,6 +252,29 @@ class _Writer(VectorWriter):
                 current = inserted
         self.end_loop([current], [self.kt_type])
         return "%kt"
+
+    def transpose(self, rows: list[str]) -> list[str]:
+        """A `lanes` x `lanes` block transposed in registers: for each bit of a lane index,
+        rows i and i | b (b that bit) swap the lanes where their bits differ, one shuffle per
+        row (log2(lanes) rounds of `lanes` shuffles, where lane by lane is lanes^2 moves)."""
+        lanes, rows = self.lanes, list(rows)
+        b = lanes // 2
+        while b:
+            low = [c if not c & b else lanes + c - b for c in range(lanes)]
+            high = [c + b if not c & b else lanes + c for c in range(lanes)]
+            for i in range(lanes):
+                if i & b:
+                    continue
+                first, second = self.fresh("tr"), self.fresh("tr")
+                pair = f"{rows[i]}, {rows[i | b]}"
+                for name, mask in ((first, low), (second, high)):
+                    self.emit(
+                        f"{name} = vector.shuffle {pair} [{', '.join(map(str, mask))}] : "
+                        f"{self.vec}, {self.vec}"
+                    )
+                rows[i], rows[i | b] = first, second
+            b //= 2
+        return rows
 
     def query_block(self, rows: int, i0: str, out: str, scores: str, kt: str) -> tuple[str, str]:
         """Rows i0 .. i0 + rows of head %h: scores, softmax, weighted sum; the output and the
