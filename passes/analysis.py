@@ -110,7 +110,9 @@ ATTENTION_ATTR = "kope.attention"
 
 @dataclass(frozen=True)
 class Attention:
-    """One attention: q B x H x Lq x D, k B x H x Lk x D, v B x H x Lk x E -> B x H x Lq x E."""
+    """One attention: q B x H x Lq x D, k B x H x Lk x D, v B x H x Lk x E -> B x H x Lq x E,
+    and a mask of the scores (added, or where False, -inf) of a shape that broadcasts to
+    B x H x Lq x Lk, if there is one."""
 
     batch: int
     heads: int
@@ -120,10 +122,18 @@ class Attention:
     value_depth: int
     causal: bool
     scale: float
+    mask: tuple[int, ...] = ()  # its shape; () where there is none
+    mask_bool: bool = False
 
     @property
     def pairs(self) -> int:
         return self.batch * self.heads
+
+    @property
+    def mask4(self) -> tuple[int, int, int, int]:
+        """The mask's shape with unit dims before it, to rank 4."""
+        b, h, q, k = (1,) * (4 - len(self.mask)) + self.mask
+        return b, h, q, k
 
 
 def mark_attention(payload: str, causal: bool, scale: float) -> str:
@@ -144,18 +154,30 @@ def mark_attention(payload: str, causal: bool, scale: float) -> str:
 
 def _attention(func: ir.Operation) -> Attention | None:
     """The attention `func` computes, if it is marked as one and takes q, k, v of rank 4
-    (f32) to one result."""
+    (f32), and maybe a mask (f32 or i1, rank 1 to 4), to one result."""
     if ATTENTION_ATTR not in func.attributes:
         return None
     marks = ir.DictAttr(func.attributes[ATTENTION_ATTR])
     signature = function_type(func)
-    shapes = [ir.RankedTensorType(t) for t in [*signature.inputs, *signature.results]]
-    if len(shapes) != 4 or any(t.rank != 4 or str(t.element_type) != "f32" for t in shapes):
+    types = [ir.RankedTensorType(t) for t in [*signature.inputs, *signature.results]]
+    mask = types.pop(3) if len(types) == 5 else None
+    if len(types) != 4 or any(t.rank != 4 or str(t.element_type) != "f32" for t in types):
         return None
-    (b, h, lq, d), (_, _, lk, _), (_, _, _, e), _ = (t.shape for t in shapes)
-    return Attention(
+    (b, h, lq, d), (_, _, lk, _), (_, _, _, e), _ = (t.shape for t in types)
+    found = Attention(
         b, h, lq, lk, d, e, ir.BoolAttr(marks["causal"]).value, ir.FloatAttr(marks["scale"]).value
     )
+    if mask is None:
+        return found
+    element = str(mask.element_type)
+    shape = tuple(mask.shape)
+    if element not in ("f32", "i1") or not 1 <= len(shape) <= 4:
+        return None
+    attention = Attention(**{**found.__dict__, "mask": shape, "mask_bool": element == "i1"})
+    full = (b, h, lq, lk)
+    if any(m not in (1, f) for m, f in zip(attention.mask4, full, strict=True)):
+        return None
+    return attention
 
 
 @dataclass

@@ -2,8 +2,8 @@
 becomes a Task whose reference is its decomposition, the configurations the space offers
 verify against it (causal or not, query and key lengths that leave ragged blocks and chunks,
 queries and keys of different lengths, value depths other than the query's, one and two
-threads), the space offers them only where they render, and through the backend the answer is
-right where ATen's own call is kept too (a mask)."""
+threads, masks added or choosing), the space offers them only where they render, and through
+the backend the answer is right."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ from kope.spaces.kernels import kernel_source
 from kope.targets.cpu import CpuTarget
 from kope.vocabulary.kernels import Kernel
 
+F32, B = torch.float32, torch.bool
+
 
 @pytest.fixture(scope="module")
 def target():
@@ -32,12 +34,19 @@ def target():
 
 
 def _sdpa_node(
-    q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...], **kwargs: Any
+    q: tuple[int, ...],
+    k: tuple[int, ...],
+    v: tuple[int, ...],
+    mask: tuple[tuple[int, ...], torch.dtype] | None = None,
+    **kwargs: Any,
 ) -> fx.Node:
     graph = fx.Graph()
     inputs = [graph.placeholder(name) for name in "qkv"]
     for node, shape in zip(inputs, (q, k, v), strict=True):
         node.meta["val"] = torch.empty(shape)
+    if mask is not None:
+        kwargs["attn_mask"] = graph.placeholder("mask")
+        kwargs["attn_mask"].meta["val"] = torch.empty(mask[0], dtype=mask[1])
     call = graph.call_function(
         torch.ops.aten.scaled_dot_product_attention.default, tuple(inputs), kwargs
     )
@@ -46,26 +55,33 @@ def _sdpa_node(
     return call
 
 
-# (q, k, v shapes, causal)
-CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool]] = {
+Mask = tuple[tuple[int, ...], torch.dtype] | None
+# (q, k, v shapes, causal, mask shape and dtype)
+CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool, Mask]] = {
     # 50 query rows: blocks of 4, 6 and 8 leave some over; 37 keys: a ragged chunk.
-    "causal_ragged": ((2, 2, 50, 32), (2, 2, 37, 32), (2, 2, 37, 32), True),
-    "ragged": ((1, 3, 13, 32), (1, 3, 45, 32), (1, 3, 45, 32), False),
+    "causal_ragged": ((2, 2, 50, 32), (2, 2, 37, 32), (2, 2, 37, 32), True, None),
+    "ragged": ((1, 3, 13, 32), (1, 3, 45, 32), (1, 3, 45, 32), False, None),
     # Values twice as deep as queries and keys: the weighted sum in groups.
-    "value_depth": ((1, 2, 24, 16), (1, 2, 64, 16), (1, 2, 64, 128), False),
-    "causal_more_queries": ((1, 2, 40, 64), (1, 2, 24, 64), (1, 2, 24, 64), True),
+    "value_depth": ((1, 2, 24, 16), (1, 2, 64, 16), (1, 2, 64, 128), False, None),
+    "causal_more_queries": ((1, 2, 40, 64), (1, 2, 24, 64), (1, 2, 24, 64), True, None),
+    # Masks: added (one per query and key, for every head), a padding mask (False past each
+    # sequence's end, one per image), and one per image, head, query and key.
+    "added_mask": ((2, 2, 20, 32), (2, 2, 35, 32), (2, 2, 35, 32), False, ((20, 35), F32)),
+    "padding_mask": ((2, 3, 17, 32), (2, 3, 17, 32), (2, 3, 17, 32), False, ((2, 1, 1, 17), B)),
+    "full_mask": ((2, 2, 9, 16), (2, 2, 40, 16), (2, 2, 40, 16), False, ((2, 2, 9, 40), F32)),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_space_verifies_against_the_decomposition(case: str, target: CpuTarget) -> None:
-    q, k, v, causal = CASES[case]
-    task = attention_task(_sdpa_node(q, k, v, is_causal=causal), target)
+    q, k, v, causal, mask = CASES[case]
+    task = attention_task(_sdpa_node(q, k, v, mask, is_causal=causal), target)
     assert task is not None
     payload = prepare_payload(task.payload)
     info = analyze(payload)
     assert info.kind == "attention" and info.attention is not None
     assert info.attention.causal is causal and info.attention.keys == k[2]
+    assert info.attention.mask == (mask[0] if mask else ())
     space, _ = schedule_space(info, target.capabilities())
     assert space
     lanes = space[0][0]["vector"]
@@ -99,8 +115,7 @@ def test_the_space_refuses_what_does_not_render(target: CpuTarget) -> None:
 
 def test_what_is_not_plain_attention_is_no_task(target: CpuTarget) -> None:
     shape = (1, 2, 8, 16)
-    mask = _sdpa_node(shape, shape, shape)
-    mask.kwargs = {"attn_mask": mask.args[0]}
+    mask = _sdpa_node(shape, shape, shape, ((8, 8), torch.float64))  # a mask of f64
     assert attention_task(mask, target) is None
     same = _sdpa_node(shape, shape, shape)
     same.args = (same.args[0],) * 3  # self-attention of one tensor as q, k and v
@@ -133,7 +148,7 @@ def test_the_backend_runs_attention_as_a_task(causal: bool, tmp_path: Any, monke
 
     def model(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         plain = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        masked = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # stays ATen's
+        masked = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return plain + masked
 
     kope.reset_report()
@@ -143,5 +158,5 @@ def test_the_backend_runs_attention_as_a_task(causal: bool, tmp_path: Any, monke
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     report = kope.report()
     ran = [t for t in report.tasks if t.op == "aten.scaled_dot_product_attention.default"]
-    assert ran and all(t.jit and t.calls > 0 for t in ran)
+    assert len(ran) == 2 and all(t.jit and t.calls > 0 for t in ran)
     torch._dynamo.reset()

@@ -825,13 +825,17 @@ def _take_rewritten(node: fx.Node, made_by: str, target: Target, result: Partiti
 
 
 def attention_task(node: fx.Node, target: Target) -> Task | None:
-    """A `scaled_dot_product_attention` with no dropout, mask or grouped heads, of f32 q, k and
-    v of rank 4 (three distinct tensors), as one Task: imported through its decomposition, its
-    function marked with what that loses (causal, the scale) for the attention kernel family
-    (`kope.spaces.attention`); its eager call stays ATen's. None where it is not one."""
+    """A `scaled_dot_product_attention` with no dropout or grouped heads, of f32 q, k and v of
+    rank 4 (three distinct tensors) and maybe a mask (f32 or bool), as one Task: imported
+    through its decomposition, its function marked with what that loses (causal, the scale)
+    for the attention kernel family (`kope.spaces.attention`); its eager call stays ATen's.
+    None where it is not one."""
     kwargs: Any = node.kwargs
     qkv = node.args[:3]
-    if len(node.args) > 3 or set(kwargs) - {"is_causal", "scale"} or len(set(qkv)) != 3:
+    mask = kwargs.get("attn_mask")
+    if len(node.args) > 3 or set(kwargs) - {"is_causal", "scale", "attn_mask"}:
+        return None
+    if len({*qkv, mask} - {None}) != 3 + (mask is not None):
         return None
     values = [n.meta.get("val") if isinstance(n, fx.Node) else None for n in qkv]
     if not all(
@@ -843,6 +847,16 @@ def attention_task(node: fx.Node, target: Target) -> Task | None:
         for v in values
     ):
         return None
+    if mask is not None:
+        # Added to the scores (f32) or choosing them (bool), broadcast over B x H x Lq x Lk.
+        m = mask.meta.get("val") if isinstance(mask, fx.Node) else None
+        if not (
+            isinstance(m, torch.Tensor)
+            and m.dtype in (torch.float32, torch.bool)
+            and 1 <= m.dim() <= 4
+            and not has_symbols(m)
+        ):
+            return None
     q = values[0]
     scale = kwargs.get("scale")
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])

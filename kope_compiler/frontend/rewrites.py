@@ -41,13 +41,14 @@ rewritten graph and gives its Tasks the same keys.
   kernel on CPU: no scores tensor, no contiguous copies of q, k and v).
 - **Attention calls as one operator**: `scaled_dot_product_attention` traces on the CPU to
   `_scaled_dot_product_flash_attention_for_cpu`, whose second result (a log-sum-exp) no model
-  reads and whose decomposition does not compute; with no dropout or mask and only its output
-  read, it becomes one `scaled_dot_product_attention` again: the same ATen kernel eagerly, and
-  a Task whose decomposition is one function (`kope.frontend.partition`).
+  reads and whose decomposition does not compute; with no dropout and only its output read,
+  it becomes one `scaled_dot_product_attention` again: the same ATen kernel eagerly, and a
+  Task whose decomposition is one function (`kope.frontend.partition.attention_task`).
 
 Each rewrite is checked when it is made: the original nodes and the replacement run on seeded
 random inputs of the nodes' shapes and must agree within the dtype's tolerance
-(`kope.targets.verify.compare`); a rewrite that does not is logged and not made. The whole-graph
+(`kope.targets.verify.compare`); a rewrite that does not is logged and not made. (An attention
+call becomes the op it was traced from: nothing to check.) The whole-graph
 check (`kope.frontend.whole_graph`) then times the rewritten graph against eager like any other.
 """
 
@@ -1082,14 +1083,14 @@ _CPU_ATTENTION_ARGS = ("query", "key", "value", "dropout_p", "is_causal")
 
 
 def attention_calls(graph: fx.Graph) -> list[fx.Node]:
-    """Each call of ATen's CPU attention with no dropout or mask, whose output alone is read,
+    """Each call of ATen's CPU attention with no dropout, whose output alone is read,
     as one `scaled_dot_product_attention` (the op it was traced from); the new nodes."""
     made = []
     for node in list(graph.nodes):
         if _calls(node, _CPU_ATTENTION) is None:
             continue
         bound = {**dict(zip(_CPU_ATTENTION_ARGS, node.args, strict=False)), **node.kwargs}
-        if bound.get("dropout_p", 0.0) != 0.0 or bound.get("attn_mask") is not None:
+        if bound.get("dropout_p", 0.0) != 0.0:
             continue
         users = list(node.users)
         outputs = [u for u in users if u.target is operator.getitem and u.args[1] == 0]
@@ -1100,7 +1101,11 @@ def attention_calls(graph: fx.Graph) -> list[fx.Node]:
             call = graph.call_function(
                 aten.scaled_dot_product_attention.default,
                 (bound["query"], bound["key"], bound["value"]),
-                {"is_causal": bool(bound.get("is_causal", False)), "scale": bound.get("scale")},
+                {
+                    "attn_mask": bound.get("attn_mask"),
+                    "is_causal": bool(bound.get("is_causal", False)),
+                    "scale": bound.get("scale"),
+                },
             )
         call.meta["val"] = outputs[0].meta["val"]
         call.meta[REWRITE] = ATTENTION_CALL

@@ -88,7 +88,8 @@ def _main(module: ir.Module) -> ir.Operation:
 
 
 def attention_module(attention: Attention, config: dict[str, Any], name: str = "main") -> str:
-    """A kernel module: `@name(q, k, v) -> out` on 4-D tensors, calling the attention."""
+    """A kernel module: `@name(q, k, v[, mask]) -> out` on 4-D tensors (a mask of its own
+    rank), calling the attention."""
     a = attention
     q4 = f"tensor<{a.batch}x{a.heads}x{a.queries}x{a.depth}xf32>"
     k4 = f"tensor<{a.batch}x{a.heads}x{a.keys}x{a.depth}xf32>"
@@ -97,12 +98,31 @@ def attention_module(attention: Attention, config: dict[str, Any], name: str = "
     writer = _Writer(a, config)
     q3, k3, v3, o3 = writer.q_type, writer.k_type, writer.v_type, writer.out_type
     helper = writer.function()
+    params = [f"%arg0: {q4}", f"%arg1: {k4}", f"%arg2: {v4}"]
+    operands, types = ["%q", "%k", "%v"], [q3, k3, v3]
     body = [
         f"%q = tensor.collapse_shape %arg0 [[0, 1], [2], [3]] : {q4} into {q3}",
         f"%k = tensor.collapse_shape %arg1 [[0, 1], [2], [3]] : {k4} into {k3}",
         f"%v = tensor.collapse_shape %arg2 [[0, 1], [2], [3]] : {v4} into {v3}",
+    ]
+    if a.mask:
+        given = f"tensor<{'x'.join(map(str, a.mask))}x{writer.mask_element}>"
+        params.append(f"%arg3: {given}")
+        mask = "%arg3"
+        if len(a.mask) < 4:  # unit dims before it
+            lead = 4 - len(a.mask)
+            groups = [list(range(lead + 1))] + [[d] for d in range(lead + 1, 4)]
+            body.append(
+                f"%mask = tensor.expand_shape %arg3 {groups} output_shape "
+                f"[{', '.join(map(str, a.mask4))}] : {given} into {writer.mask_type}"
+            )
+            mask = "%mask"
+        operands.append(mask)
+        types.append(writer.mask_type)
+    body += [
         f"%init = tensor.empty() : {o3}",
-        f"%o = func.call @{_FUNCTION}(%q, %k, %v, %init) : ({q3}, {k3}, {v3}, {o3}) -> {o3}",
+        f"%o = func.call @{_FUNCTION}({', '.join(operands)}, %init) : "
+        f"({', '.join(types)}, {o3}) -> {o3}",
         f"%out = tensor.expand_shape %o [[0, 1], [2], [3]] output_shape "
         f"[{a.batch}, {a.heads}, {a.queries}, {a.value_depth}] : {o3} into {o4}",
         f"return %out : {o4}",
@@ -110,7 +130,7 @@ def attention_module(attention: Attention, config: dict[str, Any], name: str = "
     inner = helper[helper.index("{") + 1 : helper.rindex("}")]
     return (
         "module {\n"
-        f"func.func @{name}(%arg0: {q4}, %arg1: {k4}, %arg2: {v4}) -> {o4} {{\n  "
+        f"func.func @{name}({', '.join(params)}) -> {o4} {{\n  "
         + "\n  ".join(body)
         + "\n}\n"
         + inner
@@ -140,6 +160,9 @@ class _Writer(VectorWriter):
         self.kt_type = f"tensor<{a.depth}x{self.padded_keys}xf32>"
         self.scores_type = f"tensor<{self.rows}x{self.padded_keys}xf32>"
         self.ivec = f"vector<{self.lanes}xi32>"
+        self.mask_element = "i1" if a.mask_bool else "f32"
+        self.mask_type = f"tensor<{'x'.join(map(str, a.mask4))}x{self.mask_element}>"
+        self.mask_at: list[str] = []  # the mask's image and head indices of the pair
         # Keys past the end, or (causal) after a row, are masked: not where every chunk is
         # whole and nothing is causal.
         self.masked = a.causal or a.keys % self.chunk != 0
@@ -153,6 +176,7 @@ class _Writer(VectorWriter):
         self.emit(f"%scale = arith.constant dense<{a.scale!r}> : {self.vec}")
         iota = ", ".join(str(i) for i in range(lanes))
         self.emit(f"%iota = arith.constant dense<[{iota}]> : {self.ivec}")
+        self.emit("%false = arith.constant false")
         if self.threads > 1:
             self.emit(
                 f"%result = scf.forall (%t) in ({self.threads}) shared_outs(%o = %init) "
@@ -175,6 +199,15 @@ class _Writer(VectorWriter):
             [("%o0", start, self.into_type), ("%s0", "%scratch", self.scores_type)],
         )
         self.emit("%h = arith.addi %hbase, %hl : index")
+        if a.mask:  # the mask's image and head of pair %h, where it has more than one
+            mb, mh, _, _ = a.mask4
+            self.mask_at = [self.index(0), self.index(0)]
+            if mb > 1:
+                self.emit(f"%mimage = arith.divui %h, {self.index(a.heads)} : index")
+                self.mask_at[0] = "%mimage"
+            if mh > 1:
+                self.emit(f"%mhead = arith.remui %h, {self.index(a.heads)} : index")
+                self.mask_at[1] = "%mhead"
         kt = self.pack_keys()
         out, scores = "%o0", "%s0"
         begin = 0
@@ -203,12 +236,10 @@ class _Writer(VectorWriter):
             self.emit("}")
             result = "%result"
         self.emit(f"return {result} : {self.out_type}")
-        params = [
-            f"%q: {self.q_type}",
-            f"%k: {self.k_type}",
-            f"%v: {self.v_type}",
-            f"%init: {self.out_type}",
-        ]
+        params = [f"%q: {self.q_type}", f"%k: {self.k_type}", f"%v: {self.v_type}"]
+        if a.mask:
+            params.append(f"%mask: {self.mask_type}")
+        params.append(f"%init: {self.out_type}")
         return self.function_text(_FUNCTION, params, self.out_type)
 
     def _slab(self) -> str:
@@ -350,6 +381,8 @@ class _Writer(VectorWriter):
                 value = self.fresh("sv")
                 total = f"{sums}#{r * cv + c}" if rows * cv > 1 else sums
                 self.emit(f"{value} = arith.mulf {total}, %scale : {self.vec}")
+                if self.a.mask:
+                    value = self.apply_mask(value, q_rows[r], keys[c])
                 if keys_vector is not None:
                     inside, masked = self.fresh("in"), self.fresh("sm")
                     self.emit(
@@ -367,6 +400,34 @@ class _Writer(VectorWriter):
                 self.emit(f"{maximum} = arith.maximumf {maxima[r]}, {value} : {self.vec}")
                 maxima[r] = maximum
         self.end_loop([current, *maxima], [self.scores_type] + [self.vec] * rows)
+        return result
+
+    def apply_mask(self, value: str, row: str, key: str) -> str:
+        """The scores `value` (of `row`, keys from `key`) with the mask added, or -inf where a
+        bool mask is False. The mask's unit dims are read at 0; past its last key as 0."""
+        _, _, mq, mk = self.a.mask4
+        at = [*self.mask_at, row if mq > 1 else self.index(0)]
+        element = self.mask_element
+        vec = f"vector<{self.lanes}x{element}>"
+        mask = self.fresh("mk")
+        if mk > 1:
+            pad = "%false" if self.a.mask_bool else "%zero"
+            self.emit(
+                f"{mask} = vector.transfer_read %mask[{', '.join(at)}, {key}], {pad} "
+                f"{{in_bounds = [false]}} : {self.mask_type}, {vec}"
+            )
+        else:
+            scalar = self.fresh("mks")
+            self.emit(
+                f"{scalar} = tensor.extract %mask[{', '.join(at)}, {self.index(0)}] : "
+                f"{self.mask_type}"
+            )
+            self.emit(f"{mask} = vector.broadcast {scalar} : {element} to {vec}")
+        result = self.fresh("sk")
+        if self.a.mask_bool:
+            self.emit(f"{result} = arith.select {mask}, {value}, %ninfs : {vec}, {self.vec}")
+        else:
+            self.emit(f"{result} = arith.addf {value}, {mask} : {self.vec}")
         return result
 
     def softmax(self, rows: int, scores: str, maxima: str, end: str) -> tuple[str, list[str]]:
