@@ -71,6 +71,29 @@ class Attention(nn.Module):
         return torch.softmax(scores, dim=-1) @ v
 
 
+class MaskedAttention(nn.Module):
+    """Attention by hand that fills the scores a boolean mask marks with -inf: a causal mask
+    built in `forward` (`triu(1)`, as GPT-style code writes it; a constant once folded), a
+    band built there, or a causal mask in a buffer (an input of the graph)."""
+
+    def __init__(self, length: int, mask: str):
+        super().__init__()
+        self.kind = mask
+        self.register_buffer("causal", torch.ones(length, length, dtype=torch.bool).triu(1))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        scores = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(q.shape[-1]))
+        ones = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool)
+        if self.kind == "causal":
+            mask = ones.triu(1)
+        elif self.kind == "band":
+            mask = ones.triu(3) | ones.tril(-3)
+        else:
+            mask = self.causal
+        scores = scores.masked_fill(mask, float("-inf"))
+        return torch.softmax(scores, dim=-1) @ v
+
+
 def _compiled(model: nn.Module, tmp_path: Path, kernels: str = "eager") -> nn.Module:
     torch._dynamo.reset()
     kope.reset_report()
@@ -180,6 +203,24 @@ def test_attention_written_by_hand_runs_as_one_kernel(scale: str, tmp_path: Path
     (graph,) = kope.report().graphs
     # One Task, the attention kernel family's (`kope.spaces.attention`), not its pieces
     assert [t.op for t in graph.tasks] == ["aten.scaled_dot_product_attention.default"]
+
+
+@pytest.mark.parametrize("mask", ["causal", "band", "buffer"])
+def test_attention_with_a_mask_by_hand_runs_as_one_kernel(mask: str, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = MaskedAttention(21, mask)
+    q, k, v = (torch.randn(2, 3, 21, 16) for _ in range(3))
+    with torch.no_grad():
+        compiled = _compiled(model, tmp_path)
+        torch.testing.assert_close(compiled(q, k, v), model(q, k, v), rtol=1e-4, atol=1e-5)
+    assert _rewrites() == [FUSED_ATTENTION]
+    (graph,) = kope.report().graphs
+    (task,) = [t for t in graph.tasks if "attention" in t.op]
+    assert not any("bmm" in t.op or "softmax" in t.op for t in graph.tasks)
+    # A causal constant becomes is_causal (the kernel reads only the keys a block sees);
+    # another mask SDPA's boolean mask of the scores kept.
+    assert ("is_causal=True" in task.label) is (mask == "causal")
+    assert ("21x21xi1" in task.label) is (mask != "causal")
 
 
 def test_attention_inside_a_transformer_encoder_layer_taken_apart(tmp_path: Path) -> None:

@@ -965,33 +965,72 @@ def _untransposed(node: fx.Node) -> fx.Node | None:
 
 
 class _Attention:
-    """A matched attention: q, k, v, its nodes from them to its output, and its scale."""
+    """A matched attention: q, k, v, its nodes from them to its output, its scale, and the
+    boolean mask whose True scores it fills with -inf, if any (with its value where it is a
+    constant)."""
 
-    def __init__(self, qkv: list[fx.Node], nodes: list[fx.Node], out: fx.Node, scale: float):
-        self.qkv, self.nodes, self.out, self.scale = qkv, nodes, out, scale
+    def __init__(
+        self,
+        qkv: list[fx.Node],
+        nodes: list[fx.Node],
+        out: fx.Node,
+        scale: float,
+        mask: tuple[fx.Node, torch.Tensor | None] | None = None,
+    ):
+        self.qkv, self.nodes, self.out, self.scale, self.mask = qkv, nodes, out, scale, mask
+        # The scores kept, as SDPA's boolean mask says it (True: kept): the fill's inverted;
+        # and whether the mask is causal: True (filled) above the diagonal, exactly.
+        self.kept: torch.Tensor | None = None
+        self.causal = False
+        if mask is not None and mask[1] is not None:
+            with unset_fake_temporarily():  # a backend may compile under a fake mode
+                value = mask[1]
+                self.kept = ~value
+                self.causal = value.dim() == 2 and bool(
+                    torch.equal(value, torch.ones_like(value).triu(1))
+                )
+
+    def kwargs(self, keep: Any = None) -> dict[str, Any]:
+        """The fused call's keyword arguments; `keep` the mask of scores kept, where the mask
+        is not causal."""
+        if self.causal:
+            return {"scale": self.scale, "is_causal": True}
+        if self.mask is not None:
+            return {"scale": self.scale, "attn_mask": keep}
+        return {"scale": self.scale}
 
 
 def _attention_at(softmax: fx.Node) -> _Attention | None:
-    """The attention whose softmax this is; None if it is not one: softmax(view(bmm(q', kᵀ'))
-    · scale) → (expand) → view → bmm(·, v') → view, where q', kᵀ', v' are matmul's batched
-    views of rank-4 q, kᵀ and v."""
+    """The attention whose softmax this is; None if it is not one: softmax(masked(view(bmm(q',
+    kᵀ')) · scale)) → (expand) → view → bmm(·, v') → view, where q', kᵀ', v' are matmul's
+    batched views of rank-4 q, kᵀ and v, the scale is on either side of the view, and masked
+    (optional) fills with -inf where a constant boolean mask is True (a causal mask by hand)."""
     args: Any = softmax.args
     if args[2] is not False or int(args[1]) % 4 != 3 or len(_shape(softmax)) != 4:
         return None
     nodes = [softmax]
     scores = _input(softmax)
+    mask = _constant_mask(scores)
+    if mask is not None:
+        nodes.append(scores)  # the masked_fill
+        scores = _input(scores)
     scale = 1.0
-    scaling = _calls(scores, frozenset(_SCALES))
-    if scaling is not None and len(scaling.users) == 1:
-        factor: Any = scaling.args[1]
-        if isinstance(factor, (int, float)):
-            scale = _SCALES[scaling.target](float(factor))
-            nodes.append(scaling)
-            scores = _input(scaling)
-    scores = _calls(scores, RESHAPES)
+
+    def scaled(node: fx.Node | None) -> fx.Node | None:
+        nonlocal scale
+        scaling = _calls(node, frozenset(_SCALES))
+        factor: Any = scaling.args[1] if scaling is not None else None
+        if scaling is None or len(scaling.users) != 1 or not isinstance(factor, (int, float)):
+            return node
+        scale = _SCALES[scaling.target](float(factor))
+        nodes.append(scaling)
+        return _input(scaling)
+
+    scores = _calls(scaled(scores), RESHAPES)
     if scores is None or len(scores.users) != 1:
         return None
-    first = _calls(_input(scores), aten.bmm.default)
+    inner = scaled(_input(scores)) if scale == 1.0 else _input(scores)
+    first = _calls(inner, aten.bmm.default)
     if first is None or len(first.users) != 1:
         return None
     nodes += [scores, first]
@@ -1025,7 +1064,37 @@ def _attention_at(softmax: fx.Node) -> _Attention | None:
             operand = _input(operand)
     nodes.append(keys_t)
     order = {n: i for i, n in enumerate(softmax.graph.nodes)}
-    return _Attention([q, k, v], sorted(set(nodes), key=order.__getitem__), out, scale)
+    if mask is not None and not _broadcasts(_shape(mask[0]), _shape(softmax)):
+        return None
+    return _Attention([q, k, v], sorted(set(nodes), key=order.__getitem__), out, scale, mask)
+
+
+def _constant_mask(node: fx.Node | None) -> tuple[fx.Node, torch.Tensor | None] | None:
+    """(the mask node, its value where it is a constant: one KOPE folded) where `node` is
+    masked_fill(x, mask, -inf) of a boolean mask, and x's only user."""
+    fill = _calls(node, aten.masked_fill.Scalar)
+    if fill is None or len(fill.args) < 3 or fill.args[2] != float("-inf"):
+        return None
+    mask, scores = fill.args[1], _input(fill)
+    if not isinstance(mask, fx.Node) or scores is None or len(scores.users) != 1:
+        return None
+    val = tensor_value(mask)
+    if val is None or val.dtype != torch.bool:
+        return None
+    if mask.op != "get_attr":
+        return mask, None
+    try:
+        value = operator.attrgetter(str(mask.target))(fill.graph.owning_module)
+    except AttributeError:
+        return None
+    return (mask, value) if isinstance(value, torch.Tensor) else None
+
+
+def _broadcasts(shape: Sequence[int], full: Sequence[int]) -> bool:
+    """Whether a tensor of `shape` broadcasts to `full` without growing its rank beyond."""
+    if len(shape) > len(full):
+        return False
+    return all(m in (1, f) for m, f in zip(reversed(shape), reversed(full), strict=False))
 
 
 def fuse_attention(graph: fx.Graph, within: set[fx.Node] | None = None) -> list[fx.Node]:
@@ -1045,12 +1114,22 @@ def fuse_attention(graph: fx.Graph, within: set[fx.Node] | None = None) -> list[
         if not agrees:
             continue
         out = found.out
+        keep = None
+        if found.mask is not None and found.kept is not None and not found.causal:
+            keep = _constant(graph, f"{found.mask[0].target}_kept", found.kept, out)
+        elif found.mask is not None and found.kept is None:  # computed: inverted as it runs
+            with graph.inserting_before(out):
+                keep = graph.call_function(aten.logical_not.default, (found.mask[0],))
+            mode = detect_fake_mode([found.mask[0].meta["val"]])
+            assert mode is not None
+            with mode:
+                keep.meta["val"] = aten.logical_not.default(found.mask[0].meta["val"])
         val = _fake_attention(found)
         with graph.inserting_after(out):
             fused = graph.call_function(
                 aten.scaled_dot_product_attention.default,
                 tuple(found.qkv),
-                {"scale": found.scale},
+                found.kwargs(keep),
             )
             fused.meta["val"] = val
             fused.meta[REWRITE] = FUSED_ATTENTION
@@ -1073,9 +1152,29 @@ def _fake_attention(found: _Attention) -> torch.Tensor:
     values = [n.meta["val"] for n in found.qkv]
     mode = detect_fake_mode(values)
     assert mode is not None, "an aten graph's values are fake tensors"
+    mask = found.mask[0].meta["val"] if found.mask is not None else None
+    keep = None if found.kept is None else mode.from_tensor(found.kept, static_shapes=True)
     with mode:
-        out: torch.Tensor = aten.scaled_dot_product_attention.default(*values, scale=found.scale)
+        if mask is not None and keep is None:
+            keep = aten.logical_not.default(mask)
+        out: torch.Tensor = aten.scaled_dot_product_attention.default(*values, **found.kwargs(keep))
     return out
+
+
+def _constant(graph: fx.Graph, name: str, value: torch.Tensor, before: fx.Node) -> fx.Node:
+    """A constant of the graph's module, read by a new get_attr node inserted before
+    `before`."""
+    owner = graph.owning_module
+    assert owner is not None
+    base, index = name.replace(".", "_"), 0
+    while hasattr(owner, f"{base}{index}"):
+        index += 1
+    owner.register_buffer(f"{base}{index}", value, persistent=False)
+    with graph.inserting_before(before):
+        node = graph.get_attr(f"{base}{index}")
+    mode = detect_fake_mode([before.meta.get("val")])
+    node.meta["val"] = mode.from_tensor(value, static_shapes=True) if mode is not None else value
+    return node
 
 
 _CPU_ATTENTION = aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -1131,6 +1230,16 @@ def _layout_read_below(node: fx.Node) -> bool:
 
 def _attention_agrees(found: _Attention) -> bool:
     values = _random_values(found.qkv)
-    want = subgraph(found.qkv, found.nodes, found.out)(*values)
-    got = aten.scaled_dot_product_attention.default(*values, scale=found.scale)
+    if found.mask is None:
+        want = subgraph(found.qkv, found.nodes, found.out)(*values)
+        got = aten.scaled_dot_product_attention.default(*values, scale=found.scale)
+        return _agrees(FUSED_ATTENTION, got, want, reduction=int(values[1].shape[2]))
+    node, mask = found.mask
+    kept = found.kept
+    if mask is None:  # computed as the model runs: checked with a causal one of its shape
+        shape = _shape(node)
+        mask = torch.ones(shape[-2:], dtype=torch.bool).triu(1).expand(shape)
+        kept = ~mask
+    want = subgraph([*found.qkv, node], found.nodes, found.out)(*values, mask)
+    got = aten.scaled_dot_product_attention.default(*values, **found.kwargs(kept))
     return _agrees(FUSED_ATTENTION, got, want, reduction=int(values[1].shape[2]))
