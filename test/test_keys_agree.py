@@ -44,6 +44,10 @@ DIFFERS = {
     "aten.clone.default": (
         "the import folds the contiguous copy of a transposed view into the transpose itself"
     ),
+    "aten.scaled_dot_product_attention.default": (
+        "the backend imports attention through its decomposition, marked as attention, as one "
+        "Task; the whole-model import lowers the decomposition's operators one by one"
+    ),
     "fused": (
         "the backend fuses connected elementwise and row-reduction operators (a scaled "
         "softmax, eval batch norm + relu) into one Task; outlining makes one function per "

@@ -84,11 +84,13 @@ def test_the_module_runs_under_the_execution_engine_and_matches_eager(name: str)
 
 def test_glue_is_marked_and_never_keyed() -> None:
     model, inputs = small_models()["small_attention"]
-    text = model_module(model, inputs, CpuTarget()).text
-    glue = [line for line in text.splitlines() if "kope.glue" in line]
-    assert any('kope.glue = "aten.scaled_dot_product_attention.default"' in g for g in glue)
+    written = model_module(model, inputs, CpuTarget())
+    glue = [line for line in written.text.splitlines() if "kope.glue" in line]
     assert any('kope.glue = "aten.split.Tensor"' in g for g in glue)
     assert not any("kope.key" in g for g in glue)
+    # Attention is a Task of its own (`kope.spaces.attention`), keyed, no glue.
+    assert not any("attention" in g for g in glue)
+    assert any(t.op == "aten.scaled_dot_product_attention.default" for t in written.tasks)
 
 
 class Broken(torch.nn.Module):
