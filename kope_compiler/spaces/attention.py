@@ -177,20 +177,9 @@ class _Writer(VectorWriter):
         iota = ", ".join(str(i) for i in range(lanes))
         self.emit(f"%iota = arith.constant dense<[{iota}]> : {self.ivec}")
         self.emit("%false = arith.constant false")
-        if self.threads > 1:
-            self.emit(
-                f"%result = scf.forall (%t) in ({self.threads}) shared_outs(%o = %init) "
-                f"-> ({self.out_type}) {{"
-            )
-            self.emit(f"%hbase = arith.muli %t, {self.index(self.per_thread)} : index")
-            self.emit(
-                f"%slab = tensor.extract_slice %o{self._slab()} : "
-                f"{self.out_type} to {self.into_type}"
-            )
-            start = "%slab"
-        else:
-            self.emit("%hbase = arith.constant 0 : index")
-            start = "%init"
+        start = self.split_threads(
+            self.threads, self.per_thread, "%hbase", self._slab(), self.out_type, self.into_type
+        )
         self.emit(f"%scratch = tensor.empty() : {self.scores_type}")
         self.loop(
             "%heads",
@@ -225,16 +214,9 @@ class _Writer(VectorWriter):
             out, scores = f"{result}#0", f"{result}#1"
             begin += rows * count
         self.end_loop([out, scores], [self.into_type, self.scores_type])
-        result = "%heads#0"
-        if self.threads > 1:
-            self.emit("scf.forall.in_parallel {")
-            self.emit(
-                f"tensor.parallel_insert_slice %heads#0 into %o{self._slab()} : "
-                f"{self.into_type} into {self.out_type}"
-            )
-            self.emit("}")
-            self.emit("}")
-            result = "%result"
+        result = self.join_threads(
+            self.threads, "%heads#0", self._slab(), self.out_type, self.into_type
+        )
         self.emit(f"return {result} : {self.out_type}")
         params = [f"%q: {self.q_type}", f"%k: {self.k_type}", f"%v: {self.v_type}"]
         if a.mask:

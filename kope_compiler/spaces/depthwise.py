@@ -197,20 +197,9 @@ class _Writer(VectorWriter):
         channel: the padded plane (`plane`), the filter's taps, then the blocks."""
         self.emit("%zero = arith.constant 0.0 : f32")
         self.emit(f"%zeros = arith.constant dense<0.0> : {self.vec}")
-        if self.threads > 1:
-            self.emit(
-                f"%result = scf.forall (%t) in ({self.threads}) shared_outs(%o = %init) "
-                f"-> ({self.out_type}) {{"
-            )
-            self.emit(f"%cbase = arith.muli %t, {self.index(self.per_thread)} : index")
-            self.emit(
-                f"%slab = tensor.extract_slice %o{self._slab()} : "
-                f"{self.out_type} to {self.into_type}"
-            )
-            start = "%slab"
-        else:
-            self.emit("%cbase = arith.constant 0 : index")
-            start = "%init"
+        start = self.split_threads(
+            self.threads, self.per_thread, "%cbase", self._slab(), self.out_type, self.into_type
+        )
         self.loop("%images", "%n", (0, self.images, 1), [("%s0", start, self.into_type)])
         self.loop("%planes", "%cl", (0, self.per_thread, 1), [("%s1", "%s0", self.into_type)])
         self.emit("%c = arith.addi %cbase, %cl : index")
@@ -231,16 +220,9 @@ class _Writer(VectorWriter):
             row_start += block_rows * row_count
         self.end_loop([current], [self.into_type])
         self.end_loop(["%planes"], [self.into_type])
-        result = "%images"
-        if self.threads > 1:
-            self.emit("scf.forall.in_parallel {")
-            self.emit(
-                f"tensor.parallel_insert_slice %images into %o{self._slab()} : "
-                f"{self.into_type} into {self.out_type}"
-            )
-            self.emit("}")
-            self.emit("}")
-            result = "%result"
+        result = self.join_threads(
+            self.threads, "%images", self._slab(), self.out_type, self.into_type
+        )
         self.emit(f"return {result} : {self.out_type}")
         return self.function_text(
             _FUNCTION,

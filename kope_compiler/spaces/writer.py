@@ -82,6 +82,38 @@ class VectorWriter:
         )
         return name
 
+    def split_threads(
+        self, threads: int, per_thread: int, base: str, slab: str, out_type: str, into_type: str
+    ) -> str:
+        """Where `threads` > 1, open an `scf.forall` over them that shares `%init` (of
+        `out_type`): `base` is each thread's first index along the dim they split,
+        `per_thread` apart, and `slab` (offsets, sizes and strides, in terms of `base`) its
+        part (of `into_type`). What the body writes into: that part, or `%init`."""
+        if threads == 1:
+            self.emit(f"{base} = arith.constant 0 : index")
+            return "%init"
+        self.emit(
+            f"%result = scf.forall (%t) in ({threads}) shared_outs(%o = %init) -> ({out_type}) {{"
+        )
+        self.emit(f"{base} = arith.muli %t, {self.index(per_thread)} : index")
+        self.emit(f"%slab = tensor.extract_slice %o{slab} : {out_type} to {into_type}")
+        return "%slab"
+
+    def join_threads(
+        self, threads: int, written: str, slab: str, out_type: str, into_type: str
+    ) -> str:
+        """Close `split_threads`'s loop, each thread's `written` part put in its place; the
+        result."""
+        if threads == 1:
+            return written
+        self.emit("scf.forall.in_parallel {")
+        self.emit(
+            f"tensor.parallel_insert_slice {written} into %o{slab} : {into_type} into {out_type}"
+        )
+        self.emit("}")
+        self.emit("}")
+        return "%result"
+
     def function_text(self, name: str, params: list[str], result: str) -> str:
         """The helper as a module: its index constants first, then the lines written."""
         constants = [f"{n} = arith.constant {v} : index" for v, n in self.constants.items()]
