@@ -49,6 +49,7 @@ COVERAGE = {
     "index": {"gather", "index_select", "embedding"},
     "loss": {"cross_entropy", "mse", "hinge"},
     "fused": {"linear_gelu", "conv_bn_relu", "attention_softmax", "elementwise_chain"},
+    "attention": {"sdpa_causal", "sdpa_padding_mask"},
 }
 
 # One elementwise, one reduction, one matmul, one conv and one fused chain.
@@ -58,6 +59,7 @@ REPRESENTATIVES = [
     "401_matmul_mm_129x65x97",
     "510_conv_conv2d_same_2x8x37x37",
     "930_fused_elementwise_chain_129x513",
+    "951_attention_sdpa_padding_mask_2x4x77x64",
 ]
 
 SUITE_FILE = """
