@@ -857,9 +857,10 @@ def attention_task(node: fx.Node, target: Target) -> Task | None:
             and not has_symbols(m)
         ):
             return None
-    q = values[0]
+    query: Any = values[0]  # a tensor: checked above
+    depth = int(query.shape[-1])
     scale = kwargs.get("scale")
-    scale = float(scale) if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    scale = float(scale) if scale is not None else 1.0 / math.sqrt(depth)
     try:
         return make_task(
             node, target.key(), decomposed=True, attention=(bool(kwargs.get("is_causal")), scale)

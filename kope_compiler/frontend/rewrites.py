@@ -1011,7 +1011,7 @@ def _attention_at(softmax: fx.Node) -> _Attention | None:
     nodes = [softmax]
     scores = _input(softmax)
     mask = _constant_mask(scores)
-    if mask is not None:
+    if mask is not None and scores is not None:
         nodes.append(scores)  # the masked_fill
         scores = _input(scores)
     scale = 1.0

@@ -252,11 +252,11 @@ class _Writer(VectorWriter):
             current = "%kb"
             keys = [self.add("%jb", r) for r in range(lanes)]
             for dv in range(a.depth // lanes):
-                depth = self.index(dv * lanes)
-                rows = [self.read("%k", ["%h", j, depth], self.k_type, True) for j in keys]
-                for d, column in enumerate(self.transpose(rows)):
+                first = self.index(dv * lanes)
+                rows = [self.read("%k", ["%h", j, first], self.k_type, True) for j in keys]
+                for d, transposed in enumerate(self.transpose(rows)):
                     at = [self.index(dv * lanes + d), "%jb"]
-                    current = self.write(column, current, at, self.kt_type, True)
+                    current = self.write(transposed, current, at, self.kt_type, True)
             self.end_loop([current], [self.kt_type])
             current = "%ktb"
         if whole == a.keys:
