@@ -4,16 +4,17 @@ rows at a time, the scores never leaving the cache.
 `scaled_dot_product_attention` reaches a Task as torch-mlir's lowering of its decomposition
 (two batched products around a softmax, a causal mask built from index tensors: the
 reference), with what the decomposition loses recorded on its function (`kope.attention`:
-causal or not, the scale; see `kope.core.task`). That lowering writes every score of every
-head to memory three times. Here, per head (heads split over threads):
+causal or not, the scale; `kope.passes.analysis.mark_attention`). That lowering writes every
+score of every head to memory three times. Here, per head (heads split over threads):
 
 1. K is packed transposed (D x keys, padded to whole chunks; blocks of a vector's lanes
    square transposed by shuffles in registers), so that a chunk of scores is vector loads
    along the keys;
 2. per block of R query rows: the scores of every key chunk (R x C vectors of sums in
    registers, one broadcast of a query element and C loads of K per step along D), scaled,
-   masked (keys past the end, and under `causal` keys after the row) and kept in an R x keys
-   scratch that stays in L1/L2, with each row's running maximum;
+   masked (the user's mask added, or -inf where a boolean one is False; keys past the end;
+   under `causal` keys after the row) and kept in an R x keys scratch that stays in L1/L2,
+   with each row's running maximum;
 3. `exp(score - max)` over the scratch in place, with each row's sum;
 4. the weighted sum of V's rows (R x G vectors of sums per group of G vectors along V's
    depth, one broadcast of a weight and G loads of V per key), divided by the row's sum.
