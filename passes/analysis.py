@@ -9,6 +9,7 @@ name, iterator types and static loop ranges, and classifies the whole payload.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -148,7 +149,7 @@ def mark_attention(payload: str, causal: bool, scale: float) -> str:
                 "scale": ir.FloatAttr.get(ir.F64Type.get(), scale),
             }
         )
-        _main(module).attributes[ATTENTION_ATTR] = attr
+        main_function(module).attributes[ATTENTION_ATTR] = attr
     return module.operation.get_asm(enable_debug_info=False)
 
 
@@ -173,7 +174,7 @@ def _attention(func: ir.Operation) -> Attention | None:
     shape = tuple(mask.shape)
     if element not in ("f32", "i1") or not 1 <= len(shape) <= 4:
         return None
-    attention = Attention(**{**found.__dict__, "mask": shape, "mask_bool": element == "i1"})
+    attention = dataclasses.replace(found, mask=shape, mask_bool=element == "i1")
     full = (b, h, lq, lk)
     if any(m not in (1, f) for m, f in zip(attention.mask4, full, strict=True)):
         return None
@@ -206,7 +207,8 @@ class PayloadInfo:
         return next((op for op in self.ops if op.name in names), None)
 
 
-def _main(module: ir.Module) -> ir.Operation:
+def main_function(module: ir.Module) -> ir.Operation:
+    """A payload's function: the module's first `func.func`."""
     for op in module.body.operations:
         if op.operation.name == "func.func":
             return op.operation
@@ -242,7 +244,7 @@ def _prepared(
     context = ir.Context()
     context.enable_multithreading(False)
     module = ir.Module.parse(text, context)
-    contracted = any(op.name in CONTRACTIONS for op in _linalg_ops(_main(module)))
+    contracted = any(op.name in CONTRACTIONS for op in _linalg_ops(main_function(module)))
     from kope.passes.pipeline import build_pass_manager
 
     # Integer powers become multiplications before any schedule vectorizes them: a vector
@@ -257,9 +259,9 @@ def _prepared(
     pm = build_pass_manager(elements, context)
     with context:
         pm.run(module.operation)
-        _split_shared_empties(_main(module))
+        _split_shared_empties(main_function(module))
         i64 = ir.IntegerType.get_signless(64)
-        ops = _linalg_ops(_main(module))
+        ops = _linalg_ops(main_function(module))
         for index, op in enumerate(ops):
             op.attributes[OP_ATTR] = ir.IntegerAttr.get(i64, index)
     lost = contracted and not any(op.name in CONTRACTIONS for op in ops)
@@ -286,7 +288,7 @@ def analyze(text: str) -> PayloadInfo:
     context = ir.Context()
     context.enable_multithreading(False)
     module = ir.Module.parse(text, context)
-    func = _main(module)
+    func = main_function(module)
     originals = _linalg_ops(func)
     names = [op.name for op in originals]
     permutations = [
@@ -320,15 +322,15 @@ def analyze(text: str) -> PayloadInfo:
     func.walk(collect)
     plain_matmul = _plain_matmul(func)  # of the named ops, before they are generalized
     # named ops' attributes
-    strides = [_window(op, "strides") for op in _linalg_ops(_main(module))]
-    dilations = [_window(op, "dilations") for op in _linalg_ops(_main(module))]
+    strides = [_window(op, "strides") for op in _linalg_ops(main_function(module))]
+    dilations = [_window(op, "dilations") for op in _linalg_ops(main_function(module))]
     with context:
         PassManager.parse("builtin.module(func.func(linalg-generalize-named-ops))").run(
             module.operation
         )
     wide_f64 = f64_inside and not boundary_has_f64(func)
     info = PayloadInfo(math=math_ops, strided_insert=strided_insert, wide_f64=wide_f64)
-    for index, op in enumerate(_linalg_ops(_main(module))):
+    for index, op in enumerate(_linalg_ops(main_function(module))):
         iterators, ranges = _loops(op)
         info.ops.append(
             OpInfo(

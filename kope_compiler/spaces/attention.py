@@ -32,7 +32,7 @@ from typing import Any
 
 from torch_mlir import ir
 
-from kope.passes.analysis import Attention, PayloadInfo
+from kope.passes.analysis import Attention, PayloadInfo, main_function
 from kope.spaces.writer import VectorWriter, blocks
 
 _FUNCTION = "kope_attention"
@@ -78,14 +78,11 @@ def attention_kernel(payload: str, info: PayloadInfo, config: dict[str, Any]) ->
     assert info.attention is not None and fits(info.attention, config)
     context = ir.Context()
     context.enable_multithreading(False)
-    name = ir.StringAttr(_main(ir.Module.parse(payload, context)).attributes["sym_name"]).value
+    function = main_function(ir.Module.parse(payload, context))
+    name = ir.StringAttr(function.attributes["sym_name"]).value
     module = ir.Module.parse(attention_module(info.attention, config, name), context)
     build_pass_manager([ApproximateMath(), "canonicalize"], context).run(module.operation)
     return module.operation.get_asm(enable_debug_info=False)
-
-
-def _main(module: ir.Module) -> ir.Operation:
-    return next(op.operation for op in module.body if op.operation.name == "func.func")
 
 
 def attention_module(attention: Attention, config: dict[str, Any], name: str = "main") -> str:
@@ -327,7 +324,7 @@ class _Writer(VectorWriter):
                 self.emit(f"{vector} = vector.broadcast {as_int} : i32 to {self.ivec}")
                 limits.append(vector)
         maxima = self.scores(rows, i0, scores, kt, score_end, limits)
-        weights, inverse = self.softmax(rows, f"{maxima}#0", maxima, score_end)
+        weights, inverse = self.softmax(rows, maxima, score_end)
         return self.weighted_sum(rows, i0, out, weights, inverse, value_end), weights
 
     def scores(self, rows: int, i0: str, scores: str, kt: str, end: str, limits: list[str]) -> str:
@@ -423,15 +420,16 @@ class _Writer(VectorWriter):
             self.emit(f"{result} = arith.addf {value}, {mask} : {self.vec}")
         return result
 
-    def softmax(self, rows: int, scores: str, maxima: str, end: str) -> tuple[str, list[str]]:
-        """The scratch's scores replaced by exp(score - the row's maximum); the reciprocal of
+    def softmax(self, rows: int, scored: str, end: str) -> tuple[str, list[str]]:
+        """`scored` (the `scores` loop: #0 the scratch, #1.. each row's running maximum) with
+        the scratch's scores replaced by exp(score - the row's maximum); the reciprocal of
         each row's sum of them."""
         lanes = self.lanes
         shifts = []
         for r in range(rows):
             scalar, vector = self.fresh("rmax"), self.fresh("rmaxv")
             self.emit(
-                f"{scalar} = vector.reduction <maximumf>, {maxima}#{r + 1} : {self.vec} into f32"
+                f"{scalar} = vector.reduction <maximumf>, {scored}#{r + 1} : {self.vec} into f32"
             )
             self.emit(f"{vector} = vector.broadcast {scalar} : f32 to {self.vec}")
             shifts.append(vector)
@@ -441,7 +439,8 @@ class _Writer(VectorWriter):
             result,
             j0,
             (0, end, self.chunk),
-            [(s, scores, self.scores_type)] + [(total, "%zeros", self.vec) for total in sums],
+            [(s, f"{scored}#0", self.scores_type)]
+            + [(total, "%zeros", self.vec) for total in sums],
         )
         current, totals = s, list(sums)
         for c in range(self.chunk_vectors):

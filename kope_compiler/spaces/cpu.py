@@ -426,26 +426,24 @@ def _attention_points(
     widen) by 2-4 vectors of keys a chunk of scores, V's vectors in the largest group whose
     sums fit beside them, within the machine's vector registers."""
     found = info.attention
-    if found is None:
+    if found is None or found.value_depth % lanes:
         return []
-    registers = _registers(capabilities)
-    value_vectors = found.value_depth // lanes if found.value_depth % lanes == 0 else 0
+    value_vectors = found.value_depth // lanes
+    sums = _registers(capabilities) * 3 // 4  # the rest for loads of K or V and a broadcast
     points: list[tuple[Config, float, bool]] = []
     for (t, rows, keys), wide in _grid([threads, [6, 4, 8], [4, 2, 3]], [[], [2, 12], []]):
-        if not value_vectors:
-            break
         config: Config = {
             "family": "attention",
             "threads": t,
             "rows": rows,
             "keys": keys,
-            "values": attention.value_group(rows, value_vectors, registers * 3 // 4),
+            "values": attention.value_group(rows, value_vectors, sums),
             "vector": lanes,
         }
         if not _attention_fits(info, capabilities, config):
             continue
         score = 2.0 if (t > 1) == big else 0.0
-        score += 1.0 if rows * keys == registers * 3 // 4 else 0.5 if rows >= 4 else 0.0
+        score += 1.0 if rows * keys == sums else 0.5 if rows >= 4 else 0.0
         points.append((config, score, wide))
     return points
 

@@ -35,7 +35,14 @@ from typing import Any
 from torch_mlir import ir
 from torch_mlir.passmanager import PassManager
 
-from kope.passes.analysis import CONTRACTIONS, OP_ATTR, OpInfo, PayloadInfo, PlainMatmul
+from kope.passes.analysis import (
+    CONTRACTIONS,
+    OP_ATTR,
+    OpInfo,
+    PayloadInfo,
+    PlainMatmul,
+    main_function,
+)
 from kope.vocabulary.layouts import LAYOUT_ATTR, panels
 
 Config = dict[str, Any]
@@ -1015,17 +1022,10 @@ def packed_kernel(payload: str, info: PayloadInfo, config: Config) -> str:
     assert plain is not None
     shape = _panels(plain, config)
     layout = panels(shape.width) if shape.columns == plain.n else panels(shape.width, shape.count)
-    context = ir.Context()
-    context.enable_multithreading(False)
-    module = ir.Module.parse(payload, context)
+    context, module, matmul = payload_op(payload, "linalg.matmul")
     product = ir.Module.parse(_packed_product(plain, shape), context)
     with context, ir.Location.unknown():
-        main = next(op.operation for op in module.body if op.operation.name == "func.func")
-        matmul = next(
-            op.operation
-            for op in main.regions[0].blocks[0].operations
-            if op.operation.name == "linalg.matmul"
-        )
+        main = main_function(module)
         b = main.regions[0].blocks[0].arguments[plain.b]
         b.set_type(ir.RankedTensorType.get([shape.count, plain.k, shape.width], ir.F32Type.get()))
         signature = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
@@ -1057,7 +1057,7 @@ def payload_op(payload: str, name: str) -> tuple[ir.Context, ir.Module, ir.Opera
     context = ir.Context()
     context.enable_multithreading(False)
     module = ir.Module.parse(payload, context)
-    main = next(op.operation for op in module.body if op.operation.name == "func.func")
+    main = main_function(module)
     op = next(o.operation for o in main.regions[0].blocks[0].operations if o.operation.name == name)
     return context, module, op
 
@@ -1083,7 +1083,7 @@ def replace_with_call(
     op.results[0].replace_all_uses_with(call.results[0])
     op.erase()
     PassManager.parse("builtin.module(inline, symbol-dce, canonicalize, cse)").run(module.operation)
-    main = next(o.operation for o in module.body if o.operation.name == "func.func")
+    main = main_function(module)
     ops = [
         o.operation
         for o in main.regions[0].blocks[0].operations

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from torch_mlir import ir
 from torch_mlir.passmanager import PassManager
 
-from kope.passes.analysis import _loops, _main, prepare_payload
+from kope.passes.analysis import _loops, main_function, prepare_payload
 
 RESHAPES = {"tensor.expand_shape", "tensor.collapse_shape"}
 FUNC_LEVEL = RESHAPES | {
@@ -54,7 +54,7 @@ class Payload:
             PassManager.parse("builtin.module(func.func(linalg-generalize-named-ops))").run(
                 module.operation
             )
-        func = _main(module)
+        func = main_function(module)
         block = func.regions[0].blocks[0]
         ops = [op.operation for op in block.operations]
         return cls(context, module, func, list(block.arguments), list(ops[-1].operands), ops)
