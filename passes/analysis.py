@@ -10,7 +10,7 @@ name, iterator types and static loop ranges, and classifies the whole payload.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from torch_mlir import ir
@@ -105,8 +105,11 @@ class PlainMatmul:
 
 
 # On a Task's function whose payload is attention's decomposition (`kope.core.task`): what the
-# decomposition no longer says plainly, {causal, scale}. A kernel family rewrites it whole.
+# decomposition no longer says plainly, {causal, scale}, and the strides of q, k and v where they
+# reach it as views of a larger tensor ({q_strides, k_strides, v_strides}, elements; each only
+# where it is not contiguous). A kernel family rewrites it whole.
 ATTENTION_ATTR = "kope.attention"
+_VIEW_MARKS = ("q_strides", "k_strides", "v_strides")
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,8 @@ class Attention:
     scale: float
     mask: tuple[int, ...] = ()  # its shape; () where there is none
     mask_bool: bool = False
+    # q's, k's and v's strides where each arrives as a view of a larger tensor; None: contiguous
+    views: tuple[tuple[int, ...] | None, ...] = (None, None, None)
 
     @property
     def pairs(self) -> int:
@@ -137,19 +142,26 @@ class Attention:
         return b, h, q, k
 
 
-def mark_attention(payload: str, causal: bool, scale: float) -> str:
-    """The payload with its function marked as attention (`ATTENTION_ATTR`)."""
+def mark_attention(
+    payload: str,
+    causal: bool,
+    scale: float,
+    views: Sequence[Sequence[int] | None] = (None, None, None),
+) -> str:
+    """The payload with its function marked as attention (`ATTENTION_ATTR`); `views`: the
+    strides of q, k and v, for those that reach it as views of a larger tensor."""
     context = ir.Context()
     context.enable_multithreading(False)
     module = ir.Module.parse(payload, context)
     with context, ir.Location.unknown():
-        attr = ir.DictAttr.get(
-            {
-                "causal": ir.BoolAttr.get(causal),
-                "scale": ir.FloatAttr.get(ir.F64Type.get(), scale),
-            }
-        )
-        main_function(module).attributes[ATTENTION_ATTR] = attr
+        marks: dict[str, ir.Attribute] = {
+            "causal": ir.BoolAttr.get(causal),
+            "scale": ir.FloatAttr.get(ir.F64Type.get(), scale),
+        }
+        for name, strides in zip(_VIEW_MARKS, views, strict=True):
+            if strides is not None:
+                marks[name] = ir.DenseI64ArrayAttr.get([int(s) for s in strides])
+        main_function(module).attributes[ATTENTION_ATTR] = ir.DictAttr.get(marks)
     return module.operation.get_asm(enable_debug_info=False)
 
 
@@ -165,8 +177,21 @@ def _attention(func: ir.Operation) -> Attention | None:
     if len(types) != 4 or any(t.rank != 4 or str(t.element_type) != "f32" for t in types):
         return None
     (b, h, lq, d), (_, _, lk, _), (_, _, _, e), _ = (t.shape for t in types)
+    views = tuple(
+        tuple(ir.DenseI64ArrayAttr(marks[name])) if name in marks else None for name in _VIEW_MARKS
+    )
+    if any(v is not None and (len(v) != 4 or v[-1] != 1) for v in views):
+        return None  # the kernel reads each row of q, k and v as vectors
     found = Attention(
-        b, h, lq, lk, d, e, ir.BoolAttr(marks["causal"]).value, ir.FloatAttr(marks["scale"]).value
+        b,
+        h,
+        lq,
+        lk,
+        d,
+        e,
+        ir.BoolAttr(marks["causal"]).value,
+        ir.FloatAttr(marks["scale"]).value,
+        views=views,
     )
     if mask is None:
         return found

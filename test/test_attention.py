@@ -22,6 +22,7 @@ from kope.spaces.cpu import renders, schedule_space
 from kope.spaces.kernels import kernel_source
 from kope.targets.cpu import CpuTarget
 from kope.vocabulary.kernels import Kernel
+from kope.vocabulary.layouts import lay_out, span, strided
 
 F32, B = torch.float32, torch.bool
 
@@ -38,12 +39,19 @@ def _sdpa_node(
     k: tuple[int, ...],
     v: tuple[int, ...],
     mask: tuple[tuple[int, ...], torch.dtype] | None = None,
+    views: bool = False,
     **kwargs: Any,
 ) -> fx.Node:
+    """With `views`, q, k and v (of one shape) are permuted out of one B x L x 3 x H x D
+    projection, as attention layers make them."""
     graph = fx.Graph()
     inputs = [graph.placeholder(name) for name in "qkv"]
-    for node, shape in zip(inputs, (q, k, v), strict=True):
-        node.meta["val"] = torch.empty(shape)
+    values = [torch.empty(shape) for shape in (q, k, v)]
+    if views:
+        b, h, length, d = q
+        values = list(torch.empty(b, length, 3, h, d).permute(2, 0, 3, 1, 4).unbind(0))
+    for node, value in zip(inputs, values, strict=True):
+        node.meta["val"] = value
     if mask is not None:
         kwargs["attn_mask"] = graph.placeholder("mask")
         kwargs["attn_mask"].meta["val"] = torch.empty(mask[0], dtype=mask[1])
@@ -56,7 +64,7 @@ def _sdpa_node(
 
 
 Mask = tuple[tuple[int, ...], torch.dtype] | None
-# (q, k, v shapes, causal, mask shape and dtype)
+# (q, k, v shapes, causal, mask shape and dtype); `views_` cases take q, k and v as views
 CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool, Mask]] = {
     # 50 query rows: blocks of 4, 6 and 8 leave some over; 37 keys: a ragged chunk.
     "causal_ragged": ((2, 2, 50, 32), (2, 2, 37, 32), (2, 2, 37, 32), True, None),
@@ -69,17 +77,28 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool, 
     "added_mask": ((2, 2, 20, 32), (2, 2, 35, 32), (2, 2, 35, 32), False, ((20, 35), F32)),
     "padding_mask": ((2, 3, 17, 32), (2, 3, 17, 32), (2, 3, 17, 32), False, ((2, 1, 1, 17), B)),
     "full_mask": ((2, 2, 9, 16), (2, 2, 40, 16), (2, 2, 40, 16), False, ((2, 2, 9, 40), F32)),
+    # Views of one projection, read where they lie (strided layouts).
+    "views_causal": ((2, 3, 37, 32), (2, 3, 37, 32), (2, 3, 37, 32), True, None),
+    "views_padding_mask": (
+        (2, 2, 19, 16),
+        (2, 2, 19, 16),
+        (2, 2, 19, 16),
+        False,
+        ((2, 1, 1, 19), B),
+    ),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_space_verifies_against_the_decomposition(case: str, target: CpuTarget) -> None:
     q, k, v, causal, mask = CASES[case]
-    task = attention_task(_sdpa_node(q, k, v, mask, is_causal=causal), target)
+    views = case.startswith("views_")
+    task = attention_task(_sdpa_node(q, k, v, mask, views, is_causal=causal), target)
     assert task is not None
     payload = prepare_payload(task.payload)
     info = analyze(payload)
     assert info.kind == "attention" and info.attention is not None
+    assert all((strides is not None) is views for strides in info.attention.views)
     assert info.attention.causal is causal and info.attention.keys == k[2]
     assert info.attention.mask == (mask[0] if mask else ())
     space, _ = schedule_space(info, target.capabilities())
@@ -160,3 +179,35 @@ def test_the_backend_runs_attention_as_a_task(causal: bool, tmp_path: Any, monke
     ran = [t for t in report.tasks if t.op == "aten.scaled_dot_product_attention.default"]
     assert len(ran) == 2 and all(t.jit and t.calls > 0 for t in ran)
     torch._dynamo.reset()
+
+
+def test_views_are_read_where_they_lie(target: CpuTarget) -> None:
+    """q, k and v permuted out of one projection reach the kernel as that projection's memory
+    (no copy), and a row whose every key is masked out gives 0, as ATen's attention does."""
+    b, h, length, d = 2, 2, 21, 16
+    shape = (b, h, length, d)
+    node = _sdpa_node(shape, shape, shape, ((b, 1, 1, length), B), views=True)
+    task = attention_task(node, target)
+    assert task is not None
+    payload = prepare_payload(task.payload)
+    info = analyze(payload)
+    space, _ = schedule_space(info, target.capabilities())
+    config = max(space, key=lambda p: p[1])[0]
+    source = kernel_source(payload, info, config)
+    assert source.count('kope.layout = "strided:') == 3
+    kernel = target.build(task.spec, Kernel(source)).bind()
+    torch.manual_seed(0)
+    projection = torch.randn(b, length, 3, h, d)
+    q, k, v = projection.permute(2, 0, 3, 1, 4).unbind(0)
+    mask = torch.rand(b, 1, 1, length) > 0.3
+    mask[1] = False  # the second image sees no key at all
+    for view in (q, k, v):  # what the call passes: the view's own memory
+        laid = lay_out(view, strided(view.stride()))
+        assert laid.data_ptr() == view.data_ptr() and laid.shape == (span(shape, view.stride()),)
+    (got,) = kernel.call(q, k, v, mask)
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert torch.equal(got[1], torch.zeros_like(got[1]))
+    # Contiguous q, k and v (other strides than the view's) are laid out, with the same answer.
+    (again,) = kernel.call(q.contiguous(), k.contiguous(), v.contiguous(), mask)
+    torch.testing.assert_close(again, want, rtol=1e-4, atol=1e-5)

@@ -17,7 +17,16 @@ from kope.spaces.kernels import kernel_source
 from kope.spaces.schedules import _panels, _thread_tiles, k_tile
 from kope.targets.cpu import BuildError, CpuTarget, build_kernel
 from kope.vocabulary.kernels import Kernel
-from kope.vocabulary.layouts import lay_out, panel_geometry
+from kope.vocabulary.layouts import (
+    LayoutError,
+    laid_out,
+    lay_out,
+    layout_strides,
+    panel_geometry,
+    span,
+    strided,
+)
+from kope.vocabulary.specs import TensorSpec
 
 CAPABILITIES = {"vector_bits": 256, "threads": 2, "openmp": True}
 
@@ -177,12 +186,31 @@ def test_panels_hold_the_columns_in_order_and_zeros_past_them(
     assert not columns[:, n:].any()
 
 
+def test_a_strided_layout_passes_a_view_where_it_lies_and_lays_out_anything_else() -> None:
+    projection = torch.randn(2, 5, 3, 4, 8)  # B x L x 3 x H x D
+    view = projection.permute(2, 0, 3, 1, 4)[1]  # k: B x H x L x D, offset H x D
+    layout = strided(view.stride())
+    assert laid_out(TensorSpec.of(view), layout).shape == (span(view.shape, view.stride()),)
+    laid = lay_out(view, layout)
+    assert laid.data_ptr() == view.data_ptr() and laid.is_contiguous()  # no copy
+    assert torch.equal(laid.as_strided(view.shape, view.stride()), view)
+    # The same values contiguous: copied into the layout's strides, the gaps unread.
+    copied = lay_out(view.contiguous(), layout)
+    assert copied.data_ptr() != view.data_ptr()
+    assert torch.equal(copied.as_strided(view.shape, view.stride()), view)
+    with pytest.raises(LayoutError, match="does not fit a 3-D"):
+        lay_out(view[0], layout)
+    with pytest.raises(LayoutError, match="needs strides"):
+        layout_strides("strided:")
+
+
 @pytest.mark.parametrize(
     "layout, message",
     [
         ("panels:5", "divide into panels of 5"),
         ("panels:16:1", "fit in 1 panels of 16"),
         ("tiles:4", "unknown input layout"),
+        ("strided:16,1,1", "gives 3 strides for a 2-D argument"),
     ],
 )
 def test_a_layout_that_does_not_fit_is_refused(layout: str, message: str) -> None:

@@ -56,6 +56,10 @@ from kope.vocabulary.specs import (
     eager_json,
 )
 
+# What marks a Task as attention: causal, the scale, and q's, k's and v's strides where they
+# are views of a larger tensor (None where contiguous).
+Attended = tuple[bool, float, tuple[tuple[int, ...] | None, ...]]
+
 
 @dataclass
 class Task:
@@ -191,13 +195,14 @@ def make_task(
     nodes: fx.Node | list[fx.Node],
     target_key: str,
     decomposed: bool = False,
-    attention: tuple[bool, float] | None = None,
+    attention: Attended | None = None,
 ) -> Task:
     """Import a node (or a group of nodes fused into one kernel) and key it; raises
     LoweringError when torch-mlir cannot lower it. With `decomposed`, the node is imported
     through its decomposition, as one function; its eager call stays the node's own. With
-    `attention` (causal, scale), the function is marked as that attention
-    (`kope.passes.analysis.mark_attention`), which its decomposition no longer says plainly."""
+    `attention` (causal, scale, the strides of q, k and v where they are views), the function
+    is marked as that attention (`kope.passes.analysis.mark_attention`), which its
+    decomposition no longer says plainly."""
     group = nodes if isinstance(nodes, list) else [nodes]
     inputs, call, in_specs, out_specs = group_signature(group)
     label = label_for(call, in_specs)

@@ -861,9 +861,18 @@ def attention_task(node: fx.Node, target: Target) -> Task | None:
     depth = int(query.shape[-1])
     scale = kwargs.get("scale")
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(depth)
+    # A view (permuted out of one projection) is read where it lies, rows of D in a row.
+    views = tuple(
+        None if v.is_contiguous() or v.stride()[-1] != 1 else tuple(int(s) for s in v.stride())
+        for v in values
+        if isinstance(v, torch.Tensor)
+    )
     try:
         return make_task(
-            node, target.key(), decomposed=True, attention=(bool(kwargs.get("is_causal")), scale)
+            node,
+            target.key(),
+            decomposed=True,
+            attention=(bool(kwargs.get("is_causal")), scale, views),
         )
     except LoweringError as err:
         log.debug("attention %s does not lower through its decomposition: %s", node.name, err)

@@ -19,6 +19,11 @@ score of every head to memory three times. Here, per head (heads split over thre
 4. the weighted sum of V's rows (R x G vectors of sums per group of G vectors along V's
    depth, one broadcast of a weight and G loads of V per key), divided by the row's sum.
 
+q, k and v that reach the Task as views of a larger tensor (permuted out of one projection, as
+attention layers write them) are read where they lie (`kope.vocabulary.layouts`, "strided"):
+the kernel takes each as the 1-D span of its memory and finds a head's rows by the view's
+strides, where copying the three contiguous cost several times the gain.
+
 Under `causal` a block reads only the keys its last row may see. Any sequence lengths (a
 ragged last block of rows, a ragged last chunk of keys), head depths that are whole vectors,
 f32. The softmax is two passes over the block's scores in cache, not flash attention's
@@ -34,6 +39,8 @@ from torch_mlir import ir
 
 from kope.passes.analysis import Attention, PayloadInfo, main_function
 from kope.spaces.writer import VectorWriter, blocks
+from kope.vocabulary.layouts import LAYOUT_ATTR, span
+from kope.vocabulary.layouts import strided as strided_layout
 
 _FUNCTION = "kope_attention"
 
@@ -87,22 +94,29 @@ def attention_kernel(payload: str, info: PayloadInfo, config: dict[str, Any]) ->
 
 def attention_module(attention: Attention, config: dict[str, Any], name: str = "main") -> str:
     """A kernel module: `@name(q, k, v[, mask]) -> out` on 4-D tensors (a mask of its own
-    rank), calling the attention."""
+    rank; a view among q, k and v as its span, in a strided layout), calling the attention."""
     a = attention
     q4 = f"tensor<{a.batch}x{a.heads}x{a.queries}x{a.depth}xf32>"
     k4 = f"tensor<{a.batch}x{a.heads}x{a.keys}x{a.depth}xf32>"
     v4 = f"tensor<{a.batch}x{a.heads}x{a.keys}x{a.value_depth}xf32>"
     o4 = f"tensor<{a.batch}x{a.heads}x{a.queries}x{a.value_depth}xf32>"
     writer = _Writer(a, config)
-    q3, k3, v3, o3 = writer.q_type, writer.k_type, writer.v_type, writer.out_type
+    o3 = writer.out_type
     helper = writer.function()
-    params = [f"%arg0: {q4}", f"%arg1: {k4}", f"%arg2: {v4}"]
-    operands, types = ["%q", "%k", "%v"], [q3, k3, v3]
-    body = [
-        f"%q = tensor.collapse_shape %arg0 [[0, 1], [2], [3]] : {q4} into {q3}",
-        f"%k = tensor.collapse_shape %arg1 [[0, 1], [2], [3]] : {k4} into {k3}",
-        f"%v = tensor.collapse_shape %arg2 [[0, 1], [2], [3]] : {v4} into {v3}",
-    ]
+    params, operands, types, body = [], [], [], []
+    for index, (operand, whole) in enumerate((("q", q4), ("k", k4), ("v", v4))):
+        kind, strides = writer.types[operand], writer.views[operand]
+        if strides is None:  # N x L x D: batch and heads as one dim
+            params.append(f"%arg{index}: {whole}")
+            body.append(
+                f"%{operand} = tensor.collapse_shape %arg{index} [[0, 1], [2], [3]] : "
+                f"{whole} into {kind}"
+            )
+            operands.append(f"%{operand}")
+        else:  # the span of a view, read where it lies
+            params.append(f'%arg{index}: {kind} {{{LAYOUT_ATTR} = "{strided_layout(strides)}"}}')
+            operands.append(f"%arg{index}")
+        types.append(kind)
     if a.mask:
         given = f"tensor<{'x'.join(map(str, a.mask))}x{writer.mask_element}>"
         params.append(f"%arg3: {given}")
@@ -150,9 +164,20 @@ class _Writer(VectorWriter):
         self.per_thread = a.pairs // self.threads
         self.padded_keys = math.ceil(a.keys / self.chunk) * self.chunk
         n, lq, lk = a.pairs, a.queries, a.keys
-        self.q_type = f"tensor<{n}x{lq}x{a.depth}xf32>"
-        self.k_type = f"tensor<{n}x{lk}x{a.depth}xf32>"
-        self.v_type = f"tensor<{n}x{lk}x{a.value_depth}xf32>"
+        shapes = {
+            "q": (a.batch, a.heads, lq, a.depth),
+            "k": (a.batch, a.heads, lk, a.depth),
+            "v": (a.batch, a.heads, lk, a.value_depth),
+        }
+        # Where an operand is a view (its strides), the kernel takes its span, 1-D.
+        self.views = dict(zip(shapes, a.views, strict=True))
+        self.types = {}
+        for name, shape in shapes.items():
+            strides = self.views[name]
+            extent = f"{n}x{shape[2]}x{shape[3]}" if strides is None else span(shape, strides)
+            self.types[name] = f"tensor<{extent}xf32>"
+        self.q_type, self.k_type, self.v_type = self.types["q"], self.types["k"], self.types["v"]
+        self.head_start: dict[str, str] = {}  # a view's first element of head %h
         self.out_type = f"tensor<{n}x{lq}x{a.value_depth}xf32>"
         self.into_type = f"tensor<{self.per_thread}x{lq}x{a.value_depth}xf32>"
         self.kt_type = f"tensor<{a.depth}x{self.padded_keys}xf32>"
@@ -169,6 +194,7 @@ class _Writer(VectorWriter):
         a, lanes = self.a, self.lanes
         self.emit("%zero = arith.constant 0.0 : f32")
         self.emit("%one = arith.constant 1.0 : f32")
+        self.emit("%ninf = arith.constant 0xFF800000 : f32")
         self.emit(f"%zeros = arith.constant dense<0.0> : {self.vec}")
         self.emit(f"%ninfs = arith.constant dense<0xFF800000> : {self.vec}")
         self.emit(f"%scale = arith.constant dense<{a.scale!r}> : {self.vec}")
@@ -186,6 +212,7 @@ class _Writer(VectorWriter):
             [("%o0", start, self.into_type), ("%s0", "%scratch", self.scores_type)],
         )
         self.emit("%h = arith.addi %hbase, %hl : index")
+        self.head_starts()
         if a.mask:  # the mask's image and head of pair %h, where it has more than one
             mb, mh, _, _ = a.mask4
             self.mask_at = [self.index(0), self.index(0)]
@@ -226,6 +253,40 @@ class _Writer(VectorWriter):
         a = self.a
         return f"[%hbase, 0, 0] [{self.per_thread}, {a.queries}, {a.value_depth}] [1, 1, 1]"
 
+    def head_starts(self) -> None:
+        """For each operand read where it lies: where head %h (image h / H, head h % H) begins."""
+        heads = self.index(self.a.heads)
+        if any(self.views.values()):
+            self.emit(f"%himage = arith.divui %h, {heads} : index")
+            self.emit(f"%hhead = arith.remui %h, {heads} : index")
+        for name, strides in self.views.items():
+            if strides is None:
+                continue
+            image, head, start = self.fresh("hi"), self.fresh("hh"), f"%{name}head"
+            self.emit(f"{image} = arith.muli %himage, {self.index(strides[0])} : index")
+            self.emit(f"{head} = arith.muli %hhead, {self.index(strides[1])} : index")
+            self.emit(f"{start} = arith.addi {image}, {head} : index")
+            self.head_start[name] = start
+
+    def row_start(self, name: str, row: str) -> str | None:
+        """Where row `row` of head %h of a view begins; None for an operand taken N x L x D."""
+        strides = self.views[name]
+        if strides is None:
+            return None
+        offset, start = self.fresh("ro"), self.fresh("rs")
+        self.emit(f"{offset} = arith.muli {row}, {self.index(strides[2])} : index")
+        self.emit(f"{start} = arith.addi {self.head_start[name]}, {offset} : index")
+        return start
+
+    def at(self, name: str, row: str, column: int, start: str | None = None) -> list[str]:
+        """The indices of element (`row`, `column`) of head %h of operand `name` (its row's
+        start, `row_start`, where the caller has it)."""
+        if self.views[name] is None:
+            return ["%h", row, self.index(column)]
+        start = start or self.row_start(name, row)
+        assert start is not None
+        return [self.add(start, column)]
+
     def pack_keys(self) -> str:
         """K of head %h transposed into D x padded keys: blocks of `lanes` keys x `lanes` of
         the depth read as rows and transposed in registers (`transpose`); the last keys, a
@@ -250,8 +311,9 @@ class _Writer(VectorWriter):
             current = "%kb"
             keys = [self.add("%jb", r) for r in range(lanes)]
             for dv in range(a.depth // lanes):
-                first = self.index(dv * lanes)
-                rows = [self.read("%k", ["%h", j, first], self.k_type, True) for j in keys]
+                rows = [
+                    self.read("%k", self.at("k", j, dv * lanes), self.k_type, True) for j in keys
+                ]
                 for d, transposed in enumerate(self.transpose(rows)):
                     at = [self.index(dv * lanes + d), "%jb"]
                     current = self.write(transposed, current, at, self.kt_type, True)
@@ -261,8 +323,9 @@ class _Writer(VectorWriter):
             return current
         self.loop("%kt", "%j", (whole, a.keys, 1), [("%ka", current, self.kt_type)])
         current = "%ka"
+        start = self.row_start("k", "%j")
         for dv in range(a.depth // lanes):
-            x = self.read("%k", ["%h", "%j", self.index(dv * lanes)], self.k_type, True)
+            x = self.read("%k", self.at("k", "%j", dv * lanes, start), self.k_type, True)
             for lane in range(lanes):
                 scalar, inserted = self.fresh("x"), self.fresh("kt")
                 self.emit(f"{scalar} = vector.extract {x}[{lane}] : f32 from {self.vec}")
@@ -340,6 +403,7 @@ class _Writer(VectorWriter):
             [(s, scores, self.scores_type)] + [(m, "%ninfs", self.vec) for m in running],
         )
         q_rows = [self.add(i0, r) for r in range(rows)]
+        q_starts = [self.row_start("q", row) for row in q_rows]
         keys = [self.add(j0, c * lanes) for c in range(cv)]
         sums = self.fresh("acc")
         d = self.fresh("d")
@@ -349,7 +413,9 @@ class _Writer(VectorWriter):
         updated = []
         for r in range(rows):
             scalar, broadcast = self.fresh("q"), self.fresh("qb")
-            self.emit(f"{scalar} = tensor.extract %q[%h, {q_rows[r]}, {d}] : {self.q_type}")
+            start = q_starts[r]
+            at = ["%h", q_rows[r], d] if start is None else [self.add_index(start, d)]
+            self.emit(f"{scalar} = tensor.extract %q[{', '.join(at)}] : {self.q_type}")
             self.emit(f"{broadcast} = vector.broadcast {scalar} : f32 to {self.vec}")
             for c in range(cv):
                 name = self.fresh("f")
@@ -428,10 +494,15 @@ class _Writer(VectorWriter):
         shifts = []
         for r in range(rows):
             scalar, vector = self.fresh("rmax"), self.fresh("rmaxv")
+            masked, shift = self.fresh("rnone"), self.fresh("rshift")
             self.emit(
                 f"{scalar} = vector.reduction <maximumf>, {scored}#{r + 1} : {self.vec} into f32"
             )
-            self.emit(f"{vector} = vector.broadcast {scalar} : f32 to {self.vec}")
+            # A row whose every score is -inf (all masked) shifts by 0: its weights are then
+            # all 0, and so is its output, as ATen's attention gives (not exp(nan)).
+            self.emit(f"{masked} = arith.cmpf oeq, {scalar}, %ninf : f32")
+            self.emit(f"{shift} = arith.select {masked}, %zero, {scalar} : f32")
+            self.emit(f"{vector} = vector.broadcast {shift} : f32 to {self.vec}")
             shifts.append(vector)
         result, j0, s = self.fresh("ex"), self.fresh("j"), self.fresh("s")
         sums = [self.fresh("l") for _ in range(rows)]
@@ -457,9 +528,13 @@ class _Writer(VectorWriter):
         inverse = []
         for r in range(rows):
             scalar, reciprocal, vector = self.fresh("lsum"), self.fresh("rcp"), self.fresh("rv")
+            empty, inverse_ = self.fresh("rnone"), self.fresh("rinv")
             self.emit(f"{scalar} = vector.reduction <add>, {result}#{r + 1} : {self.vec} into f32")
             self.emit(f"{reciprocal} = arith.divf %one, {scalar} : f32")
-            self.emit(f"{vector} = vector.broadcast {reciprocal} : f32 to {self.vec}")
+            # A sum of 0 is a row with every score -inf (else its maximum adds exp(0) = 1).
+            self.emit(f"{empty} = arith.cmpf oeq, {scalar}, %zero : f32")
+            self.emit(f"{inverse_} = arith.select {empty}, %zero, {reciprocal} : f32")
+            self.emit(f"{vector} = vector.broadcast {inverse_} : f32 to {self.vec}")
             inverse.append(vector)
         return f"{result}#0", inverse
 
@@ -475,8 +550,9 @@ class _Writer(VectorWriter):
             sums, j = self.fresh("ws"), self.fresh("j")
             carried = [(self.fresh("w"), "%zeros", self.vec) for _ in range(rows * group)]
             self.loop(sums, j, (0, end, 1), carried)
+            start = self.row_start("v", j)
             values = [
-                self.read("%v", ["%h", j, self.index((g0 + g) * lanes)], self.v_type, True)
+                self.read("%v", self.at("v", j, (g0 + g) * lanes, start), self.v_type, True)
                 for g in range(group)
             ]
             updated = []

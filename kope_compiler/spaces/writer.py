@@ -41,6 +41,12 @@ class VectorWriter:
         self.emit(f"{name} = arith.addi {base}, {self.index(offset)} : index")
         return name
 
+    def add_index(self, a: str, b: str) -> str:
+        """a + b, two SSA index values."""
+        name = self.fresh("ix")
+        self.emit(f"{name} = arith.addi {a}, {b} : index")
+        return name
+
     def loop(
         self,
         results: str,
