@@ -43,17 +43,22 @@ def function_type(func: ir.Operation) -> ir.FunctionType:
     return ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
 
 
-def input_layouts(module: ir.Operation) -> dict[int, str]:
-    """The layouts the entry (`@kope_kernel`, else `@main`) names on its arguments
-    (`{kope.layout = "..."}`, see `kope.vocabulary.layouts`), by argument index."""
+def argument_layouts(module: ir.Operation) -> dict[int, str]:
+    """The layouts the entry (`@kope_kernel`, else `@main`) names on its arguments and results
+    (`{kope.layout = "..."}`, see `kope.vocabulary.layouts`), by `@kope_kernel`'s argument
+    index: the inputs, then the outputs (a result of `@main` numbered after its inputs)."""
     func = find_func(module, ENTRY) or find_func(module, PAYLOAD)
-    if func is None or "arg_attrs" not in func.attributes:
+    if func is None:
         return {}
     found: dict[int, str] = {}
-    for index, attrs in enumerate(ir.ArrayAttr(func.attributes["arg_attrs"])):
-        entries = ir.DictAttr(attrs)
-        if LAYOUT_ATTR in entries:
-            found[index] = ir.StringAttr(entries[LAYOUT_ATTR]).value
+    inputs = len(function_type(func).inputs)
+    for name, first in (("arg_attrs", 0), ("res_attrs", inputs)):
+        if name not in func.attributes:
+            continue
+        for index, attrs in enumerate(ir.ArrayAttr(func.attributes[name])):
+            entries = ir.DictAttr(attrs)
+            if LAYOUT_ATTR in entries:
+                found[first + index] = ir.StringAttr(entries[LAYOUT_ATTR]).value
     return found
 
 

@@ -105,9 +105,11 @@ class PlainMatmul:
 
 
 # On a Task's function whose payload is attention's decomposition (`kope.core.task`): what the
-# decomposition no longer says plainly, {causal, scale}, and the strides of q, k and v where they
+# decomposition no longer says plainly, {causal, scale}; the strides of q, k and v where they
 # reach it as views of a larger tensor ({q_strides, k_strides, v_strides}, elements; each only
-# where it is not contiguous). A kernel family rewrites it whole.
+# where it is not contiguous); and `heads_inner` where its output is laid out B x Lq x H x E
+# (as ATen's CPU attention writes it, so that the transpose back to B x Lq x H*E is free). A
+# kernel family rewrites it whole.
 ATTENTION_ATTR = "kope.attention"
 _VIEW_MARKS = ("q_strides", "k_strides", "v_strides")
 
@@ -130,6 +132,7 @@ class Attention:
     mask_bool: bool = False
     # q's, k's and v's strides where each arrives as a view of a larger tensor; None: contiguous
     views: tuple[tuple[int, ...] | None, ...] = (None, None, None)
+    heads_inner: bool = False  # the output laid out B x Lq x H x E (`heads_inner_strides`)
 
     @property
     def pairs(self) -> int:
@@ -142,14 +145,22 @@ class Attention:
         return b, h, q, k
 
 
+def heads_inner_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """The strides of a B x H x L x E attention output laid out B x L x H x E."""
+    _, h, length, e = shape
+    return (length * h * e, e, h * e, 1)
+
+
 def mark_attention(
     payload: str,
     causal: bool,
     scale: float,
     views: Sequence[Sequence[int] | None] = (None, None, None),
+    heads_inner: bool = False,
 ) -> str:
     """The payload with its function marked as attention (`ATTENTION_ATTR`); `views`: the
-    strides of q, k and v, for those that reach it as views of a larger tensor."""
+    strides of q, k and v, for those that reach it as views of a larger tensor; `heads_inner`:
+    its output laid out B x Lq x H x E."""
     context = ir.Context()
     context.enable_multithreading(False)
     module = ir.Module.parse(payload, context)
@@ -161,6 +172,8 @@ def mark_attention(
         for name, strides in zip(_VIEW_MARKS, views, strict=True):
             if strides is not None:
                 marks[name] = ir.DenseI64ArrayAttr.get([int(s) for s in strides])
+        if heads_inner:
+            marks["heads_inner"] = ir.BoolAttr.get(True)
         main_function(module).attributes[ATTENTION_ATTR] = ir.DictAttr.get(marks)
     return module.operation.get_asm(enable_debug_info=False)
 
@@ -192,6 +205,7 @@ def _attention(func: ir.Operation) -> Attention | None:
         ir.BoolAttr(marks["causal"]).value,
         ir.FloatAttr(marks["scale"]).value,
         views=views,
+        heads_inner="heads_inner" in marks and ir.BoolAttr(marks["heads_inner"]).value,
     )
     if mask is None:
         return found

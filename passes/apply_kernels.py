@@ -27,7 +27,7 @@ from torch_mlir import ir
 
 from kope.memory import AttemptRecord, ExperienceStore
 from kope.memory.standing import winner
-from kope.passes.abi import ENTRY, PAYLOAD, find_func, function_type, input_layouts
+from kope.passes.abi import ENTRY, PAYLOAD, argument_layouts, find_func, function_type
 from kope.passes.base import ModulePass, PassError, check_target
 from kope.passes.experience import (
     STORE_HELP,
@@ -39,7 +39,7 @@ from kope.passes.experience import (
 from kope.passes.keys import KERNEL_ATTR, canonical_function, task_key
 from kope.passes.schedule import ApplySchedule
 from kope.vocabulary.kernels import FORM_MLIR
-from kope.vocabulary.layouts import LayoutError, panel_geometry
+from kope.vocabulary.layouts import LayoutError, layout_strides, panel_geometry
 from kope.vocabulary.registry import DEFAULT_TARGET
 
 log = logging.getLogger("kope.passes")
@@ -163,10 +163,15 @@ def _take_operator_layouts(kernel: ir.Operation, func: ir.Operation, best: Attem
     weight once."""
     payload = find_func(kernel, PAYLOAD)
     assert payload is not None
-    layouts = input_layouts(kernel)
+    layouts = argument_layouts(kernel)
     if not layouts:
         return
     inner, outer = function_type(payload), function_type(func)
+    if max(layouts) >= len(inner.inputs):
+        raise _Skip(
+            f"attempt {best.id} writes a result in a layout of its own, which a function on "
+            "tensors cannot return"
+        )
     if len(inner.inputs) != len(outer.inputs) or list(inner.results) != list(outer.results):
         raise _Skip(f"attempt {best.id}'s @{PAYLOAD} has type {inner}, the function has {outer}")
     helper = f"{PAYLOAD}_laid_out"
@@ -176,6 +181,11 @@ def _take_operator_layouts(kernel: ir.Operation, func: ir.Operation, best: Attem
         if index not in layouts:
             args.append(f"%arg{index}")
             continue
+        if layout_strides(layouts[index]) is not None:
+            raise _Skip(
+                f"attempt {best.id} reads input {index} where a view of it lies (a strided "
+                "layout), which a function on tensors does not pass"
+            )
         try:
             width, count = panel_geometry(layouts[index])
         except LayoutError as err:

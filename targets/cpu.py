@@ -20,7 +20,7 @@ from kope.targets.host import cpu_fingerprint, cpu_target_key
 from kope.targets.jit import ENTRY, JitKernel, openmp_library, set_openmp_threads
 from kope.targets.kernel_cache import cached_library, load_kernel
 from kope.vocabulary.kernels import FORM_MLIR, Kernel
-from kope.vocabulary.layouts import LayoutError, laid_out
+from kope.vocabulary.layouts import LayoutError, laid_out, layout_strides
 from kope.vocabulary.specs import MLIR_ELEMENTS, TaskSpec, TensorSpec, dtype_name
 
 log = logging.getLogger("kope.targets.cpu")
@@ -101,8 +101,9 @@ def lower_kernel(task: TaskSpec, kernel: Kernel) -> ir.Module:
 
 
 def _lowered(task: TaskSpec, kernel: Kernel) -> tuple[ir.Module, dict[int, str]]:
-    """The lowered module and the layouts its entry takes inputs in."""
-    from kope.passes.abi import DestinationAbi, find_func, function_type, input_layouts
+    """The lowered module and the layouts its entry takes inputs and writes outputs in (by
+    argument index: the inputs, then the outputs)."""
+    from kope.passes.abi import DestinationAbi, argument_layouts, find_func, function_type
     from kope.passes.lower_cpu import LowerCpu
     from kope.passes.pipeline import PipelineError, run_pipeline
 
@@ -119,13 +120,20 @@ def _lowered(task: TaskSpec, kernel: Kernel) -> tuple[ir.Module, dict[int, str]]
     refused = screen_kernel(module)
     if refused:
         raise BuildError(f"kernel refused: it contains {refused}")
-    layouts = input_layouts(module.operation)
+    layouts = argument_layouts(module.operation)
+    arguments = (*task.inputs, *task.outputs)
     try:
-        specs = [laid_out(s, layouts[i]) if i in layouts else s for i, s in enumerate(task.inputs)]
+        specs = [laid_out(s, layouts[i]) if i in layouts else s for i, s in enumerate(arguments)]
     except LayoutError as err:
         raise BuildError(str(err)) from None
-    if any(i >= len(task.inputs) for i in layouts):
-        raise BuildError(f"only inputs may name a layout; the operator has {len(task.inputs)}")
+    if any(i >= len(arguments) for i in layouts):
+        raise BuildError(
+            f"a layout is named on argument {max(layouts)}; the operator has {len(task.inputs)} "
+            f"inputs and {len(task.outputs)} outputs"
+        )
+    written = [layouts[i] for i in range(len(task.inputs), len(arguments)) if i in layouts]
+    if any(layout_strides(layout) is None for layout in written):
+        raise BuildError(f"an output is written in a strided layout or its own, not {written}")
     try:
         run_pipeline(module, [DestinationAbi()], description=f"abi {task.label}")
     except PipelineError as err:
@@ -133,7 +141,7 @@ def _lowered(task: TaskSpec, kernel: Kernel) -> tuple[ir.Module, dict[int, str]]
     entry = find_func(module.operation, ENTRY)
     assert entry is not None
     got = [str(t) for t in function_type(entry).inputs]
-    want = [memref_type(s) for s in (*specs, *task.outputs)]
+    want = [memref_type(s) for s in specs]
     if got != want or list(function_type(entry).results):
         raise BuildError(
             f"@{ENTRY} has signature ({', '.join(got)}) -> "

@@ -23,7 +23,7 @@ from torch_mlir.execution_engine import ExecutionEngine
 # One name for the entry point, where the calling convention is made; re-exported for callers.
 from kope.passes.abi import ENTRY as ENTRY
 from kope.targets.stamp import Stamp
-from kope.vocabulary.layouts import laid_out, lay_out
+from kope.vocabulary.layouts import laid_out, lay_out, layout_strides, span
 from kope.vocabulary.specs import TensorSpec
 
 # `llvm.emit_c_interface` (set by `kope-destination-abi`) names the wrapper that takes one
@@ -117,7 +117,9 @@ class JitKernel:
     """A JIT-compiled kernel with fixed input/output specs; call it like a function of tensors.
 
     `layouts` maps an input's index to the layout the kernel takes it in
-    (`kope.vocabulary.layouts`); callers pass every input in the operator's own layout."""
+    (`kope.vocabulary.layouts`); callers pass every input in the operator's own layout. An
+    output's index (after the inputs') maps to the strided layout the kernel writes it in: a
+    call returns it as a view with those strides."""
 
     def __init__(
         self,
@@ -175,8 +177,13 @@ class JitKernel:
     ) -> None:
         self.inputs = tuple(inputs)
         self.outputs = tuple(outputs)
-        self._layouts = tuple((layouts or {}).get(i) for i in range(len(self.inputs)))
+        given = layouts or {}
+        self._layouts = tuple(given.get(i) for i in range(len(self.inputs)))
         self._any_layout = any(self._layouts)
+        # Per output written in a strided layout: its shape and strides (else None).
+        self._written: tuple[tuple[tuple[int, ...], tuple[int, ...]] | None, ...] = tuple(
+            _written_as(spec, given.get(len(self.inputs) + j)) for j, spec in enumerate(outputs)
+        )
         self.parallel = parallel
         self._keep = keep
         # PYFUNCTYPE keeps the GIL held during the call: two threads never race on descriptors.
@@ -185,7 +192,11 @@ class JitKernel:
             contiguous_descriptor(laid_out(s, layout) if layout else s)
             for s, layout in zip(self.inputs, self._layouts, strict=True)
         ]
-        self._out_desc = [contiguous_descriptor(s) for s in self.outputs]
+        out_specs = [
+            s if w is None else TensorSpec((span(*w),), s.dtype)
+            for s, w in zip(self.outputs, self._written, strict=True)
+        ]
+        self._out_desc = [contiguous_descriptor(s) for s in out_specs]
         descriptors = self._in_desc + self._out_desc
         # Each descriptor's first two words (allocated, aligned pointers) as integers: a call
         # writes them through these views, faster than through the struct's fields.
@@ -196,7 +207,7 @@ class JitKernel:
         )
         # Sizes as separate arguments: torch.empty parses them faster than one tuple (2.2
         # against 3.4 µs here); a 0-d output has none to pass.
-        self._out_shapes = [(tuple(s.shape) or ((),), s.torch_dtype) for s in self.outputs]
+        self._out_shapes = [(tuple(s.shape) or ((),), s.torch_dtype) for s in out_specs]
         self._packed_inputs: PackedInputs = {}
         self.call = self._specialized_call()
 
@@ -210,9 +221,14 @@ class JitKernel:
             ]
         if len(inputs) != len(self._in_desc) or len(outputs) != len(self._out_desc):
             raise self._arity_error(len(inputs), len(outputs))
-        for pointers, tensor in zip(self._pointer_words, [*inputs, *outputs], strict=True):
+        into = [_destination(t, w) for t, w in zip(outputs, self._written, strict=True)]
+        for pointers, tensor in zip(self._pointer_words, [*inputs, *into], strict=True):
             pointers[0] = pointers[1] = tensor.data_ptr()
         self._fn(self._packed)
+        for out, flat, written in zip(outputs, into, self._written, strict=True):
+            if written is not None and out.stride() != written[1]:
+                # Written in the layout's order: read back through its strides.
+                out.copy_(flat.as_strided(*written).clone())
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Run on `inputs` (any strides, the operator's layout) into new outputs."""
@@ -259,7 +275,12 @@ class JitKernel:
         for index, (name, words) in enumerate(zip(names + outs, self._pointer_words, strict=True)):
             namespace[f"w{index}"] = words
             lines.append(f"    w{index}[0] = w{index}[1] = {name}.data_ptr()")
-        lines += ["    fn(packed)", f"    return ({', '.join(outs)},)"]
+        lines.append("    fn(packed)")
+        for name, written in zip(outs, self._written, strict=True):
+            if written is not None:  # the flat output seen through the layout's strides
+                namespace[f"{name}_view"] = written
+                lines.append(f"    {name} = {name}.as_strided(*{name}_view)")
+        lines.append(f"    return ({', '.join(outs)},)")
         exec(compile("\n".join(lines) + "\n", "<kope kernel call>", "exec"), namespace)
         return cast(Callable[..., tuple[torch.Tensor, ...]], namespace["call"])
 
@@ -271,6 +292,28 @@ class JitKernel:
         site._packed_inputs = {}
         site.call = site._specialized_call()
         return site
+
+
+def _written_as(
+    spec: TensorSpec, layout: str | None
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """An output's shape and the strides a kernel writes it with; None where contiguous."""
+    strides = None if layout is None else layout_strides(layout)
+    if layout is not None and strides is None:
+        raise ValueError(f"an output is written in a strided layout, not {layout!r}")
+    return None if strides is None else (tuple(spec.shape), strides)
+
+
+def _destination(out: torch.Tensor, written: tuple[Any, Any] | None) -> torch.Tensor:
+    """Where a kernel writes `out`: itself, unless it is written in a strided layout that `out`
+    does not have: then `out`'s own memory where the layout covers as many elements (a
+    permutation: any damage past it stays in sight of the caller's guards), else a buffer."""
+    if written is None:
+        return out
+    extent = span(*written)
+    if out.stride() == written[1] or (out.is_contiguous() and out.numel() == extent):
+        return out
+    return torch.empty(extent, dtype=out.dtype, device=out.device)
 
 
 def prepared_input(

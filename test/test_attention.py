@@ -43,7 +43,8 @@ def _sdpa_node(
     **kwargs: Any,
 ) -> fx.Node:
     """With `views`, q, k and v (of one shape) are permuted out of one B x L x 3 x H x D
-    projection, as attention layers make them."""
+    projection, as attention layers make them, and the output is laid out B x L x H x D, as
+    ATen's CPU attention writes it."""
     graph = fx.Graph()
     inputs = [graph.placeholder(name) for name in "qkv"]
     values = [torch.empty(shape) for shape in (q, k, v)]
@@ -59,6 +60,8 @@ def _sdpa_node(
         torch.ops.aten.scaled_dot_product_attention.default, tuple(inputs), kwargs
     )
     call.meta["val"] = torch.empty(*q[:3], v[3])
+    if views:
+        call.meta["val"] = torch.empty(q[0], q[2], q[1], v[3]).transpose(1, 2)
     graph.output(call)
     return call
 
@@ -99,6 +102,7 @@ def test_the_space_verifies_against_the_decomposition(case: str, target: CpuTarg
     info = analyze(payload)
     assert info.kind == "attention" and info.attention is not None
     assert all((strides is not None) is views for strides in info.attention.views)
+    assert info.attention.heads_inner is views
     assert info.attention.causal is causal and info.attention.keys == k[2]
     assert info.attention.mask == (mask[0] if mask else ())
     space, _ = schedule_space(info, target.capabilities())
@@ -183,7 +187,8 @@ def test_the_backend_runs_attention_as_a_task(causal: bool, tmp_path: Any, monke
 
 def test_views_are_read_where_they_lie(target: CpuTarget) -> None:
     """q, k and v permuted out of one projection reach the kernel as that projection's memory
-    (no copy), and a row whose every key is masked out gives 0, as ATen's attention does."""
+    (no copy), its output is written heads inner (its transpose back is contiguous, as ATen's
+    is), and a row whose every key is masked out gives 0, as ATen's attention does."""
     b, h, length, d = 2, 2, 21, 16
     shape = (b, h, length, d)
     node = _sdpa_node(shape, shape, shape, ((b, 1, 1, length), B), views=True)
@@ -194,7 +199,7 @@ def test_views_are_read_where_they_lie(target: CpuTarget) -> None:
     space, _ = schedule_space(info, target.capabilities())
     config = max(space, key=lambda p: p[1])[0]
     source = kernel_source(payload, info, config)
-    assert source.count('kope.layout = "strided:') == 3
+    assert source.count('kope.layout = "strided:') == 4  # q, k, v and the output
     kernel = target.build(task.spec, Kernel(source)).bind()
     torch.manual_seed(0)
     projection = torch.randn(b, length, 3, h, d)
@@ -207,7 +212,30 @@ def test_views_are_read_where_they_lie(target: CpuTarget) -> None:
     (got,) = kernel.call(q, k, v, mask)
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert got.transpose(1, 2).is_contiguous()
     assert torch.equal(got[1], torch.zeros_like(got[1]))
     # Contiguous q, k and v (other strides than the view's) are laid out, with the same answer.
     (again,) = kernel.call(q.contiguous(), k.contiguous(), v.contiguous(), mask)
     torch.testing.assert_close(again, want, rtol=1e-4, atol=1e-5)
+
+
+def test_an_output_written_in_a_layout_reaches_any_destination(target: CpuTarget) -> None:
+    """`JitKernel.run` (verification's path) writes a heads-inner output into a destination of
+    the layout's strides, a contiguous one (the same memory, read back in place), or any
+    other (through a buffer): the same values each time."""
+    shape = (1, 2, 16, 16)
+    task = attention_task(_sdpa_node(shape, shape, shape, views=True), target)
+    assert task is not None
+    payload = prepare_payload(task.payload)
+    info = analyze(payload)
+    config = max(schedule_space(info, target.capabilities())[0], key=lambda p: p[1])[0]
+    kernel = target.build(task.spec, Kernel(kernel_source(payload, info, config)))
+    q, k, v = torch.randn(1, 16, 3, 2, 16).permute(2, 0, 3, 1, 4).unbind(0)
+    want = F.scaled_dot_product_attention(q, k, v)
+    for out in (
+        torch.empty(1, 16, 2, 16).transpose(1, 2),
+        torch.empty(shape),
+        torch.empty(1, 2, 16, 32)[..., ::2],
+    ):
+        kernel.run([q, k, v], [out])
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)

@@ -56,9 +56,10 @@ from kope.vocabulary.specs import (
     eager_json,
 )
 
-# What marks a Task as attention: causal, the scale, and q's, k's and v's strides where they
-# are views of a larger tensor (None where contiguous).
-Attended = tuple[bool, float, tuple[tuple[int, ...] | None, ...]]
+# What marks a Task as attention: causal, the scale, q's, k's and v's strides where they are
+# views of a larger tensor (None where contiguous), and whether its output is laid out heads
+# inner (`kope.passes.analysis.mark_attention`).
+Attended = tuple[bool, float, tuple[tuple[int, ...] | None, ...], bool]
 
 
 @dataclass
@@ -200,9 +201,9 @@ def make_task(
     """Import a node (or a group of nodes fused into one kernel) and key it; raises
     LoweringError when torch-mlir cannot lower it. With `decomposed`, the node is imported
     through its decomposition, as one function; its eager call stays the node's own. With
-    `attention` (causal, scale, the strides of q, k and v where they are views), the function
-    is marked as that attention (`kope.passes.analysis.mark_attention`), which its
-    decomposition no longer says plainly."""
+    `attention` (causal, scale, the strides of q, k and v where they are views, the output
+    heads inner), the function is marked as that attention
+    (`kope.passes.analysis.mark_attention`), which its decomposition no longer says plainly."""
     group = nodes if isinstance(nodes, list) else [nodes]
     inputs, call, in_specs, out_specs = group_signature(group)
     label = label_for(call, in_specs)

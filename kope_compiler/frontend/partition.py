@@ -42,6 +42,7 @@ from kope.core.lowering import LoweringError, op_name
 from kope.core.task import Task, group_inputs, make_task
 from kope.frontend.dispatch import RESHAPES, has_symbols, tensor_value
 from kope.frontend.rewrites import REWRITE, fuse_attention, rewrite
+from kope.passes.analysis import heads_inner_strides
 from kope.targets.base import Target
 
 log = logging.getLogger("kope.compiler")
@@ -867,12 +868,21 @@ def attention_task(node: fx.Node, target: Target) -> Task | None:
         for v in values
         if isinstance(v, torch.Tensor)
     )
+    # The output as the graph expects it: heads inner where ATen's CPU attention made it so.
+    out = node.meta.get("val")
+    heads_inner = (
+        isinstance(out, torch.Tensor)
+        and out.dim() == 4
+        and out.shape[1] > 1
+        and out.shape[2] > 1
+        and tuple(out.stride()) == heads_inner_strides(out.shape)
+    )
     try:
         return make_task(
             node,
             target.key(),
             decomposed=True,
-            attention=(bool(kwargs.get("is_causal")), scale, views),
+            attention=(bool(kwargs.get("is_causal")), scale, views, heads_inner),
         )
     except LoweringError as err:
         log.debug("attention %s does not lower through its decomposition: %s", node.name, err)

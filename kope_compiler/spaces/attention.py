@@ -37,7 +37,7 @@ from typing import Any
 
 from torch_mlir import ir
 
-from kope.passes.analysis import Attention, PayloadInfo, main_function
+from kope.passes.analysis import Attention, PayloadInfo, heads_inner_strides, main_function
 from kope.spaces.writer import VectorWriter, blocks
 from kope.vocabulary.layouts import LAYOUT_ATTR, span
 from kope.vocabulary.layouts import strided as strided_layout
@@ -47,18 +47,21 @@ _FUNCTION = "kope_attention"
 
 def fits(attention: Attention, config: dict[str, Any]) -> bool:
     """Depths of whole vectors, V's vectors in whole groups, and threads that split the heads
-    evenly. (Whether a block's sums fit the machine's registers is the space's to say:
-    `sums`.)"""
+    evenly (heads inner, into boxes of the output). (Whether a block's sums fit the machine's
+    registers is the space's to say: `sums`.)"""
     lanes, rows, chunk, group = (
         int(config.get(k, 0)) for k in ("vector", "rows", "keys", "values")
     )
     threads = int(config.get("threads", 1))
+    if min(lanes, rows, chunk, group, threads) <= 0 or attention.pairs % threads:
+        return False
+    per_thread, heads = attention.pairs // threads, attention.heads
     return (
-        min(lanes, rows, chunk, group, threads) > 0
-        and attention.depth % lanes == 0
+        attention.depth % lanes == 0
         and attention.value_depth % lanes == 0
         and (attention.value_depth // lanes) % group == 0
-        and attention.pairs % threads == 0
+        # Heads inner, a thread's output is a box: heads of one image, or whole images.
+        and (not attention.heads_inner or heads % per_thread == 0 or per_thread % heads == 0)
     )
 
 
@@ -135,14 +138,27 @@ def attention_module(attention: Attention, config: dict[str, Any], name: str = "
         f"%init = tensor.empty() : {o3}",
         f"%o = func.call @{_FUNCTION}({', '.join(operands)}, %init) : "
         f"({', '.join(types)}, {o3}) -> {o3}",
-        f"%out = tensor.expand_shape %o [[0, 1], [2], [3]] output_shape "
-        f"[{a.batch}, {a.heads}, {a.queries}, {a.value_depth}] : {o3} into {o4}",
-        f"return %out : {o4}",
     ]
+    if a.heads_inner:  # B x Lq x H x E, returned as its memory in the output's strides
+        size = a.batch * a.queries * a.heads * a.value_depth
+        flat = f"tensor<{size}xf32>"
+        layout = strided_layout(heads_inner_strides((a.batch, a.heads, a.queries, a.value_depth)))
+        body += [
+            f"%out = tensor.collapse_shape %o [[0, 1, 2, 3]] : {o3} into {flat}",
+            f"return %out : {flat}",
+        ]
+        result = f'({flat} {{{LAYOUT_ATTR} = "{layout}"}})'
+    else:
+        body += [
+            f"%out = tensor.expand_shape %o [[0, 1], [2], [3]] output_shape "
+            f"[{a.batch}, {a.heads}, {a.queries}, {a.value_depth}] : {o3} into {o4}",
+            f"return %out : {o4}",
+        ]
+        result = o4
     inner = helper[helper.index("{") + 1 : helper.rindex("}")]
     return (
         "module {\n"
-        f"func.func @{name}({', '.join(params)}) -> {o4} {{\n  "
+        f"func.func @{name}({', '.join(params)}) -> {result} {{\n  "
         + "\n  ".join(body)
         + "\n}\n"
         + inner
@@ -178,8 +194,15 @@ class _Writer(VectorWriter):
             self.types[name] = f"tensor<{extent}xf32>"
         self.q_type, self.k_type, self.v_type = self.types["q"], self.types["k"], self.types["v"]
         self.head_start: dict[str, str] = {}  # a view's first element of head %h
-        self.out_type = f"tensor<{n}x{lq}x{a.value_depth}xf32>"
-        self.into_type = f"tensor<{self.per_thread}x{lq}x{a.value_depth}xf32>"
+        e = a.value_depth
+        if a.heads_inner:  # B x Lq x H x E; a thread's box: heads of one image, or images
+            self.box_heads = min(self.per_thread, a.heads)
+            images = self.per_thread // self.box_heads
+            self.out_type = f"tensor<{a.batch}x{lq}x{a.heads}x{e}xf32>"
+            self.into_type = f"tensor<{images}x{lq}x{self.box_heads}x{e}xf32>"
+        else:
+            self.out_type = f"tensor<{n}x{lq}x{e}xf32>"
+            self.into_type = f"tensor<{self.per_thread}x{lq}x{e}xf32>"
         self.kt_type = f"tensor<{a.depth}x{self.padded_keys}xf32>"
         self.scores_type = f"tensor<{self.rows}x{self.padded_keys}xf32>"
         self.ivec = f"vector<{self.lanes}xi32>"
@@ -202,7 +225,12 @@ class _Writer(VectorWriter):
         self.emit(f"%iota = arith.constant dense<[{iota}]> : {self.ivec}")
         self.emit("%false = arith.constant false")
         start = self.split_threads(
-            self.threads, self.per_thread, "%hbase", self._slab(), self.out_type, self.into_type
+            self.threads,
+            self.per_thread,
+            "%hbase",
+            self._placed_slab,
+            self.out_type,
+            self.into_type,
         )
         self.emit(f"%scratch = tensor.empty() : {self.scores_type}")
         self.loop(
@@ -213,6 +241,10 @@ class _Writer(VectorWriter):
         )
         self.emit("%h = arith.addi %hbase, %hl : index")
         self.head_starts()
+        if a.heads_inner:  # pair %hl's place in the thread's box
+            box = self.index(self.box_heads)
+            self.emit(f"%oimage = arith.divui %hl, {box} : index")
+            self.emit(f"%ohead = arith.remui %hl, {box} : index")
         if a.mask:  # the mask's image and head of pair %h, where it has more than one
             mb, mh, _, _ = a.mask4
             self.mask_at = [self.index(0), self.index(0)]
@@ -250,8 +282,22 @@ class _Writer(VectorWriter):
         return self.function_text(_FUNCTION, params, self.out_type)
 
     def _slab(self) -> str:
+        """A thread's part of the output (offsets, sizes, strides), from its first pair %hbase
+        (heads inner, through the offsets `_placed_slab` writes)."""
         a = self.a
-        return f"[%hbase, 0, 0] [{self.per_thread}, {a.queries}, {a.value_depth}] [1, 1, 1]"
+        if not a.heads_inner:
+            return f"[%hbase, 0, 0] [{self.per_thread}, {a.queries}, {a.value_depth}] [1, 1, 1]"
+        images = self.per_thread // self.box_heads
+        sizes = f"{images}, {a.queries}, {self.box_heads}, {a.value_depth}"
+        return f"[%bimage, 0, %bhead, 0] [{sizes}] [1, 1, 1, 1]"
+
+    def _placed_slab(self) -> str:
+        """`_slab`, its offsets written first where it needs them."""
+        if self.a.heads_inner:
+            heads = self.index(self.a.heads)
+            self.emit(f"%bimage = arith.divui %hbase, {heads} : index")
+            self.emit(f"%bhead = arith.remui %hbase, {heads} : index")
+        return self._slab()
 
     def head_starts(self) -> None:
         """For each operand read where it lies: where head %h (image h / H, head h % H) begins."""
@@ -574,6 +620,11 @@ class _Writer(VectorWriter):
                     total = f"{sums}#{r * group + g}" if rows * group > 1 else sums
                     scaled = self.fresh("o")
                     self.emit(f"{scaled} = arith.mulf {total}, {inverse[r]} : {self.vec}")
-                    at = ["%hl", out_rows[r], self.index((g0 + g) * lanes)]
+                    column = self.index((g0 + g) * lanes)
+                    at = (
+                        ["%oimage", out_rows[r], "%ohead", column]
+                        if a.heads_inner
+                        else ["%hl", out_rows[r], column]
+                    )
                     current = self.write(scaled, current, at, self.into_type, True)
         return current

@@ -7,6 +7,8 @@ in place. `function_text` returns the helper as a module for `schedules.replace_
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kope.spaces.schedules import helper_function
 
 
@@ -89,12 +91,19 @@ class VectorWriter:
         return name
 
     def split_threads(
-        self, threads: int, per_thread: int, base: str, slab: str, out_type: str, into_type: str
+        self,
+        threads: int,
+        per_thread: int,
+        base: str,
+        slab: str | Callable[[], str],
+        out_type: str,
+        into_type: str,
     ) -> str:
         """Where `threads` > 1, open an `scf.forall` over them that shares `%init` (of
         `out_type`): `base` is each thread's first index along the dim they split,
-        `per_thread` apart, and `slab` (offsets, sizes and strides, in terms of `base`) its
-        part (of `into_type`). What the body writes into: that part, or `%init`."""
+        `per_thread` apart, and `slab` (offsets, sizes and strides, in terms of `base`; or
+        what writes the offsets it needs from `base` and returns them) its part (of
+        `into_type`). What the body writes into: that part, or `%init`."""
         if threads == 1:
             self.emit(f"{base} = arith.constant 0 : index")
             return "%init"
@@ -102,7 +111,8 @@ class VectorWriter:
             f"%result = scf.forall (%t) in ({threads}) shared_outs(%o = %init) -> ({out_type}) {{"
         )
         self.emit(f"{base} = arith.muli %t, {self.index(per_thread)} : index")
-        self.emit(f"%slab = tensor.extract_slice %o{slab} : {out_type} to {into_type}")
+        where = slab if isinstance(slab, str) else slab()
+        self.emit(f"%slab = tensor.extract_slice %o{where} : {out_type} to {into_type}")
         return "%slab"
 
     def join_threads(
