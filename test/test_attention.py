@@ -239,3 +239,24 @@ def test_an_output_written_in_a_layout_reaches_any_destination(target: CpuTarget
     ):
         kernel.run([q, k, v], [out])
         torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("kernels", ["auto", "reference"])
+def test_grouped_heads_keep_their_grouping(kernels: str, tmp_path: Any, monkeypatch) -> None:
+    """ATen's CPU attention takes k and v with fewer heads than q (`enable_gqa`, as Hugging
+    Face's Llama calls it without a mask); made one `scaled_dot_product_attention` again, the
+    call must still say so (it raised a shape error under `reference`, and under `auto` the
+    graph ran as dynamo traced it)."""
+    monkeypatch.setenv("KOPE_HOME", str(tmp_path))
+    monkeypatch.setenv("KOPE_STRICT", "1")  # a graph that fails to compile raises
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 8, 16, 32), torch.randn(1, 2, 16, 32), torch.randn(1, 2, 16, 32)
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    kope.reset_report()
+    with torch.no_grad():
+        got = torch.compile(attend, backend="kope", options={"kernels": kernels})(q, k, v)
+    torch.testing.assert_close(got, attend(q, k, v), rtol=1e-4, atol=1e-5)
+    torch._dynamo.reset()

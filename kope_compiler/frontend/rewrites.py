@@ -1196,15 +1196,23 @@ def attention_calls(graph: fx.Graph) -> list[fx.Node]:
         unread = [u for u in users if u.target is operator.getitem and not u.users]
         if not outputs or len(set(outputs) | set(unread)) != len(users):
             continue
+        kwargs = {
+            "attn_mask": bound.get("attn_mask"),
+            "is_causal": bool(bound.get("is_causal", False)),
+            "scale": bound.get("scale"),
+        }
+        # ATen's CPU attention takes grouped heads (fewer of k and v than of q) as they are;
+        # `scaled_dot_product_attention` only when asked to.
+        query, key = (bound[name].meta.get("val") for name in ("query", "key"))
+        if not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor):
+            continue
+        if query.dim() == key.dim() == 4 and query.shape[1] != key.shape[1]:
+            kwargs["enable_gqa"] = True
         with graph.inserting_after(node):
             call = graph.call_function(
                 aten.scaled_dot_product_attention.default,
                 (bound["query"], bound["key"], bound["value"]),
-                {
-                    "attn_mask": bound.get("attn_mask"),
-                    "is_causal": bool(bound.get("is_causal", False)),
-                    "scale": bound.get("scale"),
-                },
+                kwargs,
             )
         call.meta["val"] = outputs[0].meta["val"]
         call.meta[REWRITE] = ATTENTION_CALL
