@@ -133,6 +133,12 @@ class Attention:
     # q's, k's and v's strides where each arrives as a view of a larger tensor; None: contiguous
     views: tuple[tuple[int, ...] | None, ...] = (None, None, None)
     heads_inner: bool = False  # the output laid out B x Lq x H x E (`heads_inner_strides`)
+    kv_heads: int = 0  # k's and v's heads where fewer than q's (grouped: H a multiple); 0: H
+
+    @property
+    def group(self) -> int:
+        """The query heads that share one head of k and v."""
+        return self.heads // self.kv_heads if self.kv_heads else 1
 
     @property
     def pairs(self) -> int:
@@ -189,7 +195,9 @@ def _attention(func: ir.Operation) -> Attention | None:
     mask = types.pop(3) if len(types) == 5 else None
     if len(types) != 4 or any(t.rank != 4 or str(t.element_type) != "f32" for t in types):
         return None
-    (b, h, lq, d), (_, _, lk, _), (_, _, _, e), _ = (t.shape for t in types)
+    (b, h, lq, d), (_, hk, lk, _), (_, hv, _, e), _ = (t.shape for t in types)
+    if hk != hv or h % hk:
+        return None
     views = tuple(
         tuple(ir.DenseI64ArrayAttr(marks[name])) if name in marks else None for name in _VIEW_MARKS
     )
@@ -206,6 +214,7 @@ def _attention(func: ir.Operation) -> Attention | None:
         ir.FloatAttr(marks["scale"]).value,
         views=views,
         heads_inner="heads_inner" in marks and ir.BoolAttr(marks["heads_inner"]).value,
+        kv_heads=hk if hk != h else 0,
     )
     if mask is None:
         return found

@@ -89,6 +89,8 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool, 
         False,
         ((2, 1, 1, 19), B),
     ),
+    # Grouped heads: four of q to each of k and v (`enable_gqa`).
+    "grouped_causal": ((2, 8, 21, 16), (2, 2, 21, 16), (2, 2, 21, 16), True, None),
 }
 
 
@@ -96,7 +98,8 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool, 
 def test_the_space_verifies_against_the_decomposition(case: str, target: CpuTarget) -> None:
     q, k, v, causal, mask = CASES[case]
     views = case.startswith("views_")
-    task = attention_task(_sdpa_node(q, k, v, mask, views, is_causal=causal), target)
+    grouped = {"enable_gqa": True} if q[1] != k[1] else {}
+    task = attention_task(_sdpa_node(q, k, v, mask, views, is_causal=causal, **grouped), target)
     assert task is not None
     payload = prepare_payload(task.payload)
     info = analyze(payload)
@@ -259,4 +262,40 @@ def test_grouped_heads_keep_their_grouping(kernels: str, tmp_path: Any, monkeypa
     with torch.no_grad():
         got = torch.compile(attend, backend="kope", options={"kernels": kernels})(q, k, v)
     torch.testing.assert_close(got, attend(q, k, v), rtol=1e-4, atol=1e-5)
+    if kernels == "reference":  # a Task of the attention family, its reference run
+        (task,) = kope.report().tasks
+        assert task.op == "aten.scaled_dot_product_attention.default" and task.jit
     torch._dynamo.reset()
+
+
+def test_grouped_heads_of_separate_projections_are_read_where_they_lie(target: CpuTarget) -> None:
+    """Llama's layout: q, k and v each `view(B, L, heads, D).transpose(1, 2)` of a projection
+    of its own, k and v with a quarter of q's heads."""
+    b, length, heads, depth = 2, 19, 8, 16
+
+    def made(h: int) -> torch.Tensor:
+        return torch.randn(b, length, h, depth).transpose(1, 2)
+
+    graph = fx.Graph()
+    inputs = [graph.placeholder(name) for name in "qkv"]
+    for node, h in zip(inputs, (heads, heads // 4, heads // 4), strict=True):
+        node.meta["val"] = made(h)
+    call = graph.call_function(
+        torch.ops.aten.scaled_dot_product_attention.default,
+        tuple(inputs),
+        {"is_causal": True, "enable_gqa": True},
+    )
+    call.meta["val"] = made(heads)
+    task = attention_task(call, target)
+    assert task is not None
+    payload = prepare_payload(task.payload)
+    info = analyze(payload)
+    assert info.attention is not None and info.attention.group == 4
+    assert all(view is not None for view in info.attention.views)
+    config = max(schedule_space(info, target.capabilities())[0], key=lambda p: p[1])[0]
+    kernel = target.build(task.spec, Kernel(kernel_source(payload, info, config))).bind()
+    torch.manual_seed(0)
+    q, k, v = made(heads), made(heads // 4), made(heads // 4)
+    (got,) = kernel.call(q, k, v)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

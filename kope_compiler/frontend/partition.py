@@ -826,15 +826,16 @@ def _take_rewritten(node: fx.Node, made_by: str, target: Target, result: Partiti
 
 
 def attention_task(node: fx.Node, target: Target) -> Task | None:
-    """A `scaled_dot_product_attention` with no dropout or grouped heads, of f32 q, k and v of
-    rank 4 (three distinct tensors) and maybe a mask (f32 or bool), as one Task: imported
+    """A `scaled_dot_product_attention` with no dropout, of f32 q, k and v of rank 4 (three
+    distinct tensors; k and v maybe with fewer heads, under `enable_gqa`) and maybe a mask
+    (f32 or bool), as one Task: imported
     through its decomposition, its function marked with what that loses (causal, the scale)
     for the attention kernel family (`kope.spaces.attention`); its eager call stays ATen's.
     None where it is not one."""
     kwargs: Any = node.kwargs
     qkv = node.args[:3]
     mask = kwargs.get("attn_mask")
-    if len(node.args) > 3 or set(kwargs) - {"is_causal", "scale", "attn_mask"}:
+    if len(node.args) > 3 or set(kwargs) - {"is_causal", "scale", "attn_mask", "enable_gqa"}:
         return None
     if len({*qkv, mask} - {None}) != 3 + (mask is not None):
         return None
@@ -858,7 +859,14 @@ def attention_task(node: fx.Node, target: Target) -> Task | None:
             and not has_symbols(m)
         ):
             return None
-    query: Any = values[0]  # a tensor: checked above
+    query, key, value = values[0], values[1], values[2]  # tensors: checked above
+    assert query is not None and key is not None and value is not None
+    # Grouped heads (k and v with fewer, q's a multiple) only where the call says so.
+    grouped = bool(kwargs.get("enable_gqa"))
+    if key.shape[1] != value.shape[1] or query.shape[1] % key.shape[1]:
+        return None
+    if query.shape[1] != key.shape[1] and not grouped:
+        return None
     depth = int(query.shape[-1])
     scale = kwargs.get("scale")
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(depth)

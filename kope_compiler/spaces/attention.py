@@ -24,6 +24,9 @@ attention layers write them) are read where they lie (`kope.vocabulary.layouts`,
 the kernel takes each as the 1-D span of its memory and finds a head's rows by the view's
 strides, where copying the three contiguous cost several times the gain.
 
+Grouped heads (`enable_gqa`: k and v with fewer heads than q) read the head of k and v their
+group shares.
+
 Under `causal` a block reads only the keys its last row may see. Any sequence lengths (a
 ragged last block of rows, a ragged last chunk of keys), head depths that are whole vectors,
 f32. The softmax is two passes over the block's scores in cache, not flash attention's
@@ -100,8 +103,9 @@ def attention_module(attention: Attention, config: dict[str, Any], name: str = "
     rank; a view among q, k and v as its span, in a strided layout), calling the attention."""
     a = attention
     q4 = f"tensor<{a.batch}x{a.heads}x{a.queries}x{a.depth}xf32>"
-    k4 = f"tensor<{a.batch}x{a.heads}x{a.keys}x{a.depth}xf32>"
-    v4 = f"tensor<{a.batch}x{a.heads}x{a.keys}x{a.value_depth}xf32>"
+    kv_heads = a.heads // a.group
+    k4 = f"tensor<{a.batch}x{kv_heads}x{a.keys}x{a.depth}xf32>"
+    v4 = f"tensor<{a.batch}x{kv_heads}x{a.keys}x{a.value_depth}xf32>"
     o4 = f"tensor<{a.batch}x{a.heads}x{a.queries}x{a.value_depth}xf32>"
     writer = _Writer(a, config)
     o3 = writer.out_type
@@ -180,20 +184,23 @@ class _Writer(VectorWriter):
         self.per_thread = a.pairs // self.threads
         self.padded_keys = math.ceil(a.keys / self.chunk) * self.chunk
         n, lq, lk = a.pairs, a.queries, a.keys
+        kv_heads = a.heads // a.group
         shapes = {
             "q": (a.batch, a.heads, lq, a.depth),
-            "k": (a.batch, a.heads, lk, a.depth),
-            "v": (a.batch, a.heads, lk, a.value_depth),
+            "k": (a.batch, kv_heads, lk, a.depth),
+            "v": (a.batch, kv_heads, lk, a.value_depth),
         }
         # Where an operand is a view (its strides), the kernel takes its span, 1-D.
         self.views = dict(zip(shapes, a.views, strict=True))
         self.types = {}
         for name, shape in shapes.items():
             strides = self.views[name]
-            extent = f"{n}x{shape[2]}x{shape[3]}" if strides is None else span(shape, strides)
+            pairs = shape[0] * shape[1]
+            extent = f"{pairs}x{shape[2]}x{shape[3]}" if strides is None else span(shape, strides)
             self.types[name] = f"tensor<{extent}xf32>"
         self.q_type, self.k_type, self.v_type = self.types["q"], self.types["k"], self.types["v"]
         self.head_start: dict[str, str] = {}  # a view's first element of head %h
+        self.kv_pair = "%h"  # the pair of k and v that head %h reads (`head_starts`)
         e = a.value_depth
         if a.heads_inner:  # B x Lq x H x E; a thread's box: heads of one image, or images
             self.box_heads = min(self.per_thread, a.heads)
@@ -300,17 +307,26 @@ class _Writer(VectorWriter):
         return self._slab()
 
     def head_starts(self) -> None:
-        """For each operand read where it lies: where head %h (image h / H, head h % H) begins."""
-        heads = self.index(self.a.heads)
-        if any(self.views.values()):
+        """Pair %h's head of k and v (`kv_pair`: grouped heads share one), and for each operand
+        read where it lies, where head %h (image h / H, head h % H) begins."""
+        a = self.a
+        heads, group = self.index(a.heads), a.group
+        if any(self.views.values()) or group > 1:
             self.emit(f"%himage = arith.divui %h, {heads} : index")
             self.emit(f"%hhead = arith.remui %h, {heads} : index")
+        self.kv_pair, kv_head = "%h", "%hhead"
+        if group > 1:  # image * H_kv + head / group
+            self.emit(f"%kvhead = arith.divui %hhead, {self.index(group)} : index")
+            self.emit(f"%kvbase = arith.muli %himage, {self.index(a.heads // group)} : index")
+            self.emit("%kvpair = arith.addi %kvbase, %kvhead : index")
+            self.kv_pair, kv_head = "%kvpair", "%kvhead"
         for name, strides in self.views.items():
             if strides is None:
                 continue
             image, head, start = self.fresh("hi"), self.fresh("hh"), f"%{name}head"
+            along = "%hhead" if name == "q" else kv_head
             self.emit(f"{image} = arith.muli %himage, {self.index(strides[0])} : index")
-            self.emit(f"{head} = arith.muli %hhead, {self.index(strides[1])} : index")
+            self.emit(f"{head} = arith.muli {along}, {self.index(strides[1])} : index")
             self.emit(f"{start} = arith.addi {image}, {head} : index")
             self.head_start[name] = start
 
@@ -328,7 +344,7 @@ class _Writer(VectorWriter):
         """The indices of element (`row`, `column`) of head %h of operand `name` (its row's
         start, `row_start`, where the caller has it)."""
         if self.views[name] is None:
-            return ["%h", row, self.index(column)]
+            return ["%h" if name == "q" else self.kv_pair, row, self.index(column)]
         start = start or self.row_start(name, row)
         assert start is not None
         return [self.add(start, column)]
