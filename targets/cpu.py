@@ -133,7 +133,7 @@ def _lowered(task: TaskSpec, kernel: Kernel) -> tuple[ir.Module, dict[int, str]]
         )
     written = [layouts[i] for i in range(len(task.inputs), len(arguments)) if i in layouts]
     if any(layout_strides(layout) is None for layout in written):
-        raise BuildError(f"an output is written in a strided layout or its own, not {written}")
+        raise BuildError(f"an output may name only a strided layout, not {written}")
     try:
         run_pipeline(module, [DestinationAbi()], description=f"abi {task.label}")
     except PipelineError as err:

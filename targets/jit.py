@@ -23,7 +23,7 @@ from torch_mlir.execution_engine import ExecutionEngine
 # One name for the entry point, where the calling convention is made; re-exported for callers.
 from kope.passes.abi import ENTRY as ENTRY
 from kope.targets.stamp import Stamp
-from kope.vocabulary.layouts import laid_out, lay_out, layout_strides, span
+from kope.vocabulary.layouts import has_strides, laid_out, lay_out, layout_strides, span
 from kope.vocabulary.specs import TensorSpec
 
 # `llvm.emit_c_interface` (set by `kope-destination-abi`) names the wrapper that takes one
@@ -226,7 +226,7 @@ class JitKernel:
             pointers[0] = pointers[1] = tensor.data_ptr()
         self._fn(self._packed)
         for out, flat, written in zip(outputs, into, self._written, strict=True):
-            if written is not None and out.stride() != written[1]:
+            if written is not None and not has_strides(out, written[1]):
                 # Written in the layout's order: read back through its strides.
                 out.copy_(flat.as_strided(*written).clone())
 
@@ -311,7 +311,7 @@ def _destination(out: torch.Tensor, written: tuple[Any, Any] | None) -> torch.Te
     if written is None:
         return out
     extent = span(*written)
-    if out.stride() == written[1] or (out.is_contiguous() and out.numel() == extent):
+    if has_strides(out, written[1]) or (out.is_contiguous() and out.numel() == extent):
         return out
     return torch.empty(extent, dtype=out.dtype, device=out.device)
 

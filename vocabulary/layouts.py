@@ -24,6 +24,7 @@ where it does not).
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the passes read the attribute's name without importing torch
@@ -68,6 +69,7 @@ def strided(strides: tuple[int, ...] | list[int]) -> str:
     return f"{STRIDED}:{','.join(str(int(s)) for s in strides)}"
 
 
+@functools.cache  # read on every call of a kernel that takes a view
 def layout_strides(layout: str) -> tuple[int, ...] | None:
     """A strided layout's strides; None for another kind; a `LayoutError` if malformed."""
     kind, _, rest = layout.partition(":")
@@ -87,6 +89,12 @@ def span(shape: tuple[int, ...] | list[int], strides: tuple[int, ...]) -> int:
     if any(n == 0 for n in shape):
         return 0
     return 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
+
+
+def has_strides(tensor: torch.Tensor, strides: tuple[int, ...]) -> bool:
+    """Whether `tensor` lies in memory as `strides` say (a dim of one element any way)."""
+    given = zip(tensor.shape, tensor.stride(), strides, strict=True)
+    return all(n == 1 or a == b for n, a, b in given)
 
 
 def laid_out(spec: TensorSpec, layout: str) -> TensorSpec:
@@ -132,8 +140,7 @@ def lay_out(tensor: torch.Tensor, layout: str) -> torch.Tensor:
         if len(strides) != tensor.dim():
             raise LayoutError(f"layout {layout!r} does not fit a {tensor.dim()}-D tensor")
         extent = span(tensor.shape, strides)
-        given = zip(tensor.shape, tensor.stride(), strides, strict=True)
-        if all(n == 1 or a == b for n, a, b in given):
+        if has_strides(tensor, strides):
             return tensor.as_strided((extent,), (1,))
         out = torch.empty(extent, dtype=tensor.dtype, device=tensor.device)
         out.as_strided(tensor.shape, strides).copy_(tensor)

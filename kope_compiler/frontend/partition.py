@@ -873,8 +873,7 @@ def attention_task(node: fx.Node, target: Target) -> Task | None:
     # A view (permuted out of one projection) is read where it lies, rows of D in a row.
     views = tuple(
         None if v.is_contiguous() or v.stride()[-1] != 1 else tuple(int(s) for s in v.stride())
-        for v in values
-        if isinstance(v, torch.Tensor)
+        for v in (query, key, value)
     )
     # The output as the graph expects it: heads inner where ATen's CPU attention made it so.
     out = node.meta.get("val")
