@@ -22,7 +22,9 @@ tolerance per dtype). Each sample ends as one outcome:
 - `process died`: the child died (a signal, or an exit without a result) in KOPE's part;
 - `timeout`: the child ran past `--timeout` in KOPE's part;
 - `eager fails or is random`: eager raises (or hangs, or dies), its two runs differ (random
-  operators, uninitialized memory such as `empty_like`), or `backend="eager"` fails too;
+  operators, uninitialized memory such as `empty_like`), `backend="eager"` fails too, or
+  KOPE's answer differs where eager drew random numbers (an operator tagged
+  `nondeterministic_seeded`: a statistic of the draws can agree between eager's two runs);
 - `no sample`: the operator has no CPU dtype or no sample input.
 
 A child that dies is recorded, and a new one goes on with the operator's next sample. The
@@ -61,6 +63,7 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 from tqdm import tqdm
 
 import kope
@@ -287,7 +290,8 @@ def check_once(
     with torch.no_grad():
         announce("eager")
         try:
-            first = run(lambda fn: fn)
+            with RandomDraws() as draws:
+                first = run(lambda fn: fn)
             poison_allocator(first)
             # Not reseeded: a random operator draws other numbers the second time.
             second = run(lambda fn: fn)
@@ -324,8 +328,26 @@ def check_once(
         if dynamo_error is None and mismatch(dynamo_result, first, tolerance) is not None:
             why = f"torch.compile(backend='eager') disagrees with eager too: {wrong}"
             return _failed(result, EAGER_FAILS, "dynamo", why, "")
+        if draws.ops:
+            # Eager's answer is one draw (a statistic of its samples can agree between eager's
+            # two runs and still differ in a third): another generator's is not wrong.
+            why = f"draws random numbers ({', '.join(sorted(draws.ops))}); KOPE's draw: {wrong}"
+            return _failed(result, EAGER_FAILS, "kope", why, "")
         return _failed(result, WRONG, "kope", wrong, "")
     return result
+
+
+class RandomDraws(TorchDispatchMode):
+    """The random operators (ATen's `nondeterministic_seeded` tag) a run calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: set[str] = set()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            self.ops.add(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
 
 
 def _failed(

@@ -256,3 +256,36 @@ def test_operators_are_chosen_by_name_variant_or_seeded_sample() -> None:
     assert len(opinfo.choose(names, None, 2, 7)) == 2
     with pytest.raises(SystemExit, match="unknown: nope"):
         opinfo.choose(names, ["nope"], None, 0)
+
+
+@pytest.mark.parametrize("draws", [False, True])
+def test_a_differing_answer_where_eager_draws_random_numbers_is_not_called_wrong(
+    draws: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # torch-mlir's UniformNoCorrelationModule returns whether the correlation of its uniform
+    # draws is below 0.001: eager's two runs agree on that most of the time, another
+    # generator's draw may not. Eager's two runs agree here, KOPE's answer differs.
+    verdicts = iter([None, "values differ"])
+    monkeypatch.setattr(opinfo, "mismatch", lambda *args: next(verdicts, None))
+
+    def run(wrap: opinfo.Wrap) -> torch.Tensor:
+        if draws:
+            torch.rand(3)
+        return wrap(lambda x: x * 2)(torch.ones(3))
+
+    result = opinfo.check_once(run, "eager")
+    if draws:
+        assert result.outcome == opinfo.EAGER_FAILS
+        assert "draws random numbers (aten.rand)" in result.detail
+    else:
+        assert result.outcome == opinfo.WRONG
+
+
+def test_random_draws_are_named_by_their_operator() -> None:
+    with opinfo.RandomDraws() as draws:
+        torch.ones(2).add(1).softmax(0)
+    assert not draws.ops
+    with opinfo.RandomDraws() as draws:
+        torch.nn.functional.dropout(torch.ones(4), 0.5, training=True)
+        torch.randn(2)
+    assert draws.ops >= {"aten.randn"}
