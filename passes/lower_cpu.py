@@ -23,6 +23,7 @@ from kope.passes.abi import DestinationAbi
 from kope.passes.base import PipelineElement, PipelinePass
 from kope.passes.bf16_bits import Bf16Bits
 from kope.passes.bool_memory import BoolVectorMemory
+from kope.passes.defined_padding import DefinedPadding
 from kope.passes.emulate_bf16 import EmulateBf16
 from kope.passes.hoist_allocs import HoistAllocs
 from kope.passes.integer_powers import ExpandPowers
@@ -90,6 +91,7 @@ class LowerCpu(PipelinePass):
             "buffer-deallocation-pipeline",
             "canonicalize",
             HoistAllocs(),  # one allocation per call, not per iteration, for fused temporaries
+            DefinedPadding(),  # no lane of a vector reads bytes nothing wrote (denormal assists)
             MemrefCopyToLinalg(),
             *TO_LLVM,
             Bf16Bits(),  # bf16 values as i16: LLVM rounds a bfloat it holds in a register
