@@ -4,15 +4,16 @@ is deterministic and guided by memory, and the loop records and resumes."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from kope.agents import make_agent
+from kope.agents import cost_model, make_agent
 from kope.agents.base import Experience, Feedback, ProposalRequest
 from kope.agents.heuristic import HeuristicAgent, candidate_space
-from kope.agents.search import learn
+from kope.agents.search import Search, Space, learn
 from kope.frontend.partition import partition
 from kope.memory.schema import REFINES
 from kope.memory.store import ExperienceStore
@@ -199,3 +200,26 @@ def test_loop_records_attempts_and_resumes(target: CpuTarget, tmp_path: Path) ->
     assert again.attempts == summary.attempts or again.attempts <= 3
     proposed = [a for a in store.attempts(task.key) if a.source == "agent" and a.confirms is None]
     assert len(proposed) <= 3
+
+
+def test_an_exploring_attempt_tries_a_sketch_not_yet_tried() -> None:
+    """A structural decision (packing an operand) makes sketches: after two kernels of one,
+    the third attempt (an exploring one) is of the other, however the scores rank them."""
+    view = task_view(_task("row_sum"), CpuTarget())
+    plain = [{"family": "rows", "rows": r} for r in (1, 2, 4, 8)]
+    packed = {"family": "rows", "rows": 1, "pack": True}
+    space = Space([(c, 10.0 - i) for i, c in enumerate(plain)] + [(packed, 0.0)], set())
+    history = [
+        Feedback(f"a{i}", "d", config, "verified", None, 50.0, 100.0, 2.0 + i, 8.0)
+        for i, config in enumerate(plain[:2])
+    ]
+    here = cost_model.Workload((24, 80), 1, 24 * 80, 24)
+
+    def third(space: Space) -> Any:
+        choice = Search().next(space, ProposalRequest(view, history=history), here)
+        assert choice is not None and choice.why == "exploring"
+        return choice.config
+
+    assert third(space) == plain[2]  # no structural decision: the best untried
+    space.structural = ("pack",)
+    assert third(space) == packed

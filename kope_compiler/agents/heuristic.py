@@ -20,7 +20,7 @@ from kope.agents import cost_model
 from kope.agents.base import Agent, Feedback, Proposal, ProposalRequest
 from kope.agents.search import WIDENED, Choice, Search, Space
 from kope.passes.analysis import PayloadInfo, analyze, prepare_payload
-from kope.spaces.cpu import BIG_WORK, renders, schedule_space
+from kope.spaces.cpu import BIG_WORK, STRUCTURAL, renders, schedule_space
 from kope.spaces.kernels import kernel_source
 from kope.spaces.schedules import Config, config_key, describe, work
 from kope.spaces.triton_kernels import describe_config as describe_triton
@@ -87,7 +87,9 @@ class HeuristicAgent(Agent):
     def _propose_schedule(self, request: ProposalRequest) -> Proposal | None:
         info = analyze(self._payload(request))
         points, widened = schedule_space(info, request.task.capabilities)
-        space = Space(points, widened, partial(renders, info, request.task.capabilities))
+        space = Space(
+            points, widened, partial(renders, info, request.task.capabilities), STRUCTURAL
+        )
         found = self._search(space, request, info)
         if found is None:
             return None

@@ -40,6 +40,10 @@ APPROXIMABLE = {"math.exp", "math.erf", "math.tanh"}
 # thread, 19.2 on two, eager 26.3), so both counts rank alike and both are tried early.
 EITHER_ROWS = BIG_WORK // 2
 FEW_ROWS = 4  # a product of fewer rows than the shortest usual register tile
+# The decisions that change a kernel's structure rather than a number on it (the search's
+# sketches, `kope.agents.search.Space.structural`): the algorithm (im2col or direct, row
+# blocks), an operand packed in panels, the loop order, how a transpose is lowered.
+STRUCTURAL = ("algorithm", "pack", "columns_inner", "lowering")
 
 
 def _lanes(capabilities: dict[str, Any], element_type: str) -> int:
