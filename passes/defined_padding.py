@@ -31,17 +31,17 @@ from kope.passes.base import ModulePass, nested_ops
 
 LINE = 64  # bytes: the widest vector register (AVX-512), and the alignment of a whole one
 ZEROED_BYTES = 4096  # temporaries up to this size are zeroed whole, larger ones their padding
-FLOATS = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}
 
 
 def _padded(alloc: ir.Operation) -> tuple[ir.MemRefType, int] | None:
-    """The buffer type and its size in bytes, for a static float buffer in the identity
-    layout; else None (dynamic sizes, other layouts, integers, which no assist slows)."""
+    """The buffer type and its element's size in bytes, for a static float buffer in the
+    identity layout; else None (dynamic sizes, other layouts, integers, which no assist
+    slows)."""
     kind = ir.MemRefType(alloc.results[0].type)
-    width = FLOATS.get(str(kind.element_type))
-    if alloc.operands or width is None or not plain_memref(kind):
+    element = kind.element_type
+    if alloc.operands or not isinstance(element, ir.FloatType) or not plain_memref(kind):
         return None
-    return kind, math.prod(kind.shape) * width
+    return kind, ir.FloatType(element).width // 8
 
 
 @dataclass
@@ -56,12 +56,12 @@ class DefinedPadding(ModulePass):
             found = _padded(alloc)
             if found is None:
                 continue
-            kind, size = found
+            kind, width = found
+            size = math.prod(kind.shape) * width
             lines = max(1, -(-size // LINE)) * LINE
             zero_from = 0 if lines <= ZEROED_BYTES else size
             if zero_from == lines:
                 continue  # whole lines already, and too large to zero: nothing to define
-            width = FLOATS[str(kind.element_type)]
             old = alloc.attributes["alignment"] if "alignment" in alloc.attributes else None
             align = max(LINE, ir.IntegerAttr(old).value if old is not None else 0)
             i8, index = ir.IntegerType.get_signless(8), ir.IndexType.get()
