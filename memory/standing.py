@@ -21,6 +21,7 @@ from kope.vocabulary.evidence import (
     SOURCE_REFERENCE,
     TIMEOUT,
     TIMING_CLEAN,
+    TIMING_CONTAMINATED,
     TIMING_UNKNOWN,
     VERIFIED,
 )
@@ -101,7 +102,8 @@ def winner(attempts: Sequence[AttemptRecord], threads: int | None = None) -> Sta
     that no longer wins un-pins it, while a contaminated one changes nothing. Among pinned
     kernels the fastest (by its confirmation) runs, and of kernels within WIN_MARGIN of it,
     a tie, the one found first; with none, eager runs. A candidate is re-measured (the
-    `challenger`) only where its figure beats the pinned kernel's by more than WIN_MARGIN.
+    `challenger`) only where its figure beats the pinned kernel's by more than WIN_MARGIN, and
+    never on a disturbed figure of a kernel that has a clean one.
 
     A task none of whose figures were judged or confirmed (`unknown` quality: recorded
     before KOPE judged timings) keeps the older rule, its fastest verified figure with eager
@@ -160,6 +162,9 @@ def winner(attempts: Sequence[AttemptRecord], threads: int | None = None) -> Sta
     # A candidate is worth re-measuring only if its figure beats the pinned kernel's by more
     # than noise: a tie never unseats the kernel found first.
     floor = (speedup_over_baseline(pinned) if pinned is not None else 1.0) * (1.0 + WIN_MARGIN)
+    # A disturbed figure never outweighs a clean one of the same kernel: once a kernel has been
+    # timed cleanly, what load once made it look like is no reason to re-measure it.
+    timed_clean = {a.artifact for a in comparable if a.timing_quality == TIMING_CLEAN}
     open_ = [
         a
         for a in comparable
@@ -167,6 +172,7 @@ def winner(attempts: Sequence[AttemptRecord], threads: int | None = None) -> Sta
         and wins(a)
         and a.artifact not in settled
         and speedup_over_baseline(a) > floor
+        and not (a.timing_quality == TIMING_CONTAMINATED and a.artifact in timed_clean)
     ]
     if not open_ and against_eager:  # a kernel found against the reference alone, untried
         tried = {a.artifact for a in comparable}

@@ -191,6 +191,13 @@ def others_busy_share(window_s: float = 0.1) -> float | None:
     return max(0.0, busy / (after[1] - before[1]))
 
 
+def machine_quiet() -> bool:
+    """Whether other processes leave the machine quiet enough to time on now (a tenth of a
+    second's look; False where it cannot be told)."""
+    busy = others_busy_share()
+    return busy is not None and busy < QUIET_SHARE
+
+
 # The run-queue wait of threads, in ns by thread id; None where it cannot be read.
 WaitProbe = Callable[[], Mapping[int, int] | None]
 

@@ -3,6 +3,7 @@ is deterministic and guided by memory, and the loop records and resumes."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +17,14 @@ from kope.agents.heuristic import HeuristicAgent, candidate_space
 from kope.agents.search import Search, Space, learn
 from kope.frontend.partition import partition
 from kope.memory.schema import REFINES
+from kope.memory.standing import winner
 from kope.memory.store import ExperienceStore
 from kope.passes.analysis import analyze, prepare_payload
 from kope.spaces.kernels import kernel_source
 from kope.spaces.schedules import config_key
 from kope.targets.cpu import CpuTarget
-from kope.tuner.optimize import Budget, optimize_task, task_view
+from kope.tuner.optimize import Budget, is_proposal, optimize_task, spent_proposals, task_view
+from kope.vocabulary.evidence import TIMING_CLEAN, TIMING_CONTAMINATED
 from kope.vocabulary.kernels import Kernel
 
 OPERATORS = {
@@ -223,3 +226,55 @@ def test_an_exploring_attempt_tries_a_sketch_not_yet_tried() -> None:
     assert third(space) == plain[2]  # no structural decision: the best untried
     space.structural = ("pack",)
     assert third(space) == packed
+
+
+def test_a_quiet_run_times_again_what_load_disturbed(
+    target: CpuTarget, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A proposal whose timing the machine's load disturbed counts against the budget while
+    the machine is busy; on a quiet one it is proposed again and timed now (the same kernel),
+    and its disturbed figure no longer makes it the kernel to confirm."""
+    task = _task("chain")
+    store = ExperienceStore(tmp_path)
+    evaluate = target.evaluate
+
+    def timed(quality: str, gain: float) -> Any:
+        """The target's evaluations, their timing given this quality (the test's figures
+        must not hang on this machine's load) and the kernel's figure `gain` times faster."""
+
+        def evaluated(*args: Any, **kwargs: Any) -> Any:
+            evaluation = evaluate(*args, **kwargs)
+            for name in ("kernel", "eager", "reference"):
+                timing = getattr(evaluation, name)
+                if timing is not None:
+                    setattr(evaluation, name, dataclasses.replace(timing, quality=quality))
+            if evaluation.kernel is not None:
+                us = evaluation.kernel.median_us / gain
+                evaluation.kernel = dataclasses.replace(evaluation.kernel, median_us=us)
+            return evaluation
+
+        return evaluated
+
+    # Every round disturbed, and a figure that says the kernel wins by far.
+    monkeypatch.setattr(target, "evaluate", timed(TIMING_CONTAMINATED, 100.0))
+    optimize_task(task, target, store, make_agent("heuristic"), Budget(attempts=1))
+    (busy,) = [a for a in store.attempts(task.key) if is_proposal(a)]
+    assert busy.timing_quality == TIMING_CONTAMINATED
+    assert spent_proposals([busy], "heuristic", False) == [busy]
+    monkeypatch.setattr(target, "evaluate", timed(TIMING_CLEAN, 1.0))
+    still_busy = optimize_task(
+        task, target, store, make_agent("heuristic"), Budget(attempts=1), retime_disturbed=False
+    )
+    assert still_busy.stopped == "budget spent"
+    assert [a for a in store.attempts(task.key) if is_proposal(a)] == [busy]
+    optimize_task(
+        task, target, store, make_agent("heuristic"), Budget(attempts=1), retime_disturbed=True
+    )
+    proposals = [a for a in store.attempts(task.key) if is_proposal(a)]
+    assert len(proposals) == 2
+    quiet = proposals[-1]
+    assert quiet.artifact == busy.artifact and quiet.config == busy.config
+    assert quiet.timing_quality == TIMING_CLEAN
+    assert spent_proposals(store.attempts(task.key), "heuristic", True) == [quiet]
+    challenger = winner(store.attempts(task.key)).challenger
+    assert challenger is None or challenger.id != busy.id

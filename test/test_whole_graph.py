@@ -81,7 +81,7 @@ def test_kernels_that_do_not_pay_in_the_graph_are_dropped_and_reported(
     import kope.frontend.whole_graph as whole_graph
 
     # The second compile finds the machine busy, whatever it is: it reuses the decision.
-    monkeypatch.setattr(whole_graph, "others_busy_share", lambda: 1.0)
+    monkeypatch.setattr(whole_graph, "machine_quiet", lambda: False)
     model, x = Softmax(), torch.randn(64, 1024, generator=torch.Generator().manual_seed(0))
     store = ExperienceStore(tmp_path / "store")
     task = claim_the_reference_wins(store, model, x)
@@ -643,8 +643,8 @@ def test_a_disturbed_decision_is_reused_until_a_precompile_times_it_cleanly(
     x = torch.ones(4)
     call = _Call(lambda t: (t,), lambda ins: ins)
     store = ExperienceStore(tmp_path / "store")
-    machine = {"busy": 1.0}  # what a first call's look at the machine finds
-    monkeypatch.setattr(whole_graph, "others_busy_share", lambda: machine["busy"])
+    machine = {"quiet": False}  # what a first call's look at the machine finds
+    monkeypatch.setattr(whole_graph, "machine_quiet", lambda: machine["quiet"])
     head_to_head = {"kernel": _timing(10.0, True), "eager": _timing(26.0, True)}
     monkeypatch.setattr(whole_graph, "_head_to_head", lambda *_: head_to_head)
 
@@ -698,7 +698,7 @@ def test_a_first_call_on_a_quiet_machine_times_a_disturbed_decision_again(
     head_to_head = {"kernel": _timing(10.0, True), "eager": _timing(26.0, True)}
     monkeypatch.setattr(whole_graph, "_head_to_head", lambda *_: head_to_head)
     monkeypatch.setattr(whole_graph, "measure_interleaved", measured)
-    monkeypatch.setattr(whole_graph, "others_busy_share", lambda: 0.5 if not quiet["now"] else 0.0)
+    monkeypatch.setattr(whole_graph, "machine_quiet", lambda: quiet["now"])
 
     def decide() -> GraphDecision:
         call.enabled = True

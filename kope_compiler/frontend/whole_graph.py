@@ -40,7 +40,7 @@ cleanly (the machine was busy) is reused too, as what the evidence so far suppor
 search keeps eager's graph, except where its every step was clean): timing it again at every
 first call cost 23-67 s a process on a busy machine and found it disturbed again. It is timed
 again where `retiming_graphs()` asks for it (`kope precompile` does, offline), or at a first
-call that finds the machine quiet (`others_busy_share`), where a clean decision is likely and
+call that finds the machine quiet (`machine_quiet`), where a clean decision is likely and
 is then made once for every later process.
 """
 
@@ -61,12 +61,7 @@ from kope.memory.standing import WIN_MARGIN
 from kope.memory.store import ExperienceStore
 from kope.targets import verify
 from kope.targets.base import Target
-from kope.targets.measure import (
-    QUIET_SHARE,
-    MeasureConfig,
-    measure_interleaved,
-    others_busy_share,
-)
+from kope.targets.measure import MeasureConfig, machine_quiet, measure_interleaved
 from kope.tuner.measuring import announce, threads_now
 from kope.vocabulary.events import AttemptEvaluated, Events, TaskSeen
 from kope.vocabulary.evidence import (
@@ -225,10 +220,7 @@ def _retime_unsure() -> bool:
     tenth of a second's look), so that the clean decision is made once and spares every later
     process. A model precompiled on a busy machine ran eager's graph through dynamo, 0.79x
     eager, until a quiet process decided it."""
-    if _RETIME.get():
-        return True
-    busy = others_busy_share()
-    return busy is not None and busy < QUIET_SHARE
+    return _RETIME.get() or machine_quiet()
 
 
 @contextlib.contextmanager

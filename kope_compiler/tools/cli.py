@@ -510,7 +510,8 @@ def _add_precompile(sub: Any) -> None:
         description="Trace MODEL as the backend does, let the agent optimize each distinct "
         "operator (every candidate built, verified against the reference lowering and timed in "
         "an isolated worker), record everything in the experience store, and write a report. "
-        "Re-running resumes: operators whose budget is spent are not redone. The summary's "
+        "Re-running resumes: operators whose budget is spent are not redone (on a quiet "
+        "machine, proposals whose timing other work disturbed are timed again). The summary's "
         f"pass rate is {PASS_RATE}. A pipeline that fails is listed with the kope-opt command "
         "that reproduces it.",
     )

@@ -4,7 +4,10 @@ The model is traced the way the backend traces it (dynamo, aot_autograd, partiti
 distinct Tasks are optimized by the agent (in parallel when several workers are given), and
 everything lands in the experience store, so a later `torch.compile(backend="kope")` runs the
 best verified kernels with no agent calls. Re-running resumes: an operator whose budget is
-spent is not redone, and one that was interrupted continues from its recorded attempts. With
+spent is not redone, and one that was interrupted continues from its recorded attempts. On a
+quiet machine, proposals whose timing an earlier run's load disturbed do not count as spent:
+they are proposed and timed again, so a store precompiled beside other work is settled by the
+next quiet precompile. With
 `remeasure`, each operator's stored choice is first re-timed against eager now (a new
 confirmation replaces the stale figure), so a store measured on a busy machine can be fixed.
 """
@@ -12,6 +15,7 @@ confirmation replaces the stale figure), so a store measured on a busy machine c
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import math
@@ -44,8 +48,16 @@ from kope.memory.schema import AttemptRecord
 from kope.memory.store import ExperienceStore
 from kope.passes.pipeline import REPRO_MARKER
 from kope.targets.base import Target
+from kope.targets.measure import machine_quiet
 from kope.tuner.measuring import remeasure as remeasure_choice
-from kope.tuner.optimize import Budget, TaskSummary, is_proposal, optimize_task, summarize
+from kope.tuner.optimize import (
+    Budget,
+    TaskSummary,
+    disturbed,
+    optimize_task,
+    spent_proposals,
+    summarize,
+)
 from kope.vocabulary.events import AttemptEvaluated, Event, Events
 from kope.vocabulary.evidence import SOURCE_AGENT
 
@@ -150,8 +162,12 @@ class Progress:
             self.bar.close()
 
 
-def already_done(store: ExperienceStore, key: str, agent: str, budget: Budget) -> bool:
-    return len([a for a in store.attempts(key) if is_proposal(a, agent)]) >= budget.attempts
+def already_done(
+    store: ExperienceStore, key: str, agent: str, budget: Budget, quiet: bool | None = None
+) -> bool:
+    """Whether the agent's budget on the operator is spent (`spent_proposals`; `quiet`: the
+    machine is quiet, so proposals that load disturbed are proposed again)."""
+    return len(spent_proposals(store.attempts(key), agent, quiet)) >= budget.attempts
 
 
 def precompile(
@@ -188,6 +204,12 @@ def precompile(
     bar = Progress(len(tasks), stream=stream, enabled=progress)
     summaries: dict[str, TaskSummary] = {}
     repro: dict[str, list[str]] = {}
+    # One look at the machine for the run, taken where a disturbed proposal makes it matter.
+    quiet = functools.cache(machine_quiet)
+
+    def retime(task: Task) -> bool | None:
+        attempts = store.attempts(task.key)
+        return quiet() if any(disturbed(a) for a in attempts) else None
 
     def prepare(task: Task) -> bool:
         """Whether `task` still needs the agent (else its summary is taken from the store)."""
@@ -195,7 +217,7 @@ def precompile(
         if remeasure and store.attempts(task.key):
             bar.update(task.label, "re-timing the stored choice")
             remeasure_choice(task, target, store)
-        if already_done(store, task.key, agent_name, budget):
+        if already_done(store, task.key, agent_name, budget, retime(task)):
             summaries[task.key] = summarize(task, store, stopped="done in an earlier run")
             bar.finish(task.label, "already optimized")
             return False
@@ -228,9 +250,17 @@ def precompile(
                 return
             agent = make_agent(agent_name, seed=seed, **(agent_config or {}))
             try:
-                events = Events(Recorder(store), _progress(bar, task, store, agent_name, budget))
+                shown = _progress(bar, task, store, agent_name, budget, retime(task))
+                events = Events(Recorder(store), shown)
                 summary = optimize_task(
-                    task, target, store, agent, budget, seed=seed, events=events
+                    task,
+                    target,
+                    store,
+                    agent,
+                    budget,
+                    seed=seed,
+                    events=events,
+                    retime_disturbed=retime(task),
                 )
             finally:
                 agent.close()
@@ -328,10 +358,16 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _progress(
-    bar: Progress, task: Task, store: ExperienceStore, agent_name: str, budget: Budget
+    bar: Progress,
+    task: Task,
+    store: ExperienceStore,
+    agent_name: str,
+    budget: Budget,
+    retime: bool | None = None,
 ) -> Callable[[Event], None]:
-    """A listener beside the store's recorder: the bar shows each of the agent's attempts."""
-    proposals = len([a for a in store.attempts(task.key) if is_proposal(a, agent_name)])
+    """A listener beside the store's recorder: the bar shows each of the agent's attempts,
+    counted as the budget counts them (`spent_proposals`, with `retime`)."""
+    proposals = len(spent_proposals(store.attempts(task.key), agent_name, retime))
 
     def progress(event: Event) -> None:
         nonlocal proposals

@@ -16,6 +16,7 @@ import logging
 import math
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -28,6 +29,7 @@ from kope.memory.standing import winner
 from kope.memory.store import ExperienceStore
 from kope.targets.base import Target
 from kope.targets.device_compile import estimate_of
+from kope.targets.measure import machine_quiet
 from kope.tuner.measuring import (
     announce,
     confirm,
@@ -44,6 +46,7 @@ from kope.vocabulary.evidence import (
     SOURCE_AGENT,
     SOURCE_EAGER,
     SOURCE_REFERENCE,
+    TIMING_CONTAMINATED,
     TIMING_UNKNOWN,
     VERDICTS,
     VERIFIED,
@@ -117,6 +120,29 @@ def is_proposal(attempt: AttemptRecord, agent: str | None = None) -> bool:
     )
 
 
+def disturbed(attempt: AttemptRecord) -> bool:
+    """Whether `attempt` is a verified kernel whose timing the machine's load disturbed."""
+    return attempt.verdict == VERIFIED and attempt.timing_quality == TIMING_CONTAMINATED
+
+
+def spent_proposals(
+    attempts: Sequence[AttemptRecord], agent: str, retime_disturbed: bool | None = None
+) -> list[AttemptRecord]:
+    """This agent's proposals that count against its budget when a run resumes: all of them,
+    but on a quiet machine (`retime_disturbed`; None: look at the machine now, where it
+    matters) not those whose timing the machine's load disturbed. Their figures say nothing
+    of their kernels: beside 2x load a precompile timed no proposal cleanly and ranked them
+    by noise (a layer norm's best kernel timed 0.66x eager there, 1.30x on a quiet machine),
+    so the next precompile on a quiet machine proposes and times them again, and settles what
+    the busy one could not."""
+    proposals = [a for a in attempts if is_proposal(a, agent)]
+    if not any(disturbed(a) for a in proposals):
+        return proposals
+    if retime_disturbed is None:
+        retime_disturbed = machine_quiet()
+    return [a for a in proposals if not (retime_disturbed and disturbed(a))]
+
+
 def task_view(task: Task, target: Target) -> TaskView:
     """The operator as an agent sees it, with what the target builds and how it says so."""
     return TaskView(
@@ -143,11 +169,14 @@ def optimize_task(
     *,
     seed: int = 0,
     events: Events | None = None,
+    retime_disturbed: bool | None = None,
 ) -> TaskSummary:
     """Run the loop on one operator and summarise what the store now knows about it.
 
     Every evaluation and the choice made are announced to `events` (by default, the store's
-    recorder alone); the loop reads the store, and writes it only through them."""
+    recorder alone); the loop reads the store, and writes it only through them. A run that
+    resumes the operator continues after the proposals that count against the budget
+    (`spent_proposals`, with `retime_disturbed`)."""
     events = recording(store, events)
     reference = known_reference(task, target, store, events)
     if reference.verdict != VERIFIED:
@@ -159,8 +188,10 @@ def optimize_task(
         )
         return summarize(task, store, stopped=f"reference lowering {reference.verdict}")
     view = task_view(task, target)
-    # Resuming: this agent's earlier attempts on the operator count against the budget.
-    history = [_feedback(a, store) for a in store.attempts(task.key) if is_proposal(a, agent.name)]
+    # Resuming: this agent's earlier proposals count against the budget (disturbed ones not
+    # on a quiet machine: they are proposed and timed again).
+    spent = spent_proposals(store.attempts(task.key), agent.name, retime_disturbed)
+    history = [_feedback(a, store) for a in spent]
     tokens = 0
     start = time.monotonic()
     stopped = "budget spent"
