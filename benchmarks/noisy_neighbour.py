@@ -8,15 +8,20 @@ Runs, each from an empty store, in this order:
    (2 x the core count of busy processes: half pure-Python spinners, half multi-threaded
    torch matmul loops, each bounded in time);
 3. `polite`: the same load at `nice 19`;
-4. a model (`--model`, default `mlp`) precompiled under load and, as a baseline, quietly;
+4. `requiet`: a copy of the `loaded` store precompiled again on the quiet machine, as a user's
+   next `kope precompile` would (what load disturbed is timed again);
+5. a model (`--model`, default `mlp`) precompiled under load and, as a baseline, quietly;
    both compiled on the quiet machine in a new process, as a user's next run does, and timed
    against eager, interleaved.
-Then, quietly, every operator's chosen kernel of every run is re-timed head to head against
-eager in one interleaved measurement (`Target.evaluate`), and the figures of issue 9 are
-printed:
+Then, quietly, each run's store is opened in a new process, as a user's next run opens it (a
+choice that does not rest on clean figures is re-measured there once, as at a first compile),
+and every operator's chosen kernel is re-timed head to head against eager in one interleaved
+measurement (`Target.evaluate`). The figures of issue 9:
 - agreement: the share of operators whose choice under load is within 10% of the quiet run's
   choice when both are re-timed quietly (ratio of their quiet speedups over eager >= 0.9);
-- worst ratio between a speedup recorded under load and its quiet re-measurement;
+  and the same after the `requiet` precompile;
+- worst ratio between a speedup recorded under load and its quiet re-measurement (of the same
+  kernel: not where the next run chose another);
 - coverage: the share of operators that still got a clean figure under load;
 - polite load: of the agent kernels the quiet run pinned, how many the polite run pinned;
 - the model precompiled under load, compiled quietly: its latency over eager's.
@@ -30,6 +35,8 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,6 +56,7 @@ from kope.tools.suite import OPSET
 from kope.tools.zoo import ZOO
 from kope.tuner.optimize import Budget
 from kope.tuner.selection import choose
+from kope.vocabulary.kernels import Kernel
 
 SPINNER = (
     "import time, sys\nend = time.monotonic() + float(sys.argv[1])\n"
@@ -111,27 +119,73 @@ def suite_run(target: Target, store: Path, budget: int, names: list[str]) -> dic
     return {row["name"]: row for row in report["operators"]}
 
 
-def quiet_retime(target: Target, store: Path, names: list[str]) -> dict[str, dict[str, Any]]:
-    """Each operator's chosen kernel in `store`, re-timed against eager now: speedup, quality."""
+def choices(target: Target, store: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    """Each operator's choice in `store` (`choose`, with its once-per-process re-measurement of
+    a choice that is not clean): which kernel, and its text and form where it is not eager."""
     result: dict[str, dict[str, Any]] = {}
     memory = ExperienceStore(store / "default-seed0")  # where run_bench kept the one arm's
     for name in names:
         model, inputs = OPSET[name]()
         (task,) = trace_tasks(model, inputs, target)[:1]
         choice = choose(task, target, memory, "auto")
-        if choice.source is None:
-            result[name] = {"kernel": choice.kernel, "speedup": 1.0, "quality": "eager"}
-            continue
-        evaluation = target.evaluate(
-            task.spec, choice.source, oracle=task.reference, seed=int(time.time())
-        )
-        kernel, eager = evaluation.kernel, evaluation.eager
-        speedup = eager.median_us / kernel.median_us if kernel and eager else None
+        source = choice.source
         result[name] = {
             "kernel": choice.kernel,
-            "speedup": speedup,
-            "quality": kernel.quality if kernel else evaluation.verdict,
+            "text": source.source if source is not None else None,
+            "form": source.form if source is not None else None,
         }
+    return result
+
+
+def choices_in_new_process(store: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+    """`choices` of `store` in a new process, as a user's next run makes them (in this process,
+    the first arm's re-measurement of an operator would stand for every later arm's)."""
+    proc = subprocess.run(
+        [sys.executable, __file__, "--choices", str(store), "--ops", ",".join(names)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    result: dict[str, dict[str, Any]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def quiet_retime(
+    target: Target, chosen: dict[str, dict[str, dict[str, Any]]], names: list[str], rounds: int
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Every arm's chosen kernel of each operator re-timed against eager (`Target.evaluate`),
+    the arms interleaved in `rounds` rounds of rotating order: the median speedup and the
+    qualities, by arm and operator. A single re-timing moved a kernel by 15% (a matmul
+    1.31x and 1.47x); the arms are compared on the same rounds."""
+    arms = list(chosen)
+    result: dict[str, dict[str, dict[str, Any]]] = {arm: {} for arm in arms}
+    for name in names:
+        model, inputs = OPSET[name]()
+        (task,) = trace_tasks(model, inputs, target)[:1]
+        figures: dict[str, list[float]] = {arm: [] for arm in arms}
+        qualities: dict[str, list[str]] = {arm: [] for arm in arms}
+        for r in range(rounds):
+            for arm in arms[r % len(arms) :] + arms[: r % len(arms)]:
+                pick = chosen[arm][name]
+                if pick["text"] is None:
+                    continue
+                evaluation = target.evaluate(
+                    task.spec,
+                    Kernel(pick["text"], pick["form"]),
+                    oracle=task.reference,
+                    seed=int(time.time()),
+                )
+                kernel, eager = evaluation.kernel, evaluation.eager
+                if kernel and eager:
+                    figures[arm].append(eager.median_us / kernel.median_us)
+                qualities[arm].append(kernel.quality if kernel else evaluation.verdict)
+        for arm in arms:
+            eager_runs = chosen[arm][name]["text"] is None
+            result[arm][name] = {
+                "kernel": chosen[arm][name]["kernel"],
+                "speedup": 1.0 if eager_runs else statistics.median(figures[arm] or [0.0]),
+                "quality": "eager" if eager_runs else ",".join(qualities[arm]),
+            }
     return result
 
 
@@ -204,8 +258,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="mlp", choices=sorted(ZOO), help="the model of step 4")
     parser.add_argument("--report", type=Path, help="write the figures as JSON here")
     parser.add_argument("--force", action="store_true", help="run on a machine that is not quiet")
+    parser.add_argument("--choices", type=Path, help=argparse.SUPPRESS)  # one store's step
     args = parser.parse_args(argv)
     names = [n for n in args.ops.split(",") if n]
+    if args.choices:
+        target = get_target("cpu", timeout_s=Options.default("timeout_s"))
+        try:
+            print(json.dumps(choices(target, args.choices, names)))
+        finally:
+            target.close()
+        return 0
     share = wait_share()
     print(f"machine before the run: worst run-queue wait share {100 * share:.1f}%")
     if share >= 0.03 and not args.force:
@@ -225,11 +287,18 @@ def main(argv: list[str] | None = None) -> int:
                     runs[arm] = suite_run(target, scratch / arm, args.budget, names)
             timings[arm] = time.monotonic() - start
             print(f"{arm}: {len(runs[arm])} operators in {timings[arm]:.0f} s")
+        # The user's next precompile, on the quiet machine, of the store the load left.
+        shutil.copytree(scratch / "loaded", scratch / "requiet")
+        start = time.monotonic()
+        runs["requiet"] = suite_run(target, scratch / "requiet", args.budget, names)
+        timings["requiet"] = time.monotonic() - start
+        print(f"requiet: {len(runs['requiet'])} operators in {timings['requiet']:.0f} s")
         model = model_under_load_compiled_quietly(
             target, scratch / "model", args.model, args.budget, repeats=31
         )
         print(f"quiet again before re-timing: wait share {100 * wait_share():.1f}%")
-        retimed = {arm: quiet_retime(target, scratch / arm, names) for arm in runs}
+        chosen = {arm: choices_in_new_process(scratch / arm, names) for arm in runs}
+        retimed = quiet_retime(target, chosen, names, rounds=3)
     finally:
         target.close()
     figures = summarize(names, runs, retimed, model)
@@ -248,20 +317,28 @@ def summarize(
     retimed: dict[str, dict[str, dict[str, Any]]],
     model: dict[str, float],
 ) -> dict[str, Any]:
-    agree = 0
+    def agreement(arm: str) -> float:
+        agree = 0
+        for name in names:
+            quiet, other = retimed["quiet"][name]["speedup"], retimed[arm][name]["speedup"]
+            agree += bool(quiet and other and other / quiet >= 0.9)
+        return agree / len(names)
+
     ratios: list[float] = []
     for name in names:
-        quiet, loaded = retimed["quiet"][name]["speedup"], retimed["loaded"][name]["speedup"]
-        if quiet and loaded and loaded / quiet >= 0.9:
-            agree += 1
+        loaded = retimed["loaded"][name]["speedup"]
         recorded = runs["loaded"][name].get("speedup_vs_eager")
-        if recorded and loaded:
+        # Only a figure of the kernel that was recorded: where the next run re-measured a
+        # choice the load left open and chose another, the two figures are of two kernels.
+        same = retimed["loaded"][name]["kernel"] == runs["loaded"][name]["winner"]
+        if recorded and loaded and same:
             ratios.append(max(recorded / loaded, loaded / recorded))
     clean = [n for n in names if runs["loaded"][n].get("timing_quality") == "clean"]
     quiet_agent = [n for n in names if runs["quiet"][n]["winner"] == "agent"]
     polite_agent = [n for n in quiet_agent if runs["polite"][n]["winner"] == "agent"]
     return {
-        "agreement": agree / len(names),
+        "agreement": agreement("loaded"),
+        "agreement_after_quiet_precompile": agreement("requiet"),
         "worst_recorded_vs_quiet_ratio": max(ratios, default=None),
         "coverage_clean_under_load": len(clean) / len(names),
         "polite_agent_wins_found": f"{len(polite_agent)}/{len(quiet_agent)}",
@@ -295,6 +372,8 @@ def format_figures(
         "",
         f"agreement (choice under load within 10% of the quiet choice, both re-timed quietly): "
         f"{100 * figures['agreement']:.0f}% (goal >= 90%)",
+        f"agreement once the store the load left is precompiled again quietly: "
+        f"{100 * figures['agreement_after_quiet_precompile']:.0f}%",
         f"worst ratio, speedup recorded under load vs its quiet re-measurement: "
         f"{x(figures['worst_recorded_vs_quiet_ratio'])} (goal <= 1.5x)",
         f"coverage, operators with a clean figure under load: "
