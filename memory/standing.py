@@ -103,7 +103,8 @@ def winner(attempts: Sequence[AttemptRecord], threads: int | None = None) -> Sta
     kernels the fastest (by its confirmation) runs, and of kernels within WIN_MARGIN of it,
     a tie, the one found first; with none, eager runs. A candidate is re-measured (the
     `challenger`) only where its figure beats the pinned kernel's by more than WIN_MARGIN, and
-    never on a disturbed figure of a kernel that has a clean one.
+    never on a disturbed figure of a kernel that has a clean one; of several, the fastest by an
+    undisturbed figure, and where every figure is disturbed, the one found first.
 
     A task none of whose figures were judged or confirmed (`unknown` quality: recorded
     before KOPE judged timings) keeps the older rule, its fastest verified figure with eager
@@ -179,7 +180,15 @@ def winner(attempts: Sequence[AttemptRecord], threads: int | None = None) -> Sta
         open_ = [
             a for a in timed if a.eager_us is None and wins(a) and a.artifact not in tried | refuted
         ]
-    challenger = first_of_the_fastest(in_found_order(open_), speedup_over_baseline)
+    # Figures that load disturbed rank the load, not the kernels (beside 2x load a one-thread
+    # matmul kernel timed 66x a two-thread eager whose threads waited on each other; 0.65x
+    # quiet): a candidate with an undisturbed figure goes first, else the one the search found
+    # first, its own best guess.
+    steady = [a for a in open_ if a.timing_quality != TIMING_CONTAMINATED]
+    if steady:
+        challenger = first_of_the_fastest(in_found_order(steady), speedup_over_baseline)
+    else:
+        challenger = next(iter(in_found_order(open_)), None)
     return Standing(pinned, baseline, eager, challenger, refuted=failed[-1] if failed else None)
 
 

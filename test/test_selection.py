@@ -208,6 +208,32 @@ def test_a_tie_within_noise_goes_to_the_kernel_found_first() -> None:
     assert winner([eager, reference, a, a_sure, c], threads).challenger is c
 
 
+def test_a_figure_load_disturbed_ranks_no_challenger() -> None:
+    """Beside 2x load every figure is disturbed and ranks the load, not the kernels: the
+    challenger to confirm is a candidate with an undisturbed figure where there is one, else
+    the one the search found first; and a kernel also timed cleanly is never a challenger on
+    its disturbed figure."""
+    threads = torch.get_num_threads()
+    common: dict[str, Any] = dict(task="k", verdict="verified", threads=threads, eager_us=100.0)
+    eager = AttemptRecord(source=SOURCE_EAGER, latency_us=100.0, speedup_vs_eager=1.0, **common)
+
+    def kernel(name: str, us: float, quality: str) -> AttemptRecord:
+        return AttemptRecord(
+            source=SOURCE_AGENT, latency_us=us, speedup_vs_eager=100.0 / us, artifact=name,
+            timing_quality=quality, rounds=15, clean_rounds=15 if quality == TIMING_CLEAN else 0,
+            **common,
+        )  # fmt: skip
+
+    first = kernel("first", 40.0, TIMING_CONTAMINATED)  # 2.5x, disturbed
+    noisy = kernel("noisy", 2.0, TIMING_CONTAMINATED)  # 50x, disturbed
+    assert winner([eager, first, noisy], threads).challenger is first
+    steady = kernel("steady", 80.0, TIMING_CLEAN)  # 1.25x, undisturbed
+    assert winner([eager, first, noisy, steady], threads).challenger is steady
+    noisy_quiet = kernel("noisy", 150.0, TIMING_CLEAN)  # the 50x kernel, timed quietly
+    assert winner([eager, noisy, noisy_quiet], threads).challenger is None
+    assert winner([eager, noisy, first, noisy_quiet], threads).challenger is first
+
+
 def test_a_baseline_that_timed_out_is_measured_again_a_few_times(
     relu_task: Task, tmp_path: Path
 ) -> None:
