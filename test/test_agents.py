@@ -260,21 +260,21 @@ def test_a_quiet_run_times_again_what_load_disturbed(
     optimize_task(task, target, store, make_agent("heuristic"), Budget(attempts=1))
     (busy,) = [a for a in store.attempts(task.key) if is_proposal(a)]
     assert busy.timing_quality == TIMING_CONTAMINATED
-    assert spent_proposals([busy], "heuristic", False) == [busy]
+    assert spent_proposals([busy], "heuristic", lambda: False) == [busy]
     monkeypatch.setattr(target, "evaluate", timed(TIMING_CLEAN, 1.0))
     still_busy = optimize_task(
-        task, target, store, make_agent("heuristic"), Budget(attempts=1), retime_disturbed=False
+        task, target, store, make_agent("heuristic"), Budget(attempts=1), quiet=lambda: False
     )
     assert still_busy.stopped == "budget spent"
     assert [a for a in store.attempts(task.key) if is_proposal(a)] == [busy]
     optimize_task(
-        task, target, store, make_agent("heuristic"), Budget(attempts=1), retime_disturbed=True
+        task, target, store, make_agent("heuristic"), Budget(attempts=1), quiet=lambda: True
     )
     proposals = [a for a in store.attempts(task.key) if is_proposal(a)]
     assert len(proposals) == 2
     quiet = proposals[-1]
     assert quiet.artifact == busy.artifact and quiet.config == busy.config
     assert quiet.timing_quality == TIMING_CLEAN
-    assert spent_proposals(store.attempts(task.key), "heuristic", True) == [quiet]
+    assert spent_proposals(store.attempts(task.key), "heuristic", lambda: True) == [quiet]
     challenger = winner(store.attempts(task.key)).challenger
     assert challenger is None or challenger.id != busy.id

@@ -376,7 +376,7 @@ def test_an_interrupted_precompile_reports_what_it_finished(
 
     optimized: list[str] = []
 
-    def optimize(task, target, store, agent, budget, seed=0, events=None, retime_disturbed=None):
+    def optimize(task, target, store, agent, budget, seed=0, events=None, quiet=None):
         optimized.append(task.key)
         if len(optimized) > 1:
             raise KeyboardInterrupt

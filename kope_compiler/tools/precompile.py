@@ -53,7 +53,6 @@ from kope.tuner.measuring import remeasure as remeasure_choice
 from kope.tuner.optimize import (
     Budget,
     TaskSummary,
-    disturbed,
     optimize_task,
     spent_proposals,
     summarize,
@@ -163,10 +162,14 @@ class Progress:
 
 
 def already_done(
-    store: ExperienceStore, key: str, agent: str, budget: Budget, quiet: bool | None = None
+    store: ExperienceStore,
+    key: str,
+    agent: str,
+    budget: Budget,
+    quiet: Callable[[], bool] = machine_quiet,
 ) -> bool:
-    """Whether the agent's budget on the operator is spent (`spent_proposals`; `quiet`: the
-    machine is quiet, so proposals that load disturbed are proposed again)."""
+    """Whether the agent's budget on the operator is spent (`spent_proposals`: on a quiet
+    machine, proposals that load disturbed are proposed again)."""
     return len(spent_proposals(store.attempts(key), agent, quiet)) >= budget.attempts
 
 
@@ -207,17 +210,13 @@ def precompile(
     # One look at the machine for the run, taken where a disturbed proposal makes it matter.
     quiet = functools.cache(machine_quiet)
 
-    def retime(task: Task) -> bool | None:
-        attempts = store.attempts(task.key)
-        return quiet() if any(disturbed(a) for a in attempts) else None
-
     def prepare(task: Task) -> bool:
         """Whether `task` still needs the agent (else its summary is taken from the store)."""
         store.refresh()
         if remeasure and store.attempts(task.key):
             bar.update(task.label, "re-timing the stored choice")
             remeasure_choice(task, target, store)
-        if already_done(store, task.key, agent_name, budget, retime(task)):
+        if already_done(store, task.key, agent_name, budget, quiet):
             summaries[task.key] = summarize(task, store, stopped="done in an earlier run")
             bar.finish(task.label, "already optimized")
             return False
@@ -250,7 +249,7 @@ def precompile(
                 return
             agent = make_agent(agent_name, seed=seed, **(agent_config or {}))
             try:
-                shown = _progress(bar, task, store, agent_name, budget, retime(task))
+                shown = _progress(bar, task, store, agent_name, budget, quiet)
                 events = Events(Recorder(store), shown)
                 summary = optimize_task(
                     task,
@@ -260,7 +259,7 @@ def precompile(
                     budget,
                     seed=seed,
                     events=events,
-                    retime_disturbed=retime(task),
+                    quiet=quiet,
                 )
             finally:
                 agent.close()
@@ -363,11 +362,11 @@ def _progress(
     store: ExperienceStore,
     agent_name: str,
     budget: Budget,
-    retime: bool | None = None,
+    quiet: Callable[[], bool] = machine_quiet,
 ) -> Callable[[Event], None]:
     """A listener beside the store's recorder: the bar shows each of the agent's attempts,
-    counted as the budget counts them (`spent_proposals`, with `retime`)."""
-    proposals = len(spent_proposals(store.attempts(task.key), agent_name, retime))
+    counted as the budget counts them (`spent_proposals`)."""
+    proposals = len(spent_proposals(store.attempts(task.key), agent_name, quiet))
 
     def progress(event: Event) -> None:
         nonlocal proposals

@@ -16,7 +16,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -126,21 +126,19 @@ def disturbed(attempt: AttemptRecord) -> bool:
 
 
 def spent_proposals(
-    attempts: Sequence[AttemptRecord], agent: str, retime_disturbed: bool | None = None
+    attempts: Sequence[AttemptRecord], agent: str, quiet: Callable[[], bool] = machine_quiet
 ) -> list[AttemptRecord]:
     """This agent's proposals that count against its budget when a run resumes: all of them,
-    but on a quiet machine (`retime_disturbed`; None: look at the machine now, where it
-    matters) not those whose timing the machine's load disturbed. Their figures say nothing
-    of their kernels: beside 2x load a precompile timed no proposal cleanly and ranked them
-    by noise (a layer norm's best kernel timed 0.66x eager there, 1.30x on a quiet machine),
-    so the next precompile on a quiet machine proposes and times them again, and settles what
-    the busy one could not."""
+    but on a quiet machine (`quiet`, asked only where a disturbed proposal makes it matter)
+    not those whose timing the machine's load disturbed. Their figures say nothing of their
+    kernels: beside 2x load a precompile timed no proposal cleanly and ranked them by noise
+    (a layer norm's best kernel timed 0.66x eager there, 1.30x on a quiet machine), so the
+    next precompile on a quiet machine proposes and times them again, and settles what the
+    busy one could not."""
     proposals = [a for a in attempts if is_proposal(a, agent)]
-    if not any(disturbed(a) for a in proposals):
+    if not any(disturbed(a) for a in proposals) or not quiet():
         return proposals
-    if retime_disturbed is None:
-        retime_disturbed = machine_quiet()
-    return [a for a in proposals if not (retime_disturbed and disturbed(a))]
+    return [a for a in proposals if not disturbed(a)]
 
 
 def task_view(task: Task, target: Target) -> TaskView:
@@ -169,14 +167,14 @@ def optimize_task(
     *,
     seed: int = 0,
     events: Events | None = None,
-    retime_disturbed: bool | None = None,
+    quiet: Callable[[], bool] = machine_quiet,
 ) -> TaskSummary:
     """Run the loop on one operator and summarise what the store now knows about it.
 
     Every evaluation and the choice made are announced to `events` (by default, the store's
     recorder alone); the loop reads the store, and writes it only through them. A run that
     resumes the operator continues after the proposals that count against the budget
-    (`spent_proposals`, with `retime_disturbed`)."""
+    (`spent_proposals`, with `quiet`)."""
     events = recording(store, events)
     reference = known_reference(task, target, store, events)
     if reference.verdict != VERIFIED:
@@ -190,7 +188,7 @@ def optimize_task(
     view = task_view(task, target)
     # Resuming: this agent's earlier proposals count against the budget (disturbed ones not
     # on a quiet machine: they are proposed and timed again).
-    spent = spent_proposals(store.attempts(task.key), agent.name, retime_disturbed)
+    spent = spent_proposals(store.attempts(task.key), agent.name, quiet)
     history = [_feedback(a, store) for a in spent]
     tokens = 0
     start = time.monotonic()
