@@ -51,6 +51,10 @@ class MeasureConfig:
     # one, eager's), it fetches its own from memory. That costs once per switch, not once per
     # call of a loop, so graphs are timed over several calls (`kope.frontend.whole_graph`).
     min_calls: int = 1
+    # ... while that many calls take at most this long: a switch costs microseconds to
+    # milliseconds, and ten calls of a 1 s graph (a 512 MB instance norm) made its first
+    # compile's timing take a minute.
+    min_calls_s: float = 0.05
     warmup_s: float = 5e-3
     budget_s: float = 2.0  # a slow kernel gets fewer repeats, never fewer than `min_repeats`
     min_repeats: int = 3
@@ -423,7 +427,8 @@ def _calibrate(fn: Callable[[], Any], config: MeasureConfig) -> tuple[int, float
         if elapsed >= config.warmup_s and calls >= 2:
             break
     per_call = elapsed / calls
-    return max(config.min_calls, int(config.sample_s / max(per_call, 1e-9))), per_call
+    floor = min(config.min_calls, max(1, int(config.min_calls_s / max(per_call, 1e-9))))
+    return max(floor, int(config.sample_s / max(per_call, 1e-9))), per_call
 
 
 def _timing(values: list[float], threads: int, **quality: Any) -> Timing:

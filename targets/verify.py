@@ -508,6 +508,10 @@ def _itemsize(dtype: torch.dtype) -> int:
 # -- comparison -------------------------------------------------------------------------------
 
 
+# Elements compared at a time: about ten float64 temporaries of this many, 80 MB in all.
+COMPARE_CHUNK = 1 << 20
+
+
 @dataclass
 class Comparison:
     ok: bool
@@ -549,15 +553,31 @@ def compare(
         )
     if got.numel() == 0:
         return Comparison(True, 0.0, 0.0)
+    # Flat views, compared a chunk at a time: a float64 temporary per step of the rules, over
+    # a whole 1x32x8M float16 output, took 24 GB and the user's process with it.
+    flat_got, flat_want = got.reshape(-1), want.reshape(-1)
+    flat_own = own.reshape(-1) if own is not None else None
+    flat_spread = spread.reshape(-1) if spread is not None else None
+    chunks = range(0, flat_got.numel(), COMPARE_CHUNK)
+
+    def piece(t: torch.Tensor, at: int) -> torch.Tensor:
+        return t[at : at + COMPARE_CHUNK]
+
     if not got.dtype.is_floating_point:
-        diff = _as_int(got) != _as_int(want)
-        if diff.any():
-            where = _first(diff)
+        differ = 0
+        where: tuple[int, ...] | None = None
+        for at in chunks:
+            diff = _as_int(piece(flat_got, at)) != _as_int(piece(flat_want, at))
+            count = int(diff.sum())
+            if count and where is None:
+                where = _unravel(at + int(diff.nonzero()[0]), got.shape)
+            differ += count
+        if where is not None:
             return Comparison(
                 False,
                 math.inf,
                 math.inf,
-                f"output {index}: {int(diff.sum())} of {got.numel()} elements differ, first at "
+                f"output {index}: {differ} of {got.numel()} elements differ, first at "
                 f"{list(where)}: got {got[where].item()}, expected {want[where].item()}",
             )
         return Comparison(True, 0.0, 0.0)
@@ -566,41 +586,55 @@ def compare(
         # The values' own rounding, not their reductions': those ran in the output's dtype.
         base_rtol, base_atol = TOLERANCES.get(precision, EXACT)
         rtol, atol = max(rtol, base_rtol), max(atol, base_atol)
-    g = got.double()
-    exact = want.double()  # the oracle as computed (float64 for the eager oracle)
-    w = want.to(got.dtype).double()  # what an exact kernel of the output dtype returns
-    overflowed = torch.isfinite(exact) & torch.isinf(w)
-    finite_w = w[torch.isfinite(w)]
-    scale = max(1.0, float(finite_w.abs().max())) if finite_w.numel() else 1.0
+    scale = 1.0
+    for at in chunks:
+        w = piece(flat_want, at).to(got.dtype).double()
+        finite_w = w[torch.isfinite(w)]
+        if finite_w.numel():
+            scale = max(scale, float(finite_w.abs().max()))
     scale = max(scale, terms)
-    zero = torch.zeros_like(w)
-    bound = atol * scale + rtol * torch.where(torch.isfinite(w), w.abs(), zero)
-    abs_err = torch.where(torch.isfinite(g) & torch.isfinite(w), (g - w).abs(), math.inf)
-    ok = abs_err <= bound
-    # Overflow in the rounding: the dtype's inf, or a finite value close to the float64 one.
-    near_exact = (g - exact).abs() <= rtol * exact.abs()
-    ok |= overflowed & ((g == w) | (torch.isfinite(g) & near_exact))
-    if own is not None:
-        ok |= _beyond_the_dtype(g, exact, own.double(), bound, spread)
-    special = ~torch.isfinite(w) & ~overflowed
-    if statistic:
-        ok |= special & ~torch.isfinite(g)
-    else:
-        ok |= special & ((torch.isnan(w) & torch.isnan(g)) | (torch.isinf(w) & (g == w)))
-    abs_err = torch.where(ok & ~torch.isfinite(abs_err), zero, abs_err)
-    bad = ~ok
-    max_abs = float(abs_err.max())
-    max_rel = float((abs_err / w.abs().clamp_min(atol * scale)).max())
-    if bad.any():
-        where = _first(bad)
+    max_abs = max_rel = 0.0
+    bad_count = 0
+    first_bad: tuple[int, float, float, float, bool] | None = None  # at, got, exact, w, overflowed
+    for at in chunks:
+        g = piece(flat_got, at).double()
+        exact = piece(flat_want, at).double()  # the oracle as computed (float64 for eager's)
+        w = piece(flat_want, at).to(got.dtype).double()  # what an exact kernel returns
+        overflowed = torch.isfinite(exact) & torch.isinf(w)
+        zero = torch.zeros_like(w)
+        bound = atol * scale + rtol * torch.where(torch.isfinite(w), w.abs(), zero)
+        abs_err = torch.where(torch.isfinite(g) & torch.isfinite(w), (g - w).abs(), math.inf)
+        ok = abs_err <= bound
+        # Overflow in the rounding: the dtype's inf, or a finite value close to the float64 one.
+        near_exact = (g - exact).abs() <= rtol * exact.abs()
+        ok |= overflowed & ((g == w) | (torch.isfinite(g) & near_exact))
+        if flat_own is not None:
+            spread_piece = piece(flat_spread, at) if flat_spread is not None else None
+            ok |= _beyond_the_dtype(g, exact, piece(flat_own, at).double(), bound, spread_piece)
+        special = ~torch.isfinite(w) & ~overflowed
+        if statistic:
+            ok |= special & ~torch.isfinite(g)
+        else:
+            ok |= special & ((torch.isnan(w) & torch.isnan(g)) | (torch.isinf(w) & (g == w)))
+        abs_err = torch.where(ok & ~torch.isfinite(abs_err), zero, abs_err)
+        max_abs = max(max_abs, float(abs_err.max()))
+        max_rel = max(max_rel, float((abs_err / w.abs().clamp_min(atol * scale)).max()))
+        bad = ~ok
+        count = int(bad.sum())
+        if count and first_bad is None:
+            i = int(bad.nonzero()[0])
+            first_bad = (at + i, g[i].item(), exact[i].item(), w[i].item(), bool(overflowed[i]))
+        bad_count += count
+    if first_bad is not None:
+        at, got_value, exact_value, w_value, was_overflowed = first_bad
         return Comparison(
             False,
             max_abs,
             max_rel,
-            f"output {index}: {int(bad.sum())} of {got.numel()} elements beyond the tolerance "
-            f"(rtol {rtol:g}, atol {atol:g} x scale {scale:.3g}), first at {list(where)}: "
-            f"got {g[where].item():.7g}, expected {exact[where].item():.7g}"
-            + (f" ({w[where].item():.7g} in {dtype_name(got.dtype)})" if overflowed[where] else ""),
+            f"output {index}: {bad_count} of {got.numel()} elements beyond the tolerance "
+            f"(rtol {rtol:g}, atol {atol:g} x scale {scale:.3g}), first at "
+            f"{list(_unravel(at, got.shape))}: got {got_value:.7g}, expected {exact_value:.7g}"
+            + (f" ({w_value:.7g} in {dtype_name(got.dtype)})" if was_overflowed else ""),
         )
     return Comparison(True, max_abs, max_rel)
 
@@ -696,8 +730,13 @@ def _as_int(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8).long() if t.dtype == torch.bool else t.long()
 
 
-def _first(mask: torch.Tensor) -> tuple[int, ...]:
-    return tuple(int(i) for i in mask.nonzero()[0])
+def _unravel(flat_index: int, shape: Sequence[int]) -> tuple[int, ...]:
+    """The multi-dimensional index of element `flat_index` of a row-major tensor of `shape`."""
+    where = []
+    for size in reversed(shape):
+        flat_index, rest = divmod(flat_index, size)
+        where.append(rest)
+    return tuple(reversed(where))
 
 
 def inputs_unchanged(before: Sequence[torch.Tensor], after: Sequence[torch.Tensor]) -> str | None:

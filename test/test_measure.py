@@ -24,6 +24,7 @@ from kope.targets.measure import (
     IMPLAUSIBLE_SPEEDUP,
     MeasureConfig,
     SchedstatProbe,
+    _calibrate,
     measure_interleaved,
     recheck_implausible,
     rotating,
@@ -157,6 +158,16 @@ def test_slow_candidates_need_only_the_rounds_they_get() -> None:
     assert MeasureConfig().clean_needed(15) == 7  # repeats // 2
     assert MeasureConfig(repeats=8).clean_needed(8) == 5  # min_clean
     assert MeasureConfig().clean_needed(3) == 3  # a slow kernel's min_repeats
+
+
+def test_a_slow_graph_is_not_looped_to_its_minimum_calls() -> None:
+    # Ten calls per sample amortize a switch of caches that costs microseconds; a call that
+    # takes 30 ms (more under load) needs no such loop.
+    config = MeasureConfig(min_calls=10, min_calls_s=0.05, warmup_s=0.0)
+    loops, per_call = _calibrate(lambda: time.sleep(0.03), config)
+    assert per_call >= 0.03 and loops == 1
+    loops, _ = _calibrate(lambda: None, config)
+    assert loops >= 10
 
 
 def test_schedstat_probe_reads_this_thread() -> None:

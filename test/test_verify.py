@@ -29,6 +29,30 @@ def test_close_values_pass_and_far_ones_fail() -> None:
     assert not result.ok and "output 2" in result.message and "[17]" in result.message
 
 
+def test_a_comparison_in_chunks_judges_as_one_over_the_whole_output(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Chunks of 4 elements: the scale comes from the largest value in any chunk, and the
+    # message counts and places failures over the whole output.
+    monkeypatch.setattr(verify, "COMPARE_CHUNK", 4)
+    want = torch.zeros(3, 5)
+    want[2, 4] = 1e4  # the last chunk sets the scale: atol 1e-5 x 1e4 = 0.1
+    got = want.clone()
+    got[0, 1] = 0.05  # within the scaled tolerance, in the first chunk
+    assert verify.compare(got, want).ok
+    got[1, 3] = 0.5
+    got[2, 0] = 0.5
+    result = verify.compare(got, want)
+    assert not result.ok
+    assert "2 of 15 elements" in result.message and "first at [1, 3]" in result.message
+    assert result.max_abs_err == pytest.approx(0.5)
+    ints = torch.arange(10)
+    wrong = ints.clone()
+    wrong[9] = -1
+    result = verify.compare(wrong, ints)
+    assert "1 of 10 elements differ, first at [9]" in result.message
+
+
 def test_nan_never_passes_for_a_number() -> None:
     want = torch.ones(4)
     got = want.clone()
