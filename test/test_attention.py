@@ -171,9 +171,9 @@ def test_the_backend_runs_attention_as_a_task(causal: bool, tmp_path: Any, monke
     monkeypatch.setenv("KOPE_HOME", str(tmp_path))
     # Verification's trial seeds follow the task's key, which names the machine: fixed here, so
     # that which trials run is the same on every machine. (With an AMD EPYC's key, the
-    # nonfinite trial gave a causal row whose one visible score was -inf: ATen's attention
-    # gives 0 there, torch-mlir's lowering of its decomposition NaN, so the reference was
-    # refused and ATen ran it. That is verification doing its job, and an open difference.)
+    # nonfinite trial gave a causal row whose one visible score was -inf and whose hidden
+    # ones +inf: PyTorch's decomposition made it NaN where ATen gives 0, and the reference was
+    # refused; KOPE's own decomposition hides them now, `test_reference`.)
     monkeypatch.setattr(measuring, "seed_for", lambda key: 0)
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 2, 24, 32) for _ in range(3))

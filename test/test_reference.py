@@ -300,6 +300,31 @@ def test_clamp_decompositions_agree_with_eager_on_special_values() -> None:
         torch.testing.assert_close(decomposed[op](*args), op(*args), equal_nan=True, msg=str(op))
 
 
+def test_causal_attention_reference_hides_a_masked_infinite_score() -> None:
+    """Row 0 of a causal attention sees key 0 alone, whose score is -inf; the keys it does not
+    see score +inf. Eager hides them (the row attends to nothing: 0); PyTorch's decomposition
+    added -inf to them, which made the row NaN and the reference refused on the trial."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 4, 8) for _ in range(3))
+    q[0, 0, 0, 0] = INF
+    k[0, 0, 0, 0], k[0, 0, 1:, 0] = -1.0, 1.0
+
+    def causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    want = causal(q, k, v)
+    assert torch.equal(want[0, 0, 0], torch.zeros(8))
+    op = aten._scaled_dot_product_flash_attention_for_cpu.default
+    traced = make_fx(causal, REFERENCE_DECOMPOSITIONS, tracing_mode="fake")(q, k, v)
+    assert all(n.target is not op for n in traced.graph.nodes)
+    got = traced(q, k, v)
+    torch.testing.assert_close(got, want)
+    assert got.stride() == want.stride()
+    heads_inner = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
+    got = make_fx(causal, REFERENCE_DECOMPOSITIONS, tracing_mode="fake")(*heads_inner)
+    assert got(*heads_inner).stride() == causal(*heads_inner).stride()  # q's layout, as eager's
+
+
 def test_nan_to_num_reference_verifies_against_its_own_dtype(cpu: CpuTarget) -> None:
     """nan_to_num puts its dtype's largest finite value for Inf: the float64 oracle's rounds to
     Inf in float32, and the correct reference mismatched; its oracle runs in float32."""

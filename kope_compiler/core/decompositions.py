@@ -12,7 +12,9 @@ the running extreme (`arith.cmpf ogt`/`olt`), which a NaN never wins and which n
 the extreme is NaN, so a row with a NaN gets the index of its extreme before the first NaN;
 eager takes a NaN for the extreme and returns the first NaN's index. Its clamp, hardtanh (relu6),
 threshold, maximum and minimum turn a NaN into a number; eager keeps it. Its ELU computes
-`exp(x) - 1`, which loses what eager's `expm1` keeps for x near 0.
+`exp(x) - 1`, which loses what eager's `expm1` keeps for x near 0. PyTorch's own decomposition
+of the CPU attention masks a causal attention's hidden keys by adding -inf, which makes a hidden
++inf score NaN where eager hides it.
 
 Interpolations (`F.interpolate`) are native kernels in eager, but PyTorch's tracer takes them
 apart: Python kernels registered at the Autograd and CompositeImplicitAutograd keys, which run
@@ -225,6 +227,45 @@ def celu(x: torch.Tensor, alpha: float = 1.0) -> Any:
     return elu(x, alpha, 1.0, 1.0 / alpha)
 
 
+def flash_attention_for_cpu(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    attn_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> Any:
+    """`aten._scaled_dot_product_flash_attention_for_cpu` (what `scaled_dot_product_attention`
+    runs on the CPU) as eager computes it: a key the causal mask hides has its score set to
+    -inf, where PyTorch's decomposition adds -inf, which makes a hidden +inf score NaN and
+    the row NaN (eager: the row's visible keys only); a row with every score -inf attends to
+    nothing (0). The output in eager's layout (q's: heads inner or not), with the log-sum-exp
+    of each row's scores. NotImplemented with dropout."""
+    if dropout_p != 0.0:
+        return NotImplemented
+    if key.shape[1] != query.shape[1]:  # grouped heads: each group's k and v shared
+        groups = query.shape[1] // key.shape[1]
+        key = key.repeat_interleave(groups, dim=1)
+        value = value.repeat_interleave(groups, dim=1)
+    factor = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+    root = math.sqrt(factor)  # both operands scaled by the root, as eager's math path does
+    scores = torch.matmul(query * root, (key * root).transpose(-2, -1))
+    if attn_mask is not None:
+        scores = scores + attn_mask  # a boolean mask reaches here as 0 / -inf, as in eager
+    if is_causal:
+        rows = torch.arange(query.shape[-2], device=query.device).unsqueeze(-1)
+        hidden = torch.arange(key.shape[-2], device=query.device) > rows  # top-left aligned
+        scores = torch.where(hidden, -math.inf, scores)
+    weights = torch.softmax(scores, dim=-1)
+    nothing = (scores == -math.inf).all(dim=-1, keepdim=True)
+    output = torch.matmul(torch.where(nothing, 0.0, weights), value)
+    if query.transpose(1, 2).is_contiguous() and not query.is_contiguous():
+        output = output.transpose(1, 2).contiguous().transpose(1, 2)  # q's layout, as eager's
+    return output, torch.logsumexp(scores, dim=-1)
+
+
 # Operators whose torch-mlir lowering computes something else than eager: their reference
 # lowering is imported from these (see the module docstring).
 REFERENCE_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
@@ -245,6 +286,7 @@ REFERENCE_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten.minimum.default: minimum,
     aten.elu.default: elu,  # torch-mlir's exp(x) - 1 loses what expm1 keeps near 0
     aten.celu.default: celu,
+    aten._scaled_dot_product_flash_attention_for_cpu.default: flash_attention_for_cpu,
 }
 
 
