@@ -319,6 +319,39 @@ def test_stored_contaminated_agent_figures_leave_eager_until_a_clean_confirmatio
     assert winner(store.attempts(relu_task.key)).clean
 
 
+def test_a_process_re_times_several_claims_and_the_fastest_confirmed_runs(
+    relu_task: Task, tmp_path: Path
+) -> None:
+    # Three kernels a precompile beside load claimed wins for, the one found first slowest.
+    target = ScriptedTarget()
+    store = store_with(tmp_path, relu_task, target)
+    measuring.measure_reference(relu_task, target, store)  # clean: eager beats the reference
+    kernels = {
+        f"{AGENT_KERNEL}// {name}\n": (claimed, quiet)
+        for name, claimed, quiet in [
+            ("first", 30.0, 80.0),
+            ("fastest", 20.0, 50.0),
+            ("third", 40.0, 60.0),
+        ]
+    }
+    for text, (claimed, quiet) in kernels.items():
+        store.add_attempt(agent_attempt(relu_task, claimed, TIMING_CONTAMINATED), text)
+        target.latencies[text] = [quiet]
+    choice = choose(relu_task, target, store, "auto")
+    assert choice.kernel == "agent" and choice.kernel_us == 50.0
+    assert target.calls[1:] == list(kernels)  # each confirmed once, in the order found
+    # A busy machine stops the re-timing at the first disturbed confirmation.
+    measuring.MEASURED.clear()
+    store = store_with(tmp_path / "busy", relu_task, target)
+    measuring.measure_reference(relu_task, target, store)
+    for text, (claimed, _) in kernels.items():
+        store.add_attempt(agent_attempt(relu_task, claimed, TIMING_CONTAMINATED), text)
+    target.calls.clear()
+    target.quality = TIMING_CONTAMINATED
+    assert choose(relu_task, target, store, "auto").kernel == "eager"
+    assert len(target.calls) == 1
+
+
 def test_a_win_that_does_not_reproduce_is_not_taken(relu_task: Task, tmp_path: Path) -> None:
     target = ScriptedTarget()
     target.latencies[AGENT_KERNEL] = [101.0]  # the re-measurement: no faster than eager

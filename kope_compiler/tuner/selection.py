@@ -14,7 +14,8 @@ previous clean choice) runs until a clean figure exists. A figure means the thre
 was measured with: under another count the Task is measured again, as if unseen.
 
 A Task whose choice does not rest on clean figures (contaminated, or measured before KOPE
-judged timings) is re-measured once per process at compile. A Task with no attempts under its
+judged timings) is re-measured once per process at compile (up to three of its claims,
+`kope.tuner.measuring.REMEASURED_CANDIDATES`). A Task with no attempts under its
 key (a new KOPE or torch version makes new keys) re-validates the confirmed agent kernel of the
 same workload on the same hardware under an older target key, instead of starting over.
 """
