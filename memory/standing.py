@@ -11,7 +11,7 @@ of a confirmation, the whole-graph check and the heuristic agent's climb.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from kope.memory.schema import AttemptRecord
@@ -63,6 +63,9 @@ class Standing:
     challenger: AttemptRecord | None = None
     legacy: bool = False
     refuted: AttemptRecord | None = None
+    # Verified kernels whose every figure load disturbed, whatever those figures say (a win or
+    # a loss), in the order found: what a quiet re-measurement may still settle.
+    unsettled: list[AttemptRecord] = field(default_factory=list)
 
     @property
     def best(self) -> AttemptRecord | None:
@@ -189,7 +192,24 @@ def winner(attempts: Sequence[AttemptRecord], threads: int | None = None) -> Sta
         challenger = first_of_the_fastest(in_found_order(steady), speedup_over_baseline)
     else:
         challenger = next(iter(in_found_order(open_)), None)
-    return Standing(pinned, baseline, eager, challenger, refuted=failed[-1] if failed else None)
+    unsettled: dict[str, AttemptRecord] = {}
+    for a in in_found_order(comparable):
+        if (
+            a.artifact
+            and a.confirms is None
+            and a.verdict == VERIFIED
+            and a.source not in (SOURCE_EAGER, SOURCE_GRAPH)
+            and a.artifact not in timed_clean
+        ):
+            unsettled.setdefault(a.artifact, a)
+    return Standing(
+        pinned,
+        baseline,
+        eager,
+        challenger,
+        refuted=failed[-1] if failed else None,
+        unsettled=list(unsettled.values()),
+    )
 
 
 def first_of_the_fastest(candidates: Iterable[T], speed: Callable[[T], float]) -> T | None:

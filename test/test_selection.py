@@ -352,6 +352,31 @@ def test_a_process_re_times_several_claims_and_the_fastest_confirmed_runs(
     assert len(target.calls) == 1
 
 
+def test_kernels_whose_figures_load_disturbed_are_re_timed_whatever_they_claimed(
+    relu_task: Task, tmp_path: Path
+) -> None:
+    # Beside load a two-thread eager suffered less than the kernels: they timed as losses
+    # (0.75x), the reference as a win; quietly the reference loses and a kernel wins.
+    target = ScriptedTarget(reference_us=EAGER_US / 4)
+    target.quality = TIMING_CONTAMINATED
+    store = store_with(tmp_path, relu_task, target)
+    measuring.measure_reference(relu_task, target, store)
+    kernels = {f"{AGENT_KERNEL}// {name}\n": quiet for name, quiet in [("a", 90.0), ("b", 70.0)]}
+    for text, quiet in kernels.items():
+        store.add_attempt(agent_attempt(relu_task, EAGER_US / 0.75, TIMING_CONTAMINATED), text)
+        target.latencies[text] = [quiet]
+    standing = winner(store.attempts(relu_task.key), torch.get_num_threads())
+    assert [a.source for a in standing.unsettled] == [SOURCE_REFERENCE, SOURCE_AGENT, SOURCE_AGENT]
+    measuring.MEASURED.clear()
+    target.quality = TIMING_CLEAN
+    target.reference_us = EAGER_US / 0.07
+    target.calls.clear()
+    choice = choose(relu_task, target, store, "auto")
+    assert choice.kernel == "agent" and choice.kernel_us == 70.0
+    assert target.calls == [relu_task.payload, *kernels]  # the reference's claim first
+    assert not winner(store.attempts(relu_task.key), torch.get_num_threads()).unsettled
+
+
 def test_a_win_that_does_not_reproduce_is_not_taken(relu_task: Task, tmp_path: Path) -> None:
     target = ScriptedTarget()
     target.latencies[AGENT_KERNEL] = [101.0]  # the re-measurement: no faster than eager

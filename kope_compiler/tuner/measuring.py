@@ -43,9 +43,9 @@ CONFIRM_SEED = 7919  # a confirmation times fresh inputs, not those of the figur
 # re-measured once per process, not at every graph that holds it.
 MEASURED: set[tuple[str, int]] = set()
 # ... and that once re-times at most this many of its candidates, one after another while
-# each confirmation is clean and another figure still claims a win: load can rank the kernel
-# the search found first above a faster one, and a store precompiled beside load holds
-# several such claims per Task.
+# each confirmation is clean: the claimed winner, then other claims, then kernels whose every
+# figure load disturbed. Load ranks the load, not the kernels: beside 2x load a layer norm's
+# kernels timed 0.75x a two-thread eager (a loss, so no claim) and 1.35x quiet.
 REMEASURED_CANDIDATES = 3
 
 
@@ -325,11 +325,12 @@ def remeasure(
 ) -> list[AttemptRecord]:
     """Re-time the task's stored choice now; returns the new attempts.
 
-    The candidate that wins on an unconfirmed figure is confirmed, and while that confirmation
-    is clean the next such candidate too, up to `REMEASURED_CANDIDATES` (the fastest confirmed
-    pins); else the pinned kernel is re-confirmed (its new confirmation replaces the stale
-    figure); with eager chosen, the baseline is measured against eager again (and confirmed if
-    it now wins)."""
+    The candidate that wins on an unconfirmed figure is confirmed; else the pinned kernel is
+    re-confirmed (its new confirmation replaces the stale figure); with eager chosen, the
+    baseline is measured against eager again (and confirmed if it now wins). While each
+    measurement is clean, the next claimed win is confirmed, then the kernels whose every
+    figure load disturbed, up to `REMEASURED_CANDIDATES` confirmations (the fastest confirmed
+    pins)."""
     events = recording(store, events)
     store.refresh()
     events.emit(task_seen(task, target))
@@ -338,16 +339,24 @@ def remeasure(
     before = {a.id for a in store.attempts(task.key)}
     standing = winner(store.attempts(task.key), threads)
     candidate = standing.challenger or standing.pinned
+    tried: set[str | None] = set()
     if candidate is None:
-        measure_reference(task, target, store, events)
+        reference = measure_reference(task, target, store, events)
+        if reference.timing_quality == TIMING_CLEAN:
+            standing = winner(store.attempts(task.key), threads)
+            candidate = standing.challenger or next(iter(standing.unsettled), None)
     for _ in range(REMEASURED_CANDIDATES):
         if candidate is None:
             break
         if candidate.confirms is not None:  # re-confirm the kernel, naming its first figure
             first = store.record(candidate.confirms)
             candidate = first if isinstance(first, AttemptRecord) else candidate
+        tried.add(candidate.artifact)
         attempt = confirm(task, target, store, candidate, events)
         if attempt is None or attempt.timing_quality != TIMING_CLEAN:
             break  # the machine is busy now: the next candidate would be timed no cleaner
-        candidate = winner(store.attempts(task.key), threads).challenger
+        standing = winner(store.attempts(task.key), threads)
+        candidate = standing.challenger or next(
+            (a for a in standing.unsettled if a.artifact not in tried), None
+        )
     return [a for a in store.attempts(task.key) if a.id not in before]
