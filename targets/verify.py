@@ -732,11 +732,7 @@ def _as_int(t: torch.Tensor) -> torch.Tensor:
 
 def _unravel(flat_index: int, shape: Sequence[int]) -> tuple[int, ...]:
     """The multi-dimensional index of element `flat_index` of a row-major tensor of `shape`."""
-    where = []
-    for size in reversed(shape):
-        flat_index, rest = divmod(flat_index, size)
-        where.append(rest)
-    return tuple(reversed(where))
+    return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat_index), tuple(shape)))
 
 
 def inputs_unchanged(before: Sequence[torch.Tensor], after: Sequence[torch.Tensor]) -> str | None:

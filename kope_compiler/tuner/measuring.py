@@ -340,11 +340,17 @@ def remeasure(
     standing = winner(store.attempts(task.key), threads)
     candidate = standing.challenger or standing.pinned
     tried: set[str | None] = set()
+
+    def following() -> AttemptRecord | None:
+        """What to confirm next: a claimed win, else a kernel load left unsettled."""
+        standing = winner(store.attempts(task.key), threads)
+        unsettled = (a for a in standing.unsettled if a.artifact not in tried)
+        return standing.challenger or next(unsettled, None)
+
     if candidate is None:
         reference = measure_reference(task, target, store, events)
         if reference.timing_quality == TIMING_CLEAN:
-            standing = winner(store.attempts(task.key), threads)
-            candidate = standing.challenger or next(iter(standing.unsettled), None)
+            candidate = following()
     for _ in range(REMEASURED_CANDIDATES):
         if candidate is None:
             break
@@ -355,8 +361,5 @@ def remeasure(
         attempt = confirm(task, target, store, candidate, events)
         if attempt is None or attempt.timing_quality != TIMING_CLEAN:
             break  # the machine is busy now: the next candidate would be timed no cleaner
-        standing = winner(store.attempts(task.key), threads)
-        candidate = standing.challenger or next(
-            (a for a in standing.unsettled if a.artifact not in tried), None
-        )
+        candidate = following()
     return [a for a in store.attempts(task.key) if a.id not in before]
