@@ -73,6 +73,9 @@ CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool, 
     # 50 query rows: blocks of 4, 6 and 8 leave some over; 37 keys: a ragged chunk.
     "causal_ragged": ((2, 2, 50, 32), (2, 2, 37, 32), (2, 2, 37, 32), True, None),
     "ragged": ((1, 3, 13, 32), (1, 3, 45, 32), (1, 3, 45, 32), False, None),
+    # Whole chunks of keys, then a ragged rest scored a vector at a time.
+    "ragged_after_chunks": ((1, 2, 9, 32), (1, 2, 150, 32), (1, 2, 150, 32), False, None),
+    "causal_ragged_after_chunks": ((1, 2, 100, 32), (1, 2, 100, 32), (1, 2, 100, 32), True, None),
     # Values twice as deep as queries and keys: the weighted sum in groups.
     "value_depth": ((1, 2, 24, 16), (1, 2, 64, 16), (1, 2, 64, 128), False, None),
     "causal_more_queries": ((1, 2, 40, 64), (1, 2, 24, 64), (1, 2, 24, 64), True, None),

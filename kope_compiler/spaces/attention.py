@@ -28,7 +28,8 @@ Grouped heads (`enable_gqa`: k and v with fewer heads than q) read the head of k
 group shares.
 
 Under `causal` a block reads only the keys its last row may see. Any sequence lengths (a
-ragged last block of rows, a ragged last chunk of keys), head depths that are whole vectors,
+ragged last block of rows; a ragged last chunk of keys scored only up to the next whole
+vector, so a ViT's 197 keys cost 208 scores a row, not 256), head depths that are whole vectors,
 f32. The softmax is two passes over the block's scores in cache, not flash attention's
 online rescaling: a block's scores take R x keys x 4 bytes (8 rows of 4096 keys: 128 KB).
 """
@@ -46,6 +47,8 @@ from kope.vocabulary.layouts import LAYOUT_ATTR, span
 from kope.vocabulary.layouts import strided as strided_layout
 
 _FUNCTION = "kope_attention"
+# A loop over keys: begin, stop, vectors of keys a step, whether it masks keys past a row's limit.
+Span = tuple[int | str, int | str, int, bool]
 
 
 def fits(attention: Attention, config: dict[str, Any]) -> bool:
@@ -182,7 +185,9 @@ class _Writer(VectorWriter):
         self.threads = int(config.get("threads", 1))
         self.group = int(config["values"])  # V's vectors per pass of the weighted sum
         self.per_thread = a.pairs // self.threads
-        self.padded_keys = math.ceil(a.keys / self.chunk) * self.chunk
+        # Keys padded to whole vectors, not whole chunks: a ragged last chunk is scored a
+        # vector at a time (`key_spans`), so 65 keys cost 80 scores a row, not 128.
+        self.padded_keys = math.ceil(a.keys / self.lanes) * self.lanes
         n, lq, lk = a.pairs, a.queries, a.keys
         kv_heads = a.heads // a.group
         shapes = {
@@ -218,7 +223,7 @@ class _Writer(VectorWriter):
         self.mask_at: list[str] = []  # the mask's image and head indices of the pair
         # Keys past the end, or (causal) after a row, are masked: not where every chunk is
         # whole and nothing is causal.
-        self.masked = a.causal or a.keys % self.chunk != 0
+        self.masked = a.causal or a.keys % self.lanes != 0
 
     def function(self) -> str:
         a, lanes = self.a, self.lanes
@@ -433,9 +438,9 @@ class _Writer(VectorWriter):
             last = self.add(i0, rows)
             seen = self.fresh("kend")
             self.emit(f"{seen} = arith.minui {last}, {self.index(a.keys)} : index")
-            score_end, value_end = seen, seen
+            spans, value_end = self.key_spans(seen), seen
         else:
-            score_end, value_end = self.index(self.padded_keys), self.index(a.keys)
+            spans, value_end = self.key_spans(None), self.index(a.keys)
         if self.masked:
             for r in range(rows):
                 bound = self.index(a.keys)
@@ -448,21 +453,62 @@ class _Writer(VectorWriter):
                 self.emit(f"{as_int} = arith.index_cast {bound} : index to i32")
                 self.emit(f"{vector} = vector.broadcast {as_int} : i32 to {self.ivec}")
                 limits.append(vector)
-        maxima = self.scores(rows, i0, scores, kt, score_end, limits)
-        weights, inverse = self.softmax(rows, maxima, score_end)
+        maxima = ["%ninfs"] * rows
+        for begin, stop, vectors, masked in spans:
+            scores, maxima = self.scores(
+                rows, i0, scores, maxima, kt, (begin, stop, vectors), limits if masked else []
+            )
+        weights, inverse = self.softmax(rows, scores, maxima, spans)
         return self.weighted_sum(rows, i0, out, weights, inverse, value_end), weights
 
-    def scores(self, rows: int, i0: str, scores: str, kt: str, end: str, limits: list[str]) -> str:
-        """`result#0`: the scratch with the block's scaled, masked scores; `result#1..`: each
-        row's running maximum, a vector."""
-        cv, lanes = self.chunk_vectors, self.lanes
+    def key_spans(self, seen: str | None) -> list[Span]:
+        """The keys a block scores, as loops (begin, stop, vectors a step, whether keys past a
+        row's limit are in it): whole chunks, then the ragged rest up to the next whole vector
+        (in one step; a vector a step under `causal`, where the rest differs by block). All
+        keys where `seen` is None; under `causal`, the first `seen` (an SSA index: the
+        block's last row's), every loop masked."""
+        chunk, lanes = self.chunk, self.lanes
+        if seen is None:
+            whole = self.a.keys - self.a.keys % chunk
+            spans: list[Span] = []
+            if whole:
+                spans.append((0, whole, self.chunk_vectors, False))
+            if whole < self.padded_keys:  # one step of fewer vectors than a chunk
+                rest = (self.padded_keys - whole) // lanes
+                spans.append((whole, self.padded_keys, rest, self.masked))
+            return spans
+        chunks, chunked = self.fresh("kc"), self.fresh("kw")
+        self.emit(f"{chunks} = arith.divui {seen}, {self.index(chunk)} : index")
+        self.emit(f"{chunked} = arith.muli {chunks}, {self.index(chunk)} : index")
+        up, vectors, end = self.fresh("ku"), self.fresh("kn"), self.fresh("ke")
+        self.emit(f"{up} = arith.addi {seen}, {self.index(lanes - 1)} : index")
+        self.emit(f"{vectors} = arith.divui {up}, {self.index(lanes)} : index")
+        self.emit(f"{end} = arith.muli {vectors}, {self.index(lanes)} : index")
+        return [(0, chunked, self.chunk_vectors, True), (chunked, end, 1, True)]
+
+    def scores(
+        self,
+        rows: int,
+        i0: str,
+        scores: str,
+        maxima: list[str],
+        kt: str,
+        keys_from: tuple[int | str, int | str, int],
+        limits: list[str],
+    ) -> tuple[str, list[str]]:
+        """The scratch `scores` with the block's scaled scores of keys `begin` to `stop`
+        (`keys_from`, `cv` vectors a step) written, each masked past its row's `limits` where
+        given, and each row's running maximum (a vector, from `maxima`) over them."""
+        lanes = self.lanes
+        begin, stop, cv = keys_from
         result, j0, s = self.fresh("sc"), self.fresh("j"), self.fresh("s")
         running = [self.fresh("m") for _ in range(rows)]
         self.loop(
             result,
             j0,
-            (0, end, self.chunk),
-            [(s, scores, self.scores_type)] + [(m, "%ninfs", self.vec) for m in running],
+            (begin, stop, cv * lanes),
+            [(s, scores, self.scores_type)]
+            + [(m, init, self.vec) for m, init in zip(running, maxima, strict=True)],
         )
         q_rows = [self.add(i0, r) for r in range(rows)]
         q_starts = [self.row_start("q", row) for row in q_rows]
@@ -518,7 +564,7 @@ class _Writer(VectorWriter):
                 self.emit(f"{maximum} = arith.maximumf {maxima[r]}, {value} : {self.vec}")
                 maxima[r] = maximum
         self.end_loop([current, *maxima], [self.scores_type] + [self.vec] * rows)
-        return result
+        return f"{result}#0", [f"{result}#{r + 1}" for r in range(rows)]
 
     def apply_mask(self, value: str, row: str, key: str) -> str:
         """The scores `value` (of `row`, keys from `key`) with the mask added, or -inf where a
@@ -548,57 +594,64 @@ class _Writer(VectorWriter):
             self.emit(f"{result} = arith.addf {value}, {mask} : {self.vec}")
         return result
 
-    def softmax(self, rows: int, scored: str, end: str) -> tuple[str, list[str]]:
-        """`scored` (the `scores` loop: #0 the scratch, #1.. each row's running maximum) with
-        the scratch's scores replaced by exp(score - the row's maximum); the reciprocal of
-        each row's sum of them."""
+    def softmax(
+        self,
+        rows: int,
+        scores: str,
+        maxima: list[str],
+        spans: list[Span],
+    ) -> tuple[str, list[str]]:
+        """The scratch `scores` with the scores of `spans` replaced by exp(score - the row's
+        maximum, a vector of `maxima`); the reciprocal of each row's sum of them."""
         lanes = self.lanes
         shifts = []
         for r in range(rows):
             scalar, vector = self.fresh("rmax"), self.fresh("rmaxv")
             masked, shift = self.fresh("rnone"), self.fresh("rshift")
-            self.emit(
-                f"{scalar} = vector.reduction <maximumf>, {scored}#{r + 1} : {self.vec} into f32"
-            )
+            self.emit(f"{scalar} = vector.reduction <maximumf>, {maxima[r]} : {self.vec} into f32")
             # A row whose every score is -inf (all masked) shifts by 0: its weights are then
             # all 0, and so is its output, as ATen's attention gives (not exp(nan)).
             self.emit(f"{masked} = arith.cmpf oeq, {scalar}, %ninf : f32")
             self.emit(f"{shift} = arith.select {masked}, %zero, {scalar} : f32")
             self.emit(f"{vector} = vector.broadcast {shift} : f32 to {self.vec}")
             shifts.append(vector)
-        result, j0, s = self.fresh("ex"), self.fresh("j"), self.fresh("s")
-        sums = [self.fresh("l") for _ in range(rows)]
-        self.loop(
-            result,
-            j0,
-            (0, end, self.chunk),
-            [(s, f"{scored}#0", self.scores_type)]
-            + [(total, "%zeros", self.vec) for total in sums],
-        )
-        current, totals = s, list(sums)
-        for c in range(self.chunk_vectors):
-            key = self.add(j0, c * lanes)
-            for r in range(rows):
-                x = self.read(current, [self.index(r), key], self.scores_type, True)
-                shifted, weight, total = self.fresh("d"), self.fresh("e"), self.fresh("ls")
-                self.emit(f"{shifted} = arith.subf {x}, {shifts[r]} : {self.vec}")
-                self.emit(f"{weight} = math.exp {shifted} : {self.vec}")
-                self.emit(f"{total} = arith.addf {totals[r]}, {weight} : {self.vec}")
-                totals[r] = total
-                current = self.write(weight, current, [self.index(r), key], self.scores_type, True)
-        self.end_loop([current, *totals], [self.scores_type] + [self.vec] * rows)
+        weights, sums = scores, ["%zeros"] * rows
+        for begin, stop, vectors, _ in spans:
+            result, j0, s = self.fresh("ex"), self.fresh("j"), self.fresh("s")
+            running = [self.fresh("l") for _ in range(rows)]
+            self.loop(
+                result,
+                j0,
+                (begin, stop, vectors * lanes),
+                [(s, weights, self.scores_type)]
+                + [(total, init, self.vec) for total, init in zip(running, sums, strict=True)],
+            )
+            current, totals = s, list(running)
+            for c in range(vectors):
+                key = self.add(j0, c * lanes)
+                for r in range(rows):
+                    x = self.read(current, [self.index(r), key], self.scores_type, True)
+                    shifted, weight, total = self.fresh("d"), self.fresh("e"), self.fresh("ls")
+                    self.emit(f"{shifted} = arith.subf {x}, {shifts[r]} : {self.vec}")
+                    self.emit(f"{weight} = math.exp {shifted} : {self.vec}")
+                    self.emit(f"{total} = arith.addf {totals[r]}, {weight} : {self.vec}")
+                    totals[r] = total
+                    at = [self.index(r), key]
+                    current = self.write(weight, current, at, self.scores_type, True)
+            self.end_loop([current, *totals], [self.scores_type] + [self.vec] * rows)
+            weights, sums = f"{result}#0", [f"{result}#{r + 1}" for r in range(rows)]
         inverse = []
         for r in range(rows):
             scalar, reciprocal, vector = self.fresh("lsum"), self.fresh("rcp"), self.fresh("rv")
             empty, inverse_ = self.fresh("rnone"), self.fresh("rinv")
-            self.emit(f"{scalar} = vector.reduction <add>, {result}#{r + 1} : {self.vec} into f32")
+            self.emit(f"{scalar} = vector.reduction <add>, {sums[r]} : {self.vec} into f32")
             self.emit(f"{reciprocal} = arith.divf %one, {scalar} : f32")
             # A sum of 0 is a row with every score -inf (else its maximum adds exp(0) = 1).
             self.emit(f"{empty} = arith.cmpf oeq, {scalar}, %zero : f32")
             self.emit(f"{inverse_} = arith.select {empty}, %zero, {reciprocal} : f32")
             self.emit(f"{vector} = vector.broadcast {inverse_} : f32 to {self.vec}")
             inverse.append(vector)
-        return f"{result}#0", inverse
+        return weights, inverse
 
     def weighted_sum(
         self, rows: int, i0: str, out: str, weights: str, inverse: list[str], end: str
