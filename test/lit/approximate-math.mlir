@@ -61,3 +61,18 @@ func.func @double(%x: f64) -> f64 {
   %t = math.tanh %e : f64
   return %t : f64
 }
+
+// A division by a constant becomes a product by its reciprocal (GELU's x / sqrt(2)); a
+// division by a value, or by zero, stays.
+// CHECK-LABEL: func.func @divisions
+// CHECK: arith.mulf %{{.*}}, %{{.*}} : vector<8xf32>
+// CHECK: arith.divf %{{.*}}, %{{.*}} : vector<8xf32>
+// CHECK: arith.divf %{{.*}}, %{{.*}} : vector<8xf32>
+func.func @divisions(%x: vector<8xf32>, %y: vector<8xf32>) -> (vector<8xf32>, vector<8xf32>, vector<8xf32>) {
+  %sqrt2 = arith.constant dense<1.41421354> : vector<8xf32>
+  %zero = arith.constant dense<0.0> : vector<8xf32>
+  %a = arith.divf %x, %sqrt2 : vector<8xf32>
+  %b = arith.divf %x, %y : vector<8xf32>
+  %c = arith.divf %x, %zero : vector<8xf32>
+  return %a, %b, %c : vector<8xf32>, vector<8xf32>, vector<8xf32>
+}
