@@ -106,6 +106,18 @@ def _exp(b: _Builder, x: ir.Value) -> ir.Value:
     return b.select("OLT", x, b.const(_EXP_MIN), b.const(0.0), y)
 
 
+def _exp_of_nonpositive(b: _Builder, x: ir.Value) -> ir.Value:
+    """exp(x) for x <= 0 (erf's exp(-x^2), tanh's exp(-2|x|)): `_exp` without its overflow
+    handling, 2^n in one step (n is in [-126, 0] where the value is used)."""
+    n = math_d.floor(b.fma(x, b.const(_LOG2E), b.const(0.5)))
+    r = b.fma(n, b.const(-_LN2_HI), x)
+    r = b.fma(n, b.const(-_LN2_LO), r)
+    p = b.horner(r, _EXP_POLY)
+    p = b.add(b.fma(p, b.mul(r, r), r), b.const(1.0))
+    y = b.mul(p, _pow2(b, arith.fptosi(b.int_type, n)))
+    return b.select("OLT", x, b.const(_EXP_MIN), b.const(0.0), y)
+
+
 def _pow2(b: _Builder, exponent: ir.Value) -> ir.Value:
     """2^e for integer e in [-126, 127], from the exponent bits."""
     biased = arith.addi(exponent, b.int_const(127))
@@ -134,13 +146,13 @@ def _erf(b: _Builder, x: ir.Value) -> ir.Value:
     ax = math_d.absf(x)
     t = arith.divf(b.const(1.0), b.fma(ax, b.const(_ERF_P), b.const(1.0)))
     poly = b.horner(t, tuple(reversed(_ERF_A)) + (0.0,))
-    e = _exp(b, arith.negf(b.mul(ax, ax)))
+    e = _exp_of_nonpositive(b, arith.negf(b.mul(ax, ax)))
     y = arith.subf(b.const(1.0), b.mul(poly, e))
     return math_d.copysign(y, x)
 
 
 def _tanh(b: _Builder, x: ir.Value) -> ir.Value:
-    e = _exp(b, b.mul(math_d.absf(x), b.const(-2.0)))
+    e = _exp_of_nonpositive(b, b.mul(math_d.absf(x), b.const(-2.0)))
     y = arith.divf(arith.subf(b.const(1.0), e), b.add(b.const(1.0), e))
     return math_d.copysign(y, x)
 
