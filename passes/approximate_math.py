@@ -97,11 +97,11 @@ def _exp(b: _Builder, x: ir.Value) -> ir.Value:
     r2 = b.mul(r, r)
     p = b.horner(r, _EXP_POLY)
     p = b.add(b.fma(p, r2, r), b.const(1.0))
-    # 2^n = 2^(n >> 1) * 2^(n - (n >> 1)): n spans [-126, 128] where this value is used, and
-    # each half stays a normal number (2^128 alone would not be).
-    n_int = arith.fptosi(b.int_type, n)
-    half = arith.shrsi(n_int, b.int_const(1))
-    y = b.mul(b.mul(p, _pow2(b, half)), _pow2(b, arith.subi(n_int, half)))
+    # n spans [-126, 128] where this value is used; 2^128 is not a float, so n = 128 (x within
+    # 0.35 of the largest exp that is) is 2 * 2^127.
+    top = b.const(127.0)
+    y = b.mul(p, _pow2(b, arith.fptosi(b.int_type, arith.minimumf(n, top))))
+    y = b.mul(y, b.select("OGT", n, top, b.const(2.0), b.const(1.0)))
     y = b.select("OGT", x, b.const(_EXP_MAX), b.const(math.inf), y)
     return b.select("OLT", x, b.const(_EXP_MIN), b.const(0.0), y)
 
