@@ -157,6 +157,10 @@ def _tanh(b: _Builder, x: ir.Value) -> ir.Value:
     return math_d.copysign(y, x)
 
 
+# Set on a `math.exp` whose argument is never positive (a score minus its row's maximum, as
+# the attention kernels write it): the pass then drops the overflow handling.
+NONPOSITIVE = "kope.nonpositive"
+
 _REWRITES: dict[str, Callable[[_Builder, ir.Value], ir.Value]] = {
     "math.exp": _exp,
     "math.erf": _erf,
@@ -190,7 +194,10 @@ class ApproximateMath(ModulePass):
             op for op in nested_ops(module) if op.name in _REWRITES and _is_f32(op.results[0].type)
         ]
         for op in targets:
+            rewrite = _REWRITES[op.name]
+            if op.name == "math.exp" and NONPOSITIVE in op.attributes:
+                rewrite = _exp_of_nonpositive
             with ir.InsertionPoint(op), op.location:
-                value = _REWRITES[op.name](_Builder(op.operands[0]), op.operands[0])
+                value = rewrite(_Builder(op.operands[0]), op.operands[0])
             op.results[0].replace_all_uses_with(value)
             op.erase()

@@ -42,6 +42,7 @@ from typing import Any
 from torch_mlir import ir
 
 from kope.passes.analysis import Attention, PayloadInfo, heads_inner_strides, main_function
+from kope.passes.approximate_math import NONPOSITIVE
 from kope.spaces.writer import VectorWriter, blocks
 from kope.vocabulary.layouts import LAYOUT_ATTR, span
 from kope.vocabulary.layouts import strided as strided_layout
@@ -633,7 +634,8 @@ class _Writer(VectorWriter):
                     x = self.read(current, [self.index(r), key], self.scores_type, True)
                     shifted, weight, total = self.fresh("d"), self.fresh("e"), self.fresh("ls")
                     self.emit(f"{shifted} = arith.subf {x}, {shifts[r]} : {self.vec}")
-                    self.emit(f"{weight} = math.exp {shifted} : {self.vec}")
+                    # score - the row's maximum: never positive (`NONPOSITIVE`)
+                    self.emit(f"{weight} = math.exp {shifted} {{{NONPOSITIVE}}} : {self.vec}")
                     self.emit(f"{total} = arith.addf {totals[r]}, {weight} : {self.vec}")
                     totals[r] = total
                     at = [self.index(r), key]
