@@ -76,3 +76,15 @@ func.func @divisions(%x: vector<8xf32>, %y: vector<8xf32>) -> (vector<8xf32>, ve
   %c = arith.divf %x, %zero : vector<8xf32>
   return %a, %b, %c : vector<8xf32>, vector<8xf32>, vector<8xf32>
 }
+
+// An exp whose argument is never positive (`kope.nonpositive`, a score minus its row's
+// maximum) has no overflow handling: no +Inf, and 2^n in one step.
+// CHECK-LABEL: func.func @exp_nonpositive
+// CHECK-NOT: math.exp
+// CHECK-NOT: 0x7F800000
+// CHECK-NOT: arith.shrsi
+// CHECK: return
+func.func @exp_nonpositive(%x: vector<8xf32>) -> vector<8xf32> {
+  %e = math.exp %x {kope.nonpositive} : vector<8xf32>
+  return %e : vector<8xf32>
+}
