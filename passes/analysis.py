@@ -301,7 +301,9 @@ def _prepared(
     if approximate_math:
         from kope.passes.approximate_math import ApproximateMath
 
-        elements = [ApproximateMath(), *elements]
+        # After elementwise fusion, where an exp of x minus its row's maximum is one op's
+        # body (the approximation then needs no overflow handling), and cleaned up again.
+        elements = [*elements, ApproximateMath(), "canonicalize", "cse"]
     if narrow_f64:
         elements = [NarrowF64(), *elements]
     pm = build_pass_manager(elements, context)

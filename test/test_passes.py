@@ -270,3 +270,27 @@ def test_canonical_form_ignores_the_order_ops_were_emitted_in() -> None:
     assert one_way == other_way
     changed = _TWO_FILLS.format(first=_FILL_A, second=_FILL_B.format(value="3.0"))
     assert canonicalize_module_text(changed) != one_way
+
+
+@pytest.mark.parametrize(
+    ("name", "nonpositive"),
+    [("softmax", True), ("log_softmax", True), ("softmax_dim0", True), ("sigmoid", False)],
+)
+def test_an_exp_of_x_less_its_rows_maximum_drops_its_overflow_handling(
+    name: str, nonpositive: bool
+) -> None:
+    """softmax's exp(x - max) is never of a positive number, so its approximation needs no
+    overflow handling (the clamp of 2^n to 2^127); sigmoid's exp(-x) is of any sign."""
+    from kope.passes.analysis import prepare_payload
+    from kope.targets.cpu import CpuTarget
+
+    fn = {
+        "softmax": lambda x: torch.softmax(x, -1),
+        "log_softmax": lambda x: torch.log_softmax(x, -1),
+        "softmax_dim0": lambda x: torch.softmax(x, 0),
+        "sigmoid": lambda x: torch.sigmoid(x),
+    }[name]
+    task = partition(make_fx(fn, tracing_mode="fake")(torch.randn(6, 20)), CpuTarget()).tasks[0]
+    prepared = prepare_payload(task.payload, approximate_math=True)
+    assert "math.exp" not in prepared
+    assert ("arith.minimumf" not in prepared) is nonpositive
