@@ -487,6 +487,28 @@ class _Writer(VectorWriter):
         self.emit(f"{end} = arith.muli {vectors}, {self.index(lanes)} : index")
         return [(0, chunked, self.chunk_vectors, True), (chunked, end, 1, True)]
 
+    def key_loop(
+        self,
+        names: tuple[str, str],
+        keys_from: tuple[int | str, int | str, int],
+        scratch: str,
+        rows_from: list[str],
+    ) -> tuple[str, str, str, list[str]]:
+        """Open a loop over keys `begin` to `stop`, `vectors` of them a step (`keys_from`),
+        carrying the block's scratch and a vector per row (from `rows_from`): its results,
+        its key index, and the scratch's and the rows' names inside it."""
+        begin, stop, vectors = keys_from
+        result, j0, s = self.fresh(names[0]), self.fresh("j"), self.fresh("s")
+        running = [self.fresh(names[1]) for _ in rows_from]
+        self.loop(
+            result,
+            j0,
+            (begin, stop, vectors * self.lanes),
+            [(s, scratch, self.scores_type)]
+            + [(name, init, self.vec) for name, init in zip(running, rows_from, strict=True)],
+        )
+        return result, j0, s, running
+
     def scores(
         self,
         rows: int,
@@ -502,15 +524,7 @@ class _Writer(VectorWriter):
         given, and each row's running maximum (a vector, from `maxima`) over them."""
         lanes = self.lanes
         begin, stop, cv = keys_from
-        result, j0, s = self.fresh("sc"), self.fresh("j"), self.fresh("s")
-        running = [self.fresh("m") for _ in range(rows)]
-        self.loop(
-            result,
-            j0,
-            (begin, stop, cv * lanes),
-            [(s, scores, self.scores_type)]
-            + [(m, init, self.vec) for m, init in zip(running, maxima, strict=True)],
-        )
+        result, j0, s, running = self.key_loop(("sc", "m"), (begin, stop, cv), scores, maxima)
         q_rows = [self.add(i0, r) for r in range(rows)]
         q_starts = [self.row_start("q", row) for row in q_rows]
         keys = [self.add(j0, c * lanes) for c in range(cv)]
@@ -618,14 +632,8 @@ class _Writer(VectorWriter):
             shifts.append(vector)
         weights, sums = scores, ["%zeros"] * rows
         for begin, stop, vectors, _ in spans:
-            result, j0, s = self.fresh("ex"), self.fresh("j"), self.fresh("s")
-            running = [self.fresh("l") for _ in range(rows)]
-            self.loop(
-                result,
-                j0,
-                (begin, stop, vectors * lanes),
-                [(s, weights, self.scores_type)]
-                + [(total, init, self.vec) for total, init in zip(running, sums, strict=True)],
+            result, j0, s, running = self.key_loop(
+                ("ex", "l"), (begin, stop, vectors), weights, sums
             )
             current, totals = s, list(running)
             for c in range(vectors):
