@@ -94,13 +94,19 @@ class _Builder:
         return arith.select(cond, yes, no)
 
 
-def _exp(b: _Builder, x: ir.Value) -> ir.Value:
+def _exp_reduced(b: _Builder, x: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """exp(x) as 2^n * p: n = round(x / ln 2) (a float) and p = exp(x - n ln 2), the
+    polynomial; scaling by 2^n and the range's ends are the callers'."""
     n = math_d.floor(b.fma(x, b.const(_LOG2E), b.const(0.5)))
     r = b.fma(n, b.const(-_LN2_HI), x)
     r = b.fma(n, b.const(-_LN2_LO), r)
     r2 = b.mul(r, r)
     p = b.horner(r, _EXP_POLY)
-    p = b.add(b.fma(p, r2, r), b.const(1.0))
+    return n, b.add(b.fma(p, r2, r), b.const(1.0))
+
+
+def _exp(b: _Builder, x: ir.Value) -> ir.Value:
+    n, p = _exp_reduced(b, x)
     # n spans [-126, 128] where this value is used; 2^128 is not a float, so n = 128 (x within
     # 0.35 of the largest exp that is) is 2 * 2^127.
     top = b.const(127.0)
@@ -113,11 +119,7 @@ def _exp(b: _Builder, x: ir.Value) -> ir.Value:
 def _exp_of_nonpositive(b: _Builder, x: ir.Value) -> ir.Value:
     """exp(x) for x <= 0 (erf's exp(-x^2), tanh's exp(-2|x|)): `_exp` without its overflow
     handling, 2^n in one step (n is in [-126, 0] where the value is used)."""
-    n = math_d.floor(b.fma(x, b.const(_LOG2E), b.const(0.5)))
-    r = b.fma(n, b.const(-_LN2_HI), x)
-    r = b.fma(n, b.const(-_LN2_LO), r)
-    p = b.horner(r, _EXP_POLY)
-    p = b.add(b.fma(p, b.mul(r, r), r), b.const(1.0))
+    n, p = _exp_reduced(b, x)
     y = b.mul(p, _pow2(b, arith.fptosi(b.int_type, n)))
     return b.select("OLT", x, b.const(_EXP_MIN), b.const(0.0), y)
 
@@ -181,36 +183,35 @@ def _nonpositive(value: ir.Value, generic: ir.Operation) -> bool:
     shift = defining_op(value)
     if shift is not None:
         return shift.name == "arith.subf" and _less_its_maximum(shift, generic)
-    if not isinstance(value, ir.BlockArgument) or value.owner.owner.operation != generic:
-        return False
-    if value.arg_number >= len(generic.operands) - len(generic.results):
-        return False  # an output's element, not an input's
-    tensor = generic.operands[value.arg_number]
-    producer = defining_op(tensor)
+    tensor = _input_of(value, generic)
+    producer = defining_op(tensor) if tensor is not None else None
     if producer is None or producer.name != "linalg.generic":
         return False
     yielded = list(producer.regions[0].blocks[0].operations)[-1]
     return _nonpositive(yielded.operands[ir.OpResult(tensor).result_number], producer)
 
 
+def _input_of(value: ir.Value, generic: ir.Operation) -> ir.Value | None:
+    """The input tensor whose element `value` is, where it is one of `generic`'s block
+    arguments for an input (not an output)."""
+    if not isinstance(value, ir.BlockArgument) or value.owner.owner.operation != generic:
+        return None
+    index = value.arg_number
+    return generic.operands[index] if index < len(generic.operands) - len(generic.results) else None
+
+
 def _less_its_maximum(shift: ir.Operation, generic: ir.Operation) -> bool:
-    args = []
-    for value in shift.operands:
-        if not isinstance(value, ir.BlockArgument) or value.owner.owner.operation != generic:
-            return False
-        args.append(value.arg_number)
-    if any(index >= len(generic.operands) - len(generic.results) for index in args):
-        return False
-    x, m = (generic.operands[index] for index in args)
-    reduce = defining_op(m)
-    if reduce is None or reduce.name != "linalg.generic" or len(reduce.operands) != 2:
+    x, m = (_input_of(value, generic) for value in shift.operands)
+    reduce = defining_op(m) if m is not None else None
+    if x is None or reduce is None or reduce.name != "linalg.generic" or len(reduce.operands) != 2:
         return False
     body = [op.name for op in reduce.regions[0].blocks[0].operations]
     if body != ["arith.maximumf", "linalg.yield"]:
         return False
     maps = [ir.AffineMapAttr(a).value for a in generic.attributes["indexing_maps"]]
     reduced = [ir.AffineMapAttr(a).value for a in reduce.attributes["indexing_maps"]]
-    return reduce.operands[0] == x and [maps[args[0]], maps[args[1]]] == reduced
+    x_map, m_map = (maps[ir.BlockArgument(v).arg_number] for v in shift.operands)
+    return reduce.operands[0] == x and [x_map, m_map] == reduced
 
 
 def _is_f32(t: ir.Type) -> bool:

@@ -522,9 +522,8 @@ class _Writer(VectorWriter):
         """The scratch `scores` with the block's scaled scores of keys `begin` to `stop`
         (`keys_from`, `cv` vectors a step) written, each masked past its row's `limits` where
         given, and each row's running maximum (a vector, from `maxima`) over them."""
-        lanes = self.lanes
-        begin, stop, cv = keys_from
-        result, j0, s, running = self.key_loop(("sc", "m"), (begin, stop, cv), scores, maxima)
+        lanes, cv = self.lanes, keys_from[2]
+        result, j0, s, running = self.key_loop(("sc", "m"), keys_from, scores, maxima)
         q_rows = [self.add(i0, r) for r in range(rows)]
         q_starts = [self.row_start("q", row) for row in q_rows]
         keys = [self.add(j0, c * lanes) for c in range(cv)]
