@@ -254,12 +254,15 @@ class JitKernel:
         names = [f"i{index}" for index in range(len(self.inputs))]
         outs = [f"o{index}" for index in range(len(self.outputs))]
         # The function refers to this kernel's parts, not to the kernel: no reference cycle
-        # keeps an engine alive after its kernel is dropped (a worker loads hundreds).
+        # keeps an engine alive after its kernel is dropped (a worker loads hundreds). It
+        # holds what owns the code (`keep`: the engine or library), so that a call taken from
+        # a kernel nobody else holds (`build(...).bind().call`) never enters freed code.
         namespace: dict[str, Any] = {
             "prepared": functools.partial(prepared_input, self._packed_inputs),
             "empty": torch.empty,
             "fn": self._fn,
             "packed": self._packed,
+            "keep": self._keep,
         }
         lines = [f"def call({', '.join(names)}):"]
         for index, (name, layout) in enumerate(zip(names, self._layouts, strict=True)):

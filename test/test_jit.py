@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +57,25 @@ def test_non_contiguous_input_is_made_contiguous() -> None:
     task = _task(lambda t: t * 3, x.t().contiguous())
     kernel = build_kernel(task.spec, Kernel(task.payload))
     torch.testing.assert_close(kernel(x.t())[0], x.t() * 3)
+
+
+def test_a_call_outlives_the_kernel_it_was_taken_from() -> None:
+    """`build(...).bind().call` keeps the engine whose code it enters: once nothing else held
+    the kernel, the call entered freed code (a segfault), so it runs in a child process."""
+    script = (
+        "import gc, torch\n"
+        "from torch.fx.experimental.proxy_tensor import make_fx\n"
+        "from kope.frontend.partition import partition\n"
+        "from kope.targets.cpu import CpuTarget, build_kernel\n"
+        "from kope.vocabulary.kernels import Kernel\n"
+        "x = torch.randn(1001)\n"
+        "(task,) = partition(make_fx(torch.exp, tracing_mode='fake')(x), CpuTarget()).tasks\n"
+        "call = build_kernel(task.spec, Kernel(task.payload)).bind().call\n"
+        "gc.collect()\n"
+        "torch.testing.assert_close(call(x)[0], torch.exp(x))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_a_call_with_the_wrong_number_of_tensors_says_what_the_kernel_takes() -> None:
