@@ -1,18 +1,21 @@
-"""`kope-approximate-math`: f32 `math.exp`, `math.erf` and `math.tanh` as polynomials in arith ops.
+"""`kope-approximate-math`: f32 `math.exp`, `expm1`, `erf`, `tanh`, `log`, `log1p` as polynomials.
 
-LLVM lowers a vector `math.exp` to one scalar libm call per lane, which dominates softmax, GELU
-and the like once everything else is vectorized. Rewritten as range reduction plus a
-polynomial (Cephes-style `exp`, Abramowitz–Stegun 7.1.26 `erf`, `tanh` from `exp`), they
-vectorize with the rest of the loop. Accuracy (measured over dense grids): `exp` within
-1.5 ulp on normal results (0 below the normal range, ±Inf and NaN as IEEE says), `erf` within
-5e-7 absolute, `tanh` within 1e-7 absolute. An exp of a number never positive needs no
-overflow handling, which is a third of the polynomial's cost: erf's and tanh's own, softmax's
-and log-softmax's x minus its row's maximum (found in the payload: `_nonpositive`), and
-attention's (marked `NONPOSITIVE` by the kernel that writes it); 11-20% off those kernels
-here. A division by a constant becomes a product by
-its reciprocal (within an ulp; GELU divides every element by sqrt(2), and its kernel ran 9%
-faster without the divide). Replacing the other divisions (sigmoid's and SiLU's by
-1 + exp(-x)) by a reciprocal estimate and Newton steps made those kernels 10-15% slower
+LLVM lowers a vector `math.exp` (or `log`, ...) to one scalar libm call per lane, which
+dominates softmax, GELU, ELU, softplus and the like once everything else is vectorized.
+Rewritten as range reduction plus a polynomial (Cephes-style `exp` and `log`, `expm1` from
+`exp`'s reduction, Abramowitz–Stegun 7.1.26 `erf`, `tanh` from `exp`, `log1p` from `log` with
+Goldberg's correction), they vectorize with the rest of the loop. Accuracy (measured over dense
+grids): `exp` within 1.5 ulp on normal results (0 below the normal range, ±Inf and NaN as IEEE
+says), `erf` within 5e-7 absolute, `tanh` within 1e-7 absolute; `log`, `log1p` and `expm1`
+are held to a few ulp by `test_polynomial_math_stays_within_a_few_ulp`. An exp of a number
+never positive needs no overflow handling, which is a third of the polynomial's cost: erf's
+and tanh's own, softmax's and log-softmax's x minus its row's maximum (found in the payload:
+`_nonpositive`), and attention's (marked `NONPOSITIVE` by the kernel that writes it); 11-20%
+off those kernels here. An op on values that stay the same along a row keeps its libm call
+(`_same_along_rows`). A division by a constant becomes a product by its reciprocal (within
+an ulp; GELU divides every element by sqrt(2), and its kernel ran 9% faster without the
+divide). Replacing the other divisions (sigmoid's and SiLU's by 1 + exp(-x)) by a
+reciprocal estimate and Newton steps made those kernels 10-15% slower
 here: the divider runs beside the FMA units that the exp polynomial already fills. A kernel
 opts in by running this pass on its payload; the reference lowering never does.
 """
@@ -42,6 +45,20 @@ _EXP_POLY = (
 )
 _EXP_MAX = 88.72283905206835  # above: +Inf
 _EXP_MIN = -87.33654475055310  # below: 0 (results would be subnormal)
+_EXPM1_MIN = -88.0  # below: -1 (2^n would be 0, and n's bits are not a float's below it)
+_FLT_MIN = 1.17549435e-38  # the smallest normal f32: below it log scales x by 2^23
+_SQRT_HALF = 0.707106781186547524
+_LOG_POLY = (
+    7.0376836292e-2,
+    -1.1514610310e-1,
+    1.1676998740e-1,
+    -1.2420140846e-1,
+    1.4249322787e-1,
+    -1.6668057665e-1,
+    2.0000714765e-1,
+    -2.4999993993e-1,
+    3.3333331174e-1,
+)
 _ERF_P = 0.3275911
 _ERF_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 
@@ -95,18 +112,20 @@ class _Builder:
 
 
 def _exp_reduced(b: _Builder, x: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """exp(x) as 2^n * p: n = round(x / ln 2) (a float) and p = exp(x - n ln 2), the
-    polynomial; scaling by 2^n and the range's ends are the callers'."""
+    """exp(x) as 2^n * (1 + q): n = round(x / ln 2) (a float) and q = exp(x - n ln 2) - 1, the
+    polynomial (kept apart from its 1 for expm1, whose q is exact near 0); scaling by 2^n
+    and the range's ends are the callers'."""
     n = math_d.floor(b.fma(x, b.const(_LOG2E), b.const(0.5)))
     r = b.fma(n, b.const(-_LN2_HI), x)
     r = b.fma(n, b.const(-_LN2_LO), r)
     r2 = b.mul(r, r)
     p = b.horner(r, _EXP_POLY)
-    return n, b.add(b.fma(p, r2, r), b.const(1.0))
+    return n, b.fma(p, r2, r)
 
 
 def _exp(b: _Builder, x: ir.Value) -> ir.Value:
-    n, p = _exp_reduced(b, x)
+    n, q = _exp_reduced(b, x)
+    p = b.add(q, b.const(1.0))
     # n spans [-126, 128] where this value is used; 2^128 is not a float, so n = 128 (x within
     # 0.35 of the largest exp that is) is 2 * 2^127.
     top = b.const(127.0)
@@ -119,8 +138,8 @@ def _exp(b: _Builder, x: ir.Value) -> ir.Value:
 def _exp_of_nonpositive(b: _Builder, x: ir.Value) -> ir.Value:
     """exp(x) for x <= 0 (erf's exp(-x^2), tanh's exp(-2|x|)): `_exp` without its overflow
     handling, 2^n in one step (n is in [-126, 0] where the value is used)."""
-    n, p = _exp_reduced(b, x)
-    y = b.mul(p, _pow2(b, arith.fptosi(b.int_type, n)))
+    n, q = _exp_reduced(b, x)
+    y = b.mul(b.add(q, b.const(1.0)), _pow2(b, arith.fptosi(b.int_type, n)))
     return b.select("OLT", x, b.const(_EXP_MIN), b.const(0.0), y)
 
 
@@ -163,15 +182,67 @@ def _tanh(b: _Builder, x: ir.Value) -> ir.Value:
     return math_d.copysign(y, x)
 
 
+def _expm1(b: _Builder, x: ir.Value) -> ir.Value:
+    """exp(x) - 1 as 2^n q + (2^n - 1) (one rounding; n = 0 gives q itself, exact near 0),
+    with `_exp`'s overflow handling; -1 below the range, where 2^n is 0 or its bits are not."""
+    n, q = _exp_reduced(b, x)
+    top = b.const(127.0)
+    s = _pow2(b, arith.fptosi(b.int_type, arith.minimumf(n, top)))
+    y = b.fma(s, q, arith.subf(s, b.const(1.0)))
+    y = b.mul(y, b.select("OGT", n, top, b.const(2.0), b.const(1.0)))
+    y = b.select("OGT", x, b.const(_EXP_MAX), b.const(math.inf), y)
+    return b.select("OLT", x, b.const(_EXPM1_MIN), b.const(-1.0), y)
+
+
+def _log(b: _Builder, x: ir.Value) -> ir.Value:
+    """log(x) (Cephes' logf): x = m 2^e with m in [sqrt(1/2), sqrt(2)), log(m) by a polynomial
+    in m - 1, e ln 2 in two parts. A subnormal x is scaled into the normal range first; 0
+    gives -inf, +inf itself, a negative x or NaN NaN."""
+    subnormal = arith.cmpf(arith.CmpFPredicate.OLT, x, b.const(_FLT_MIN))
+    xs = arith.select(subnormal, b.mul(x, b.const(2.0**23)), x)
+    bits = arith.bitcast(b.int_type, xs)
+    exponent = arith.subi(arith.shrui(bits, b.int_const(23)), b.int_const(126))
+    mantissa_bits = arith.ori(arith.andi(bits, b.int_const(0x007FFFFF)), b.int_const(0x3F000000))
+    m = arith.bitcast(b.type, mantissa_bits)  # in [0.5, 1)
+    e = arith.sitofp(b.type, exponent)
+    e = arith.subf(e, arith.select(subnormal, b.const(23.0), b.const(0.0)))
+    low = arith.cmpf(arith.CmpFPredicate.OLT, m, b.const(_SQRT_HALF))
+    e = arith.subf(e, arith.select(low, b.const(1.0), b.const(0.0)))
+    f = arith.subf(arith.select(low, b.add(m, m), m), b.const(1.0))
+    z = b.mul(f, f)
+    y = b.mul(b.mul(b.horner(f, _LOG_POLY), f), z)
+    y = b.fma(e, b.const(_LN2_LO), y)
+    y = b.fma(z, b.const(-0.5), y)
+    y = b.fma(e, b.const(_LN2_HI), b.add(f, y))
+    y = b.select("OEQ", x, b.const(math.inf), x, y)
+    y = b.select("OEQ", x, b.const(0.0), b.const(-math.inf), y)
+    return b.select("ULT", x, b.const(0.0), b.const(math.nan), y)  # x < 0 or NaN
+
+
+def _log1p(b: _Builder, x: ir.Value) -> ir.Value:
+    """log(1 + x) with the digits 1 + x rounds away put back (Goldberg's correction, as
+    `kope-expand-log1p-expm1` writes it for the exact lowering): x where 1 + x is 1."""
+    u = b.add(x, b.const(1.0))
+    d = arith.subf(u, b.const(1.0))
+    y = b.mul(_log(b, u), arith.divf(x, d))
+    y = b.select("OEQ", d, b.const(0.0), x, y)
+    return b.select("OEQ", u, b.const(math.inf), u, y)
+
+
 # Set on a `math.exp` whose argument is never positive (a score minus its row's maximum, as
 # the attention kernels write it): the pass then drops the overflow handling.
 NONPOSITIVE = "kope.nonpositive"
 
 _REWRITES: dict[str, Callable[[_Builder, ir.Value], ir.Value]] = {
     "math.exp": _exp,
+    "math.expm1": _expm1,
     "math.erf": _erf,
     "math.tanh": _tanh,
+    "math.log": _log,
+    "math.log1p": _log1p,
 }
+#: The math ops this pass rewrites: a kernel whose payload has one may opt in.
+APPROXIMATED = frozenset(_REWRITES)
 
 
 def _nonpositive(value: ir.Value, generic: ir.Operation) -> bool:
@@ -214,6 +285,46 @@ def _less_its_maximum(shift: ir.Operation, generic: ir.Operation) -> bool:
     return reduce.operands[0] == x and [x_map, m_map] == reduced
 
 
+def _dims(expr: ir.AffineExpr) -> set[int]:
+    """The loop dims an indexing map's result reads (d0 + d2 for a window: both)."""
+    expr = expr.maybe_downcast()
+    if isinstance(expr, ir.AffineDimExpr):
+        return {expr.position}
+    if isinstance(expr, ir.AffineBinaryExpr):
+        return _dims(expr.lhs) | _dims(expr.rhs)
+    return set()
+
+
+def _same_along_rows(op: ir.Operation) -> bool:
+    """Whether `op`, in a linalg.generic's body, computes on elements that do not change along
+    the innermost loop (the row a vector covers): log-softmax's log of its row's sum, which
+    fusion moved into the loop over every element. Vectorized, such an op takes a splat that
+    LLVM computes with one scalar libm call; as a polynomial it would be computed across the
+    whole vector at every step (log-softmax on 129x513 ran 12% slower)."""
+    generic = op.parent
+    if generic is None or generic.name != "linalg.generic":
+        return False
+    maps = [ir.AffineMapAttr(a).value for a in generic.attributes["indexing_maps"]]
+    innermost = maps[0].n_dims - 1
+    pending = list(op.operands)
+    seen: dict[int, ir.Operation] = {}  # by id, each held: a freed wrapper's id is reused
+    while pending:
+        value = pending.pop()
+        if isinstance(value, ir.BlockArgument):
+            if value.owner.owner.operation != generic:
+                return False  # defined outside the body: nothing known of it
+            if any(innermost in _dims(e) for e in maps[value.arg_number].results):
+                return False
+            continue
+        producer = defining_op(value)
+        if producer is None or producer.name == "linalg.index":
+            return False
+        if id(producer) not in seen:
+            seen[id(producer)] = producer
+            pending.extend(producer.operands)
+    return True
+
+
 def _is_f32(t: ir.Type) -> bool:
     element = t.element_type if isinstance(t, ir.VectorType) else t
     return isinstance(element, ir.F32Type)
@@ -221,11 +332,14 @@ def _is_f32(t: ir.Type) -> bool:
 
 @dataclass
 class ApproximateMath(ModulePass):
-    """Replace f32 exp, erf and tanh by vectorizable polynomial approximations, and divisions
-    by a constant by products."""
+    """Replace f32 exp, expm1, erf, tanh, log and log1p by vectorizable polynomial
+    approximations, and divisions by a constant by products."""
 
     name = "kope-approximate-math"
-    summary = "f32 exp/erf/tanh as polynomials in arith ops (vectorizable); x / c as x * (1/c)"
+    summary = (
+        "f32 exp/expm1/erf/tanh/log/log1p as polynomials in arith ops (vectorizable); "
+        "x / c as x * (1/c)"
+    )
 
     def run(self, module: ir.Operation) -> None:
         for op in [op for op in nested_ops(module) if op.name == "arith.divf"]:
@@ -237,7 +351,9 @@ class ApproximateMath(ModulePass):
                 op.results[0].replace_all_uses_with(value)
                 op.erase()
         targets = [
-            op for op in nested_ops(module) if op.name in _REWRITES and _is_f32(op.results[0].type)
+            op
+            for op in nested_ops(module)
+            if op.name in _REWRITES and _is_f32(op.results[0].type) and not _same_along_rows(op)
         ]
         for op in targets:
             rewrite = _REWRITES[op.name]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import subprocess
@@ -294,3 +295,56 @@ def test_an_exp_of_x_less_its_rows_maximum_drops_its_overflow_handling(
     prepared = prepare_payload(task.payload, approximate_math=True)
     assert "math.exp" not in prepared
     assert ("arith.minimumf" not in prepared) is nonpositive
+
+
+def _grids() -> dict[str, torch.Tensor]:
+    """Dense grids over each function's range, and the values IEEE treats apart."""
+    specials = torch.tensor(
+        [0.0, -0.0, math.inf, -math.inf, math.nan, 1e-30, -1e-30, 1e-40, 1e-45, -1.0, -1e-8]
+        + [1e-8, 88.7, -88.7, 87.3, -87.4, 88.72, 88.73, -88.0, -88.1, 200.0, -200.0, 3e38]
+    )
+    wide = torch.linspace(-100, 100, 60_001)
+    near0 = torch.logspace(-30, 0, 20_001)
+    positive = torch.logspace(-45, 38.5, 60_001)
+    return {
+        "exp": torch.cat([wide, near0, -near0, specials]),
+        "expm1": torch.cat([wide, near0, -near0, specials]),
+        "log": torch.cat([positive, wide, specials]),
+        "log1p": torch.cat([positive, wide.clamp_min(-1), near0, -near0, specials]),
+    }
+
+
+@pytest.mark.parametrize(("name", "ulps"), [("exp", 2), ("expm1", 3), ("log", 2), ("log1p", 3)])
+def test_polynomial_math_stays_within_a_few_ulp(name: str, ulps: float) -> None:
+    """The polynomial forms against f64, over dense grids of their ranges: within `ulps` of
+    every normal result, within the smallest normal below them, and NaN, +-Inf and 0 exactly
+    where IEEE has them."""
+    from kope.passes.analysis import analyze, prepare_payload
+    from kope.spaces.cpu import schedule_space
+    from kope.spaces.kernels import kernel_source
+    from kope.targets.cpu import CpuTarget
+    from kope.vocabulary.kernels import Kernel
+
+    fn = getattr(torch, name)
+    grid = _grids()[name]
+    target = CpuTarget()
+    (task,) = partition(make_fx(fn, tracing_mode="fake")(grid), target).tasks
+    prepared = prepare_payload(task.payload, approximate_math=True)
+    assert f"math.{name}" not in prepared
+    space, _ = schedule_space(analyze(prepare_payload(task.payload)), target.capabilities())
+    config = next(c for c, _ in space if c.get("approximate_math"))
+    kernel = target.build(task.spec, Kernel(kernel_source(prepared, analyze(prepared), config)))
+    got = kernel.bind().call(grid)
+    got = (got[0] if isinstance(got, tuple) else got).double()
+    eager = fn(grid).double()
+    exact = fn(grid.double())
+    assert torch.equal(torch.isnan(got), torch.isnan(eager))
+    tiny = torch.finfo(torch.float32).tiny
+    special = ~torch.isfinite(exact) | (exact == 0) | (exact.abs() >= 2.0**128)
+    assert torch.equal(got[special & ~torch.isnan(eager)], eager[special & ~torch.isnan(eager)])
+    # Below the normal range: flushed to 0 or subnormal, both within tiny.
+    below = exact.abs() < tiny
+    assert ((got[below] - exact[below]).abs() < tiny).all()
+    normal = torch.isfinite(exact) & (exact.abs() >= tiny) & ~special
+    error = (got - exact)[normal].abs() / (exact[normal].abs() * torch.finfo(torch.float32).eps)
+    assert error.max().item() <= ulps, (name, error.max().item())

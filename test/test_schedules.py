@@ -149,6 +149,16 @@ REDUCTIONS = {
     ),
 }
 
+#: Activations built on log, log1p and expm1, whose first schedules compute them as polynomials
+#: (libm computed them one lane at a time: ELU ran 0.22x eager, softplus 0.41x).
+LOGARITHMIC = {
+    "log": (torch.log, (_x().abs(),)),
+    "elu": (lambda x: torch.nn.functional.elu(x), (_x(),)),
+    "softplus": (lambda x: torch.nn.functional.softplus(x), (_x() * 30,)),
+    "mish": (lambda x: torch.nn.functional.mish(x), (_x() * 30,)),
+    "logsigmoid": (lambda x: torch.nn.functional.logsigmoid(x), (_x() * 30,)),
+}
+
 #: Operators the agent does not schedule (no family covers them): it must say so, not fail.
 UNSCHEDULED = {"3x3_groups2"}
 
@@ -196,6 +206,15 @@ def test_convolution_schedules_verify(name: str, target: CpuTarget) -> None:
 def test_nan_sensitive_and_power_schedules_verify(name: str, target: CpuTarget) -> None:
     fn, args = ELEMENTWISE[name]
     _proposals_verify(name, fn, args, target)
+
+
+@pytest.mark.parametrize("name", sorted(LOGARITHMIC))
+def test_logarithmic_activations_take_polynomials_that_verify(name: str, target: CpuTarget) -> None:
+    fn, args = LOGARITHMIC[name]
+    (task,) = partition(make_fx(fn, tracing_mode="fake")(*args), target).tasks
+    proposal = HeuristicAgent(seed=0).propose(ProposalRequest(task_view(task, target)))
+    assert proposal is not None and proposal.config.get("approximate_math"), proposal
+    _task_proposals_verify(name, task, target)
 
 
 @pytest.mark.parametrize("name", sorted(REDUCTIONS))

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from kope.passes.analysis import CONTRACTIONS, OpInfo, PayloadInfo, PlainMatmul
+from kope.passes.approximate_math import APPROXIMATED
 from kope.spaces import attention, depthwise, im2col
 from kope.spaces.schedules import (
     CONVOLUTIONS,
@@ -35,7 +36,7 @@ from kope.spaces.schedules import (
 # Iterations above which threads are expected to pay off (the search's `learn` reads it too:
 # an attempt on the other side of it from an operator says nothing of its `threads` decision).
 BIG_WORK = 1 << 16
-APPROXIMABLE = {"math.exp", "math.erf", "math.tanh"}
+APPROXIMABLE = APPROXIMATED  # a payload with one of these math ops may opt in to polynomials
 # Rows operators from half of that on go either way (a 64x768 layer norm: 22.6 us on one
 # thread, 19.2 on two, eager 26.3), so both counts rank alike and both are tried early.
 EITHER_ROWS = BIG_WORK // 2
