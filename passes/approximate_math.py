@@ -3,14 +3,15 @@
 LLVM lowers a vector `math.exp` (or `log`, ...) to one scalar libm call per lane, which
 dominates softmax, GELU, ELU, softplus and the like once everything else is vectorized.
 Rewritten as range reduction plus a polynomial (Cephes-style `exp` and `log`, `expm1` from
-`exp`'s reduction, Abramowitz–Stegun 7.1.26 `erf`, `tanh` from `exp`, `log1p` from `log` with
+`exp`'s reduction, Abramowitz–Stegun 7.1.26 `erf`, `tanh` from `expm1`, `log1p` from `log` with
 Goldberg's correction), they vectorize with the rest of the loop. Accuracy (measured over dense
 grids): `exp` within 1.5 ulp on normal results (0 below the normal range, ±Inf and NaN as IEEE
-says), `erf` within 5e-7 absolute, `tanh` within 1e-7 absolute; `log`, `log1p` and `expm1`
-are held to a few ulp by `test_polynomial_math_stays_within_a_few_ulp`. An exp of a number
-never positive needs no overflow handling, which is a third of the polynomial's cost: erf's
-and tanh's own, softmax's and log-softmax's x minus its row's maximum (found in the payload:
-`_nonpositive`), and attention's (marked `NONPOSITIVE` by the kernel that writes it); 11-20%
+says), `erf` within 5e-7 absolute; `log`, `log1p`, `expm1` and `tanh` (relative, small
+arguments too) are held to a few ulp by `test_polynomial_math_stays_within_a_few_ulp`. An
+exp of a number never positive needs no overflow handling, which is a third of the
+polynomial's cost: erf's and tanh's own (tanh's an expm1), softmax's and log-softmax's x minus
+its row's maximum (found in the payload: `_nonpositive`), and attention's (marked
+`NONPOSITIVE` by the kernel that writes it); 11-20%
 off those kernels here. An op on values that stay the same along a row keeps its libm call
 (`_same_along_rows`). A division by a constant becomes a product by its reciprocal (within
 an ulp; GELU divides every element by sqrt(2), and its kernel ran 9% faster without the
@@ -177,9 +178,21 @@ def _erf(b: _Builder, x: ir.Value) -> ir.Value:
 
 
 def _tanh(b: _Builder, x: ir.Value) -> ir.Value:
-    e = _exp_of_nonpositive(b, b.mul(math_d.absf(x), b.const(-2.0)))
-    y = arith.divf(arith.subf(b.const(1.0), e), b.add(b.const(1.0), e))
+    """tanh |x| = e / (-2 - e) with e = expm1(-2|x|), its sign restored: e is exact near 0,
+    so a small x keeps its digits (from exp, (1 - e) / (1 + e) lost them: tanh(1e-5) came
+    out 3e-3 off), at exp's cost."""
+    e = _expm1_of_nonpositive(b, b.mul(math_d.absf(x), b.const(-2.0)))
+    y = arith.divf(e, arith.subf(b.const(-2.0), e))
     return math_d.copysign(y, x)
+
+
+def _expm1_of_nonpositive(b: _Builder, x: ir.Value) -> ir.Value:
+    """expm1(x) for x <= 0: `_expm1` without its overflow handling (n is in [-127, 0]; 2^-127
+    is 0 here, and 2^n q + (2^n - 1) then -1)."""
+    n, q = _exp_reduced(b, x)
+    s = _pow2(b, arith.fptosi(b.int_type, n))
+    y = b.fma(s, q, arith.subf(s, b.const(1.0)))
+    return b.select("OLT", x, b.const(_EXPM1_MIN), b.const(-1.0), y)
 
 
 def _expm1(b: _Builder, x: ir.Value) -> ir.Value:

@@ -311,10 +311,13 @@ def _grids() -> dict[str, torch.Tensor]:
         "expm1": torch.cat([wide, near0, -near0, specials]),
         "log": torch.cat([positive, wide, specials]),
         "log1p": torch.cat([positive, wide.clamp_min(-1), near0, -near0, specials]),
+        "tanh": torch.cat([wide, near0, -near0, specials]),
     }
 
 
-@pytest.mark.parametrize(("name", "ulps"), [("exp", 2), ("expm1", 3), ("log", 2), ("log1p", 3)])
+@pytest.mark.parametrize(
+    ("name", "ulps"), [("exp", 2), ("expm1", 3), ("log", 2), ("log1p", 3), ("tanh", 3)]
+)
 def test_polynomial_math_stays_within_a_few_ulp(name: str, ulps: float) -> None:
     """The polynomial forms against f64, over dense grids of their ranges: within `ulps` of
     every normal result, within the smallest normal below them, and NaN, +-Inf and 0 exactly
