@@ -32,6 +32,7 @@ from torch_mlir.dialects import arith
 from torch_mlir.dialects import math as math_d
 
 from kope.passes.base import ModulePass, defining_op, nested_ops
+from kope.passes.small_arguments import log1p_from_log
 
 _LOG2E = 1.44269504088896341
 _LN2_HI = 0.693359375
@@ -124,15 +125,22 @@ def _exp_reduced(b: _Builder, x: ir.Value) -> tuple[ir.Value, ir.Value]:
     return n, b.fma(p, r2, r)
 
 
+def _overflowing(
+    b: _Builder, x: ir.Value, n: ir.Value, scaled: Callable[[ir.Value], ir.Value]
+) -> ir.Value:
+    """`scaled(2^n)` for n up to 128 and +Inf above the largest exp that is a float: n spans
+    [-126, 128] where the value is used, and 2^128 is not a float, so n = 128 (x within 0.35
+    of that largest exp) is 2 * `scaled(2^127)`."""
+    top = b.const(127.0)
+    y = scaled(_pow2(b, arith.fptosi(b.int_type, arith.minimumf(n, top))))
+    y = b.mul(y, b.select("OGT", n, top, b.const(2.0), b.const(1.0)))
+    return b.select("OGT", x, b.const(_EXP_MAX), b.const(math.inf), y)
+
+
 def _exp(b: _Builder, x: ir.Value) -> ir.Value:
     n, q = _exp_reduced(b, x)
     p = b.add(q, b.const(1.0))
-    # n spans [-126, 128] where this value is used; 2^128 is not a float, so n = 128 (x within
-    # 0.35 of the largest exp that is) is 2 * 2^127.
-    top = b.const(127.0)
-    y = b.mul(p, _pow2(b, arith.fptosi(b.int_type, arith.minimumf(n, top))))
-    y = b.mul(y, b.select("OGT", n, top, b.const(2.0), b.const(1.0)))
-    y = b.select("OGT", x, b.const(_EXP_MAX), b.const(math.inf), y)
+    y = _overflowing(b, x, n, lambda s: b.mul(p, s))
     return b.select("OLT", x, b.const(_EXP_MIN), b.const(0.0), y)
 
 
@@ -199,11 +207,7 @@ def _expm1(b: _Builder, x: ir.Value) -> ir.Value:
     """exp(x) - 1 as 2^n q + (2^n - 1) (one rounding; n = 0 gives q itself, exact near 0),
     with `_exp`'s overflow handling; -1 below the range, where 2^n is 0 or its bits are not."""
     n, q = _exp_reduced(b, x)
-    top = b.const(127.0)
-    s = _pow2(b, arith.fptosi(b.int_type, arith.minimumf(n, top)))
-    y = b.fma(s, q, arith.subf(s, b.const(1.0)))
-    y = b.mul(y, b.select("OGT", n, top, b.const(2.0), b.const(1.0)))
-    y = b.select("OGT", x, b.const(_EXP_MAX), b.const(math.inf), y)
+    y = _overflowing(b, x, n, lambda s: b.fma(s, q, arith.subf(s, b.const(1.0))))
     return b.select("OLT", x, b.const(_EXPM1_MIN), b.const(-1.0), y)
 
 
@@ -233,13 +237,9 @@ def _log(b: _Builder, x: ir.Value) -> ir.Value:
 
 
 def _log1p(b: _Builder, x: ir.Value) -> ir.Value:
-    """log(1 + x) with the digits 1 + x rounds away put back (Goldberg's correction, as
-    `kope-expand-log1p-expm1` writes it for the exact lowering): x where 1 + x is 1."""
-    u = b.add(x, b.const(1.0))
-    d = arith.subf(u, b.const(1.0))
-    y = b.mul(_log(b, u), arith.divf(x, d))
-    y = b.select("OEQ", d, b.const(0.0), x, y)
-    return b.select("OEQ", u, b.const(math.inf), u, y)
+    """log(1 + x) with the digits 1 + x rounds away put back: the exact lowering's form
+    (`kope-expand-log1p-expm1`), its log the polynomial."""
+    return log1p_from_log(x, lambda u: _log(b, u))
 
 
 # Set on a `math.exp` whose argument is never positive (a score minus its row's maximum, as
@@ -284,6 +284,10 @@ def _input_of(value: ir.Value, generic: ir.Operation) -> ir.Value | None:
     return generic.operands[index] if index < len(generic.operands) - len(generic.results) else None
 
 
+def _indexing_maps(generic: ir.Operation) -> list[ir.AffineMap]:
+    return [ir.AffineMapAttr(a).value for a in generic.attributes["indexing_maps"]]
+
+
 def _less_its_maximum(shift: ir.Operation, generic: ir.Operation) -> bool:
     x, m = (_input_of(value, generic) for value in shift.operands)
     reduce = defining_op(m) if m is not None else None
@@ -292,10 +296,9 @@ def _less_its_maximum(shift: ir.Operation, generic: ir.Operation) -> bool:
     body = [op.name for op in reduce.regions[0].blocks[0].operations]
     if body != ["arith.maximumf", "linalg.yield"]:
         return False
-    maps = [ir.AffineMapAttr(a).value for a in generic.attributes["indexing_maps"]]
-    reduced = [ir.AffineMapAttr(a).value for a in reduce.attributes["indexing_maps"]]
+    maps = _indexing_maps(generic)
     x_map, m_map = (maps[ir.BlockArgument(v).arg_number] for v in shift.operands)
-    return reduce.operands[0] == x and [x_map, m_map] == reduced
+    return reduce.operands[0] == x and [x_map, m_map] == _indexing_maps(reduce)
 
 
 def _dims(expr: ir.AffineExpr) -> set[int]:
@@ -317,7 +320,7 @@ def _same_along_rows(op: ir.Operation) -> bool:
     generic = op.parent
     if generic is None or generic.name != "linalg.generic":
         return False
-    maps = [ir.AffineMapAttr(a).value for a in generic.attributes["indexing_maps"]]
+    maps = _indexing_maps(generic)
     innermost = maps[0].n_dims - 1
     pending = list(op.operands)
     seen: dict[int, ir.Operation] = {}  # by id, each held: a freed wrapper's id is reused

@@ -20,6 +20,7 @@ before the math dialect is lowered.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from torch_mlir import ir
@@ -41,13 +42,19 @@ def _where(predicate: str, a: ir.Value, b: ir.Value, yes: ir.Value, no: ir.Value
     return arith.select(arith.cmpf(getattr(arith.CmpFPredicate, predicate), a, b), yes, no)
 
 
-def _log1p(x: ir.Value) -> ir.Value:
+def log1p_from_log(x: ir.Value, log: Callable[[ir.Value], ir.Value]) -> ir.Value:
+    """log1p(x) by Goldberg's correction, taking the log of 1 + x from `log` (`math.log`
+    here; `kope-approximate-math` passes its polynomial)."""
     t = x.type
     u = arith.addf(x, _const(t, 1.0))
     d = arith.subf(u, _const(t, 1.0))
-    r = arith.mulf(math_d.log(u), arith.divf(x, d))
+    r = arith.mulf(log(u), arith.divf(x, d))
     r = _where("OEQ", d, _const(t, 0.0), x, r)
     return _where("OEQ", u, _const(t, float("inf")), u, r)
+
+
+def _log1p(x: ir.Value) -> ir.Value:
+    return log1p_from_log(x, math_d.log)
 
 
 def _expm1(x: ir.Value) -> ir.Value:
