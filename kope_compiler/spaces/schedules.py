@@ -414,6 +414,32 @@ def _contraction(info: PayloadInfo, config: Config) -> str:
     rows_multiple = mr * (1 if split_batch or split_columns else threads)
     columns_multiple = nr * (threads if split_columns else 1)
     handles = {op.index: s.match_op(op.index) for op in info.ops}
+    lead = [1] if batch else []
+    # Rows or columns that the register tile does not divide (k does): the last few are split
+    # off as products of their own, tiled by exactly their count, so that every tile is
+    # static without padding, which copies A, B and C into padded buffers and computes zeros
+    # (a 129x64x96 product took 1.6x its 128-row version's time, 1.05x split).
+    rows_left, columns_left = m % rows_multiple, n % columns_multiple
+    split = (
+        root.index == contraction.index
+        and not split_columns
+        and not k % kr
+        and (rows_left or columns_left)
+        and m > rows_multiple
+        and n > columns_multiple
+    )
+    if split:
+        rows_dim = 1 if batch else 0  # the columns' dim follows
+        if columns_left:
+            main, tail = _split_off(s, handles[contraction.index], rows_dim + 1, n - columns_left)
+            _tile_tail(s, tail, lead, m, rows_dim, (mr, columns_left, kr))
+            handles[contraction.index] = main
+        if rows_left:
+            main, tail = _split_off(s, handles[contraction.index], rows_dim, m - rows_left)
+            _tile_tail(s, tail, lead, rows_left, rows_dim, (mr, nr, kr))
+            handles[contraction.index] = main
+        m, n = m - rows_left, n - columns_left
+        root = contraction = replace(contraction, ranges=[*contraction.ranges[:-3], m, n, k])
     # Shapes the register tile does not divide are padded (with zeros, which add nothing to a
     # sum of products) so that every tile is static; a masked partial tile is several times
     # slower. Only when the contraction is the result: a consumer would read a padded slice.
@@ -469,13 +495,12 @@ def _contraction(info: PayloadInfo, config: Config) -> str:
         else:
             root_handle = tiled_root
         for op in reversed(info.ops):
-            if op.index == root.index:
-                continue
+            if op.index == root.index or (split and op.index in contraction.init_producers):
+                continue  # a split product's parts read one fill: it stays whole, outside
             fused, loop = s.fuse_into(handles[op.index], loop)
             handles[op.index] = fused
             if op.index == contraction.index:
                 c_handle = fused
-    lead = [1] if batch else []
     for index in inits:
         fill_tiled, _ = s.tile_for(handles[index], lead + [mr, nr])
     cached, _ = s.tile_for(c_handle, lead + [mc, nc, kc])
@@ -485,6 +510,37 @@ def _contraction(info: PayloadInfo, config: Config) -> str:
         consumer, _ = s.tile_for(root_handle, _vector_tile(root, mr, nr))
     s.vectorize_function("outerproduct")
     return s.text()
+
+
+def _split_off(s: Script, handle: str, dim: int, at: int) -> tuple[str, str]:
+    """Split the op `handle` along loop `dim` at `at`: handles of the part below and above."""
+    parts, low, high = s.fresh("parts"), s.fresh("low"), s.fresh("high")
+    s.emit(
+        f"{parts} = transform.structured.split {handle} after {at} "
+        f"{{dimension = {dim}}} : !transform.any_op"
+    )
+    s.emit(
+        f"{low}, {high} = transform.split_handle {parts} : "
+        "(!transform.any_op) -> (!transform.any_op, !transform.any_op)"
+    )
+    return low, high
+
+
+def _tile_tail(
+    s: Script, tail: str, lead: list[int], rows: int, rows_dim: int, register: tuple[int, int, int]
+) -> None:
+    """Tile and vectorize a part of a product split off (`_contraction`), of `rows` rows and
+    columns that `register`'s tile divides: whole register tiles of rows, then one tile of
+    the rows left."""
+    mr, nr, kr = register
+    left = rows % mr
+    if left and rows > mr:
+        tail, last = _split_off(s, tail, rows_dim, rows - left)
+        tiled, _ = s.tile_for(last, lead + [left, nr, kr])
+        s.vectorize(tiled, lead + [left, nr, kr])
+    tile = lead + [min(mr, rows), nr, kr]
+    tiled, _ = s.tile_for(tail, tile)
+    s.vectorize(tiled, tile)
 
 
 def _thread_tiles(
