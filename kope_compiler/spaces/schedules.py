@@ -9,8 +9,10 @@ Families:
   threads over an outer dimension (`scf.forall`, run by OpenMP), cache tiles, register tiles
   with the k-loop innermost (unrolled by the register tile's k), the accumulator tile hoisted
   into registers, contractions lowered to outer products (FMAs); a contraction that is the
-  result is padded to whole register tiles, other tiles that do not divide the shape are
-  vectorized with masks. With `pack`, a plain matmul (plus an elementwise epilogue: bias,
+  result has the rows and columns its register tile leaves over split off as products of
+  their own, each tiled statically (or, where k is ragged or threads split the columns, is
+  padded to whole register tiles); other tiles that do not divide the shape are vectorized
+  with masks. With `pack`, a plain matmul (plus an elementwise epilogue: bias,
   activation, gate, residual) takes B in panels of the register tile's width, packed once
   per weight by the caller (`packed_kernel`).
 - `rows` (reductions and elementwise ops over rows: softmax, layer norm, sums, maxima,
