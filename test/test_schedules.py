@@ -388,8 +388,8 @@ RAGGED_PRODUCTS = {
 def test_ragged_products_are_split_not_padded(name: str, threads: int, target: CpuTarget) -> None:
     """The rows and columns a product's register tile leaves over are split off as products
     of their own, each tiled statically, instead of padding A, B and C with zeros (copies of
-    all three, and the zeros computed: a 129x64x96 product took 1.6x its 128-row version's
-    time); every part is vectorized, and the kernel verifies."""
+    all three, and the zeros computed: a 129x64x96 product took 1.25x its 128-row version's
+    time on one thread); every part is vectorized, and the kernel verifies."""
     fn, args = RAGGED_PRODUCTS[name]
     (task,) = partition(make_fx(fn, tracing_mode="fake")(*args), target).tasks
     lanes = 8
