@@ -198,8 +198,17 @@ def _expm1_of_nonpositive(b: _Builder, x: ir.Value) -> ir.Value:
     """expm1(x) for x <= 0: `_expm1` without its overflow handling (n is in [-127, 0]; 2^-127
     is 0 here, and 2^n q + (2^n - 1) then -1)."""
     n, q = _exp_reduced(b, x)
-    s = _pow2(b, arith.fptosi(b.int_type, n))
-    y = b.fma(s, q, arith.subf(s, b.const(1.0)))
+    y = _expm1_scaled(b, q, _pow2(b, arith.fptosi(b.int_type, n)))
+    return _expm1_underflow(b, x, y)
+
+
+def _expm1_scaled(b: _Builder, q: ir.Value, s: ir.Value) -> ir.Value:
+    """2^n q + (2^n - 1), s = 2^n: exp(x) - 1 in one rounding (n = 0 gives q itself)."""
+    return b.fma(s, q, arith.subf(s, b.const(1.0)))
+
+
+def _expm1_underflow(b: _Builder, x: ir.Value, y: ir.Value) -> ir.Value:
+    """-1 below expm1's range, where 2^n is 0 or its bits are not."""
     return b.select("OLT", x, b.const(_EXPM1_MIN), b.const(-1.0), y)
 
 
@@ -207,8 +216,8 @@ def _expm1(b: _Builder, x: ir.Value) -> ir.Value:
     """exp(x) - 1 as 2^n q + (2^n - 1) (one rounding; n = 0 gives q itself, exact near 0),
     with `_exp`'s overflow handling; -1 below the range, where 2^n is 0 or its bits are not."""
     n, q = _exp_reduced(b, x)
-    y = _overflowing(b, x, n, lambda s: b.fma(s, q, arith.subf(s, b.const(1.0))))
-    return b.select("OLT", x, b.const(_EXPM1_MIN), b.const(-1.0), y)
+    y = _overflowing(b, x, n, lambda s: _expm1_scaled(b, q, s))
+    return _expm1_underflow(b, x, y)
 
 
 def _log(b: _Builder, x: ir.Value) -> ir.Value:

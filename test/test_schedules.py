@@ -404,7 +404,6 @@ def test_ragged_products_are_split_not_padded(name: str, threads: int, target: C
     assert "linalg.matmul" not in scheduled and "linalg.batch_matmul" not in scheduled, (
         "a part of the product stayed scalar loops"
     )
-    from kope.passes.analysis import analyze, prepare_payload
     from kope.spaces.kernels import kernel_source
 
     payload = prepare_payload(task.payload)

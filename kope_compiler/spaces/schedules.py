@@ -183,6 +183,20 @@ class Script:
         )
         self.peeled = True
 
+    def split(self, handle: str, dim: int, at: int) -> tuple[str, str]:
+        """Split the op `handle` along loop `dim` at `at`: handles of the part below and
+        above (a product's rows or columns that its register tile leaves over)."""
+        parts, low, high = self.fresh("parts"), self.fresh("low"), self.fresh("high")
+        self.emit(
+            f"{parts} = transform.structured.split {handle} after {at} "
+            f"{{dimension = {dim}}} : !transform.any_op"
+        )
+        self.emit(
+            f"{low}, {high} = transform.split_handle {parts} : "
+            "(!transform.any_op) -> (!transform.any_op, !transform.any_op)"
+        )
+        return low, high
+
     def fuse_into(self, handle: str, loop: str) -> tuple[str, str]:
         fused, new_loop = self.fresh("fused"), self.fresh("in")
         self.emit(
@@ -434,11 +448,11 @@ def _contraction(info: PayloadInfo, config: Config) -> str:
     if split:
         rows_dim = 1 if batch else 0  # the columns' dim follows
         if columns_left:
-            main, tail = _split_off(s, handles[contraction.index], rows_dim + 1, n - columns_left)
+            main, tail = s.split(handles[contraction.index], rows_dim + 1, n - columns_left)
             _tile_tail(s, tail, lead, m, rows_dim, (mr, columns_left, kr))
             handles[contraction.index] = main
         if rows_left:
-            main, tail = _split_off(s, handles[contraction.index], rows_dim, m - rows_left)
+            main, tail = s.split(handles[contraction.index], rows_dim, m - rows_left)
             _tile_tail(s, tail, lead, rows_left, rows_dim, (mr, nr, kr))
             handles[contraction.index] = main
         m, n = m - rows_left, n - columns_left
@@ -515,20 +529,6 @@ def _contraction(info: PayloadInfo, config: Config) -> str:
     return s.text()
 
 
-def _split_off(s: Script, handle: str, dim: int, at: int) -> tuple[str, str]:
-    """Split the op `handle` along loop `dim` at `at`: handles of the part below and above."""
-    parts, low, high = s.fresh("parts"), s.fresh("low"), s.fresh("high")
-    s.emit(
-        f"{parts} = transform.structured.split {handle} after {at} "
-        f"{{dimension = {dim}}} : !transform.any_op"
-    )
-    s.emit(
-        f"{low}, {high} = transform.split_handle {parts} : "
-        "(!transform.any_op) -> (!transform.any_op, !transform.any_op)"
-    )
-    return low, high
-
-
 def _tile_tail(
     s: Script, tail: str, lead: list[int], rows: int, rows_dim: int, register: tuple[int, int, int]
 ) -> None:
@@ -538,7 +538,7 @@ def _tile_tail(
     mr, nr, kr = register
     left = rows % mr
     if left and rows > mr:
-        tail, last = _split_off(s, tail, rows_dim, rows - left)
+        tail, last = s.split(tail, rows_dim, rows - left)
         tiled, _ = s.tile_for(last, lead + [left, nr, kr])
         s.vectorize(tiled, lead + [left, nr, kr])
     tile = lead + [min(mr, rows), nr, kr]
