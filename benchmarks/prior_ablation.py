@@ -1,7 +1,8 @@
 """Does experience replace hand knowledge? Issue 44's goals on the held-out suite.
 
     python benchmarks/prior_ablation.py [--warm-store DIR] [--budget 4] [--seeds 0,1,2]
-                                        [--memory] [--cost 16] [--no-prior]
+                                        [--memory] [--cost 16] [--cost-seeds 0,1,2]
+                                        [--no-prior]
                                         [--report out.json]
 
 1. The warm store: `kope precompile FILE --prior flat --budget 4 --store DIR` over every file
@@ -13,9 +14,13 @@
    Goal: flat_warm >= 0.97x static's geomean speedup over eager.
 3. With `--memory`, also `kope bench --suite benchmarks/heldout --ablate memory --warm-store
    DIR` (static prior): goal memory_on >= 1.2x memory_off, pass rate not lower.
-4. With `--cost N`, also the memory ablation at budget N (16: the goal's) and one seed: the
-   attempts after which the warm arm's geomean best-so-far (eager where no kernel beats it,
-   by each attempt's own clean figure) reaches the cold arm's after all N; goal <= N / 4.
+4. With `--cost N`, also the memory ablation at budget N (16: the goal's) and one seed per
+   `--cost-seeds` (default 0): whether the warm arm after N / 4 attempts reaches the cold
+   arm's geomean after all N. Two readings: (a) each arm's best kernel at those points
+   re-timed against eager in one interleaved round per operator (`kope bench --checkpoint`),
+   warm / cold >= 1.0 meets the goal; (b) the curves by each attempt's own clean figure, and
+   the attempts after which the warm curve reaches the cold curve's end. (b) compares the
+   best of N noisy figures against the best of N / 4: it reads the cold search high.
 
 Run it on a quiet machine (`shared/tools/quiet-check.sh`) with nothing else running: every
 arm's winners are re-timed together, but the search itself reads the figures it measures.
@@ -47,9 +52,9 @@ def gather(store: Path, budget: int) -> float:
     return time.monotonic() - start
 
 
-def bench(ablate: str, warm: Path, budget: int, seeds: str, report: Path) -> dict:
+def bench(ablate: str, warm: Path, budget: int, seeds: str, report: Path, *more: str) -> dict:
     argv = ["bench", "--suite", str(HELD_OUT), "--ablate", ablate, "--warm-store", str(warm)]
-    kope([*argv, "--budget", str(budget), "--seeds", seeds, "--report", str(report)])
+    kope([*argv, "--budget", str(budget), "--seeds", seeds, "--report", str(report), *more])
     return json.loads(report.read_text())
 
 
@@ -67,6 +72,29 @@ def curve(report: dict, arm: str, budget: int) -> list[float]:
     return points
 
 
+def cost_figures(warm: Path, budget: int, seed: str, report: Path) -> dict:
+    """The memory ablation at `budget`, one seed, with each arm's best after budget / 4
+    attempts re-timed with the winners (see the module docstring, item 4)."""
+    checkpoint = max(budget // 4, 1)
+    path = report.with_suffix(f".cost{seed}.json")
+    cost = bench("memory", warm, budget, seed, path, "--checkpoint", str(checkpoint))
+    cold, hot = curve(cost, "memory_off", budget), curve(cost, "memory_on", budget)
+    warm_early = cost["arms"]["memory_on"]["geomean_after_checkpoint"]
+    cold_final = cost["arms"]["memory_off"]["geomean_speedup_vs_eager"]
+    return {
+        "seed": seed,
+        "checkpoint": checkpoint,
+        "warm_at_checkpoint": warm_early,
+        "cold_final": cold_final,
+        "warm/cold": warm_early / cold_final,
+        "cold": cold,
+        "warm": hot,
+        "warm_attempts_to_cold_final": next(
+            (i + 1 for i, g in enumerate(hot) if g >= cold[-1]), None
+        ),
+    }
+
+
 def ratio(report: dict, arm: str, base: str) -> float:
     arms = report["arms"]
     return arms[arm]["geomean_speedup_vs_eager"] / arms[base]["geomean_speedup_vs_eager"]
@@ -79,6 +107,7 @@ def main() -> int:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--memory", action="store_true", help="also the memory ablation")
     parser.add_argument("--cost", type=int, metavar="N", help="also the cost at budget N")
+    parser.add_argument("--cost-seeds", default="0", help="the seeds of --cost, one run each")
     parser.add_argument("--no-prior", action="store_true", help="skip the prior ablation")
     parser.add_argument("--report", type=Path, default=Path("prior_ablation.json"))
     args = parser.parse_args()
@@ -100,10 +129,9 @@ def main() -> int:
         figures["memory_on/memory_off"] = ratio(memory, "memory_on", "memory_off")
         figures["memory_arms"] = {a: memory["arms"][a] for a in memory["arms"]}
     if args.cost:
-        cost = bench("memory", warm, args.cost, "0", args.report.with_suffix(".cost.json"))
-        cold, hot = curve(cost, "memory_off", args.cost), curve(cost, "memory_on", args.cost)
-        reached = next((i + 1 for i, g in enumerate(hot) if g >= cold[-1]), None)
-        figures["cost"] = {"cold": cold, "warm": hot, "warm_attempts_to_cold_final": reached}
+        figures["cost"] = [
+            cost_figures(warm, args.cost, seed, args.report) for seed in args.cost_seeds.split(",")
+        ]
     args.report.write_text(json.dumps(figures, indent=2, default=str) + "\n")
     if not args.no_prior:
         print(
@@ -115,12 +143,15 @@ def main() -> int:
             f"memory_on / memory_off: {figures['memory_on/memory_off']:.3f}x "
             f"(goal >= {GOAL_MEMORY})"
         )
-    if args.cost:
-        cost = figures["cost"]
+    for cost in figures.get("cost", []):
         print(
-            f"cost: the cold agent's geomean after {args.cost} attempts, {cost['cold'][-1]:.3f}x, "
-            f"reached by the warm store after {cost['warm_attempts_to_cold_final'] or 'never'} "
-            f"(goal <= {args.cost // 4}); warm curve " + " ".join(f"{g:.2f}" for g in cost["warm"])
+            f"cost, seed {cost['seed']}: the warm store after {cost['checkpoint']} attempts "
+            f"against the cold agent after {args.cost}, re-timed together: "
+            f"{cost['warm_at_checkpoint']:.3f}x vs {cost['cold_final']:.3f}x eager = "
+            f"{cost['warm/cold']:.3f}x (goal >= 1.0); by own figures the cold curve ends at "
+            f"{cost['cold'][-1]:.3f}x, reached by the warm one after "
+            f"{cost['warm_attempts_to_cold_final'] or 'never'}; warm curve "
+            + " ".join(f"{g:.2f}" for g in cost["warm"])
         )
     return 0
 

@@ -92,6 +92,7 @@ FAST_P = (1.0, 1.2)
 # fast_p counts an operator whose running kernel is one of these: KOPE's answer for it.
 KOPE_KERNELS = (SOURCE_AGENT, SOURCE_REFERENCE)
 RETIMES = 3  # rounds of the arms' joint re-timing, while the machine disturbs them
+AFTER_CHECKPOINT = "@checkpoint"  # an arm's kernel after the checkpoint, in a joint round
 REACH = 0.9  # attempts_to_90: attempts until a kernel within 90% of the best either arm found
 METRICS = (
     "pass_rate",
@@ -104,6 +105,7 @@ METRICS = (
     "attempts_to_90",
     "attempts",
     "wall_s",
+    "geomean_after_checkpoint",
 )
 
 
@@ -123,6 +125,10 @@ class BenchConfig:
     cluster: str | None = None
     report_path: Path | None = None  # rewritten after every operator while the run goes on
     warm_store: Path | None = None  # the store-carrying arms start from a copy of it
+    # Also re-time each arm's best kernel after its first `checkpoint` agent attempts, in the
+    # winners' round: a warm store after budget/4 attempts against a cold search's final
+    # (issue 44's cost), from one measurement rather than from the best of many noisy ones.
+    checkpoint: int | None = None
 
     @property
     def arms(self) -> tuple[str, ...]:
@@ -182,16 +188,18 @@ def run_bench(suite: Suite, config: BenchConfig, work_dir: Path, name: str = "")
                 if not report["operators"]:
                     # Nothing KOPE compiles (every operator ATen's): still one of the suite's
                     # operators, and one no arm sped up.
-                    rows.append(_eager_row(arm, seed, op_name, report))
+                    row = _eager_row(arm, seed, op_name, report)
+                    rows.append(_with_checkpoint(row, config.checkpoint))
                 for summary in report["operators"]:
                     if summary["key"] not in counted:
-                        rows.append(_row(arm, seed, op_name, store, summary, config.agent))
+                        row = _row(arm, seed, op_name, store, summary, config.agent)
+                        rows.append(_with_checkpoint(row, config.checkpoint))
             if not used:
                 continue
             counted.update(r["key"] for r in rows if r["seed"] == seed)
             if len(used) > 1:
                 mine = [r for r in rows if r["seed"] == seed and r["name"] == op_name]
-                _retime_together(model, inputs, config.target, used, mine)
+                _retime_together(model, inputs, config, used, mine)
             if config.report_path is not None:  # a run cut short keeps what it measured
                 partial = summarize(rows, config, wall, name, broken)
                 write_json({**partial, "complete": False}, config.report_path)
@@ -305,18 +313,41 @@ def time_against_eager(task: Task, target: Target, kernels: dict[str, Kernel]) -
     return measure_interleaved(fns, MeasureConfig(), threads)
 
 
+def _with_checkpoint(row: dict[str, Any], checkpoint: int | None) -> dict[str, Any]:
+    """`row` with its best speedup over eager after `checkpoint` attempts, by their own
+    figures (1.0 where none beat eager yet), until a joint re-timing replaces it."""
+    if checkpoint is not None:
+        seen = [s for s in row["trajectory"][:checkpoint] if s]
+        row["speedup_vs_eager_after_checkpoint"] = max([1.0, *seen])
+    return row
+
+
+def _best_after(attempts: list[Any], checkpoint: int) -> Any | None:
+    """The fastest of the first `checkpoint` attempts by its own clean figure, where it beats
+    eager (the attempt `_trajectory` counts at that point); None: eager runs."""
+    timed = [
+        a
+        for a in attempts[:checkpoint]
+        if a.verdict == VERIFIED and a.timing_quality == TIMING_CLEAN and a.speedup_vs_eager
+    ]
+    best = max(timed, key=lambda a: a.speedup_vs_eager, default=None)
+    return best if best is not None and best.speedup_vs_eager > 1.0 else None
+
+
 def _retime_together(
     model: Any,
     inputs: Any,
-    target: Target,
+    config: BenchConfig,
     stores: dict[str, ExperienceStore],
     rows: list[dict[str, Any]],
 ) -> None:
     """Time each arm's running kernel of every task of this suite entry against eager in one
     interleaved round, and put those figures in the entry's `rows` (the precompile figures
-    stay, as `*_own_run`). A round the machine disturbed is measured again, up to RETIMES
+    stay, as `*_own_run`); with `config.checkpoint`, each arm's best kernel after that many
+    attempts joins the round. A round the machine disturbed is measured again, up to RETIMES
     rounds; if none is clean, the rows keep their own figures, and say so. Only where the
     target times kernels in this process (the CPU)."""
+    target = config.target
     if not target.timed() or target.memory_device() != "cpu":
         return
     tasks = {t.key: t for t in trace_tasks(model, inputs, target)}
@@ -327,13 +358,16 @@ def _retime_together(
             continue
         kernels: dict[str, Kernel] = {}
         for arm, store in stores.items():
-            pinned = winner(store.attempts(key), threads_now()).pinned
-            if pinned is None:
-                continue  # eager runs in this arm
-            kernel = task.reference if pinned.source == SOURCE_REFERENCE else None
-            kernel = kernel or stored_kernel(store, pinned)
+            attempts = store.attempts(key)
+            pinned = winner(attempts, threads_now()).pinned
+            kernel = _kernel_of(task, store, pinned)
             if kernel is not None:
                 kernels[arm] = kernel
+            if config.checkpoint is not None:
+                proposals = [a for a in attempts if is_proposal(a, config.agent)]
+                early = _kernel_of(task, store, _best_after(proposals, config.checkpoint))
+                if early is not None:
+                    kernels[f"{arm}{AFTER_CHECKPOINT}"] = early
         for row in arm_rows.values():
             assert row is not None
             row["retimed"] = bool(kernels)  # False: eager runs in every arm, nothing to compare
@@ -345,6 +379,15 @@ def _retime_together(
             if clean:
                 break
         _apply_retiming(arm_rows, timings, clean)
+
+
+def _kernel_of(task: Task, store: ExperienceStore, attempt: Any | None) -> Kernel | None:
+    """The kernel `attempt` ran (None: eager runs)."""
+    if attempt is None:
+        return None
+    if attempt.source == SOURCE_REFERENCE:
+        return task.reference
+    return stored_kernel(store, attempt)
 
 
 def _apply_retiming(
@@ -373,6 +416,11 @@ def _apply_retiming(
             row["speedup_vs_eager"] = eager.median_us / timing.median_us if timing else 1.0
             if per_eager is not None:
                 row["speedup_vs_reference"] = row["speedup_vs_eager"] * per_eager
+            if "speedup_vs_eager_after_checkpoint" in row:
+                early = timings.get(f"{arm}{AFTER_CHECKPOINT}")
+                row["speedup_vs_eager_after_checkpoint"] = (
+                    eager.median_us / early.median_us if early else 1.0
+                )
 
 
 # -- the figures -------------------------------------------------------------------------------
@@ -409,6 +457,7 @@ def summarize(
         "ablate": config.ablate,
         "prior": config.agent_config.get("prior", Options.default("prior")),
         "warm_store": str(config.warm_store) if config.warm_store else None,
+        "checkpoint": config.checkpoint,
         "pass_rate_means": PASS_RATE,
         "arms": arms,
         "operators": rows,
@@ -436,6 +485,9 @@ def _figures(
         # Agent attempts per operator: fewer than the budget where the search stopped early.
         "attempts": statistics.mean(r["attempts"] for r in rows) if rows else None,
         "wall_s": wall_s,
+        "geomean_after_checkpoint": geomean([r["speedup_vs_eager_after_checkpoint"] for r in rows])
+        if rows and all("speedup_vs_eager_after_checkpoint" in r for r in rows)
+        else None,
     }
     for p in FAST_P:
         figures[f"fast_{p}"] = (
@@ -526,6 +578,13 @@ def format_bench(report: dict[str, Any]) -> str:
         f"attempts to 90%: attempts until the best kernel so far is within {REACH:.0%} of the "
         "best any arm found for the operator (budget + 1: never)",
     ]
+    checkpoint = report.get("checkpoint")
+    if checkpoint and timed:
+        after = (report["arms"][a].get("geomean_after_checkpoint") for a in arms)
+        lines.append(
+            f"after {checkpoint} attempts, each arm's best kernel re-timed with the winners: "
+            + ", ".join(f"{a} {_x(v)}" for a, v in zip(arms, after, strict=True) if v)
+        )
     for entry, why in (report.get("broken") or {}).items():
         lines.append(f"not run: {entry}: {why}")
     if len(arms) > 1 and timed:

@@ -598,6 +598,14 @@ def _add_bench(sub: Any) -> None:
         "--seeds", type=int_list, help="comma-separated seeds (default: 0; with --ablate 0,1,2)"
     )
     p.add_argument(
+        "--checkpoint",
+        type=positive(int),
+        metavar="K",
+        help="also re-time each arm's best kernel after its first K attempts, in one "
+        "interleaved round with the winners (a warm store after budget/4 attempts against a "
+        "cold search's final, from one measurement)",
+    )
+    p.add_argument(
         "--ops",
         help="only these suite operators, comma-separated, in the suite's order (default: all)",
     )
@@ -709,6 +717,7 @@ def _bench_command(args: argparse.Namespace) -> int:
         cluster=args.cluster,
         report_path=Path(args.report) if args.report else None,
         warm_store=warm_store,
+        checkpoint=args.checkpoint,
     )
     work = Path(args.store) if args.store else bench.scratch_dir("kope-bench-")
     if args.store and any(work.glob("*-seed*")):
