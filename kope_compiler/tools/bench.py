@@ -21,7 +21,9 @@ store; the warm store is only read). Arms that start empty per operator never se
 Fair arms: each seed starts from fresh stores, the two arms of one operator run back to back
 (which goes first alternates), and their winners are then re-timed against eager together in
 one interleaved round, so that the speedups compared come from one measurement (over the
-reference lowering, through one reference/eager ratio for all arms).
+reference lowering, through one reference/eager ratio for all arms). With `checkpoint` K, each
+arm's best kernel after its first K attempts joins that round (`geomean_after_checkpoint`):
+the best of K noisy figures against the best of many reads the longer search high.
 
 Per arm the report has the pass rate (`PASS_RATE`), geomean speedups over eager and over the
 reference lowering (of the kernel each operator runs: eager, 1.0, when no kernel beats it),
