@@ -102,6 +102,7 @@ def task_of(event: TaskSeen) -> TaskRecord:
         target=event.target,
         target_key=event.target_key,
         eager=event.eager,
+        strides=[list(s) for s in event.strides] or None,
     )
 
 

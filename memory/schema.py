@@ -77,6 +77,9 @@ class TaskRecord:
     # The artifact digest of its reference lowering (the canonical linalg `@main`), so that a
     # stored task can be lowered again without its model (a kernel pack's reference outputs).
     payload: str | None = None
+    # The strides (elements) the model passes each input in, so that a stored task is timed
+    # on inputs laid out as it was (`TaskSpec.strides`); None where not recorded.
+    strides: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         if not self.hardware:

@@ -771,5 +771,44 @@ def timing_inputs(task: TaskSpec, seed: int, count: int) -> list[list[torch.Tens
         task_inputs(task, Trial("random", seed + TIMING_SEED_OFFSET + k))
         for k in range(max(1, count))
     ]
-    shared = [torch.nn.Parameter(t, requires_grad=False) for t in draws[0][1:]]
-    return [[draw[0], *shared] if draw else [] for draw in draws]
+    strides = task.strides
+    if len(strides) != len(draws[0]):  # unknown (a stored task, IR alone): as drawn
+        strides = tuple(tuple(t.stride()) for t in draws[0])
+    shared = [
+        _laid_out(torch.nn.Parameter(t, requires_grad=False), s)
+        for t, s in zip(draws[0][1:], strides[1:], strict=True)
+    ]
+    return [[_laid_out(draw[0], strides[0]), *shared] if draw else [] for draw in draws]
+
+
+def _laid_out(tensor: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
+    """`tensor`'s values in a view with `strides`, as the model passes that input (a head of
+    q permuted out of one projection; one half of a chunked projection), in zeroed memory
+    whose gaps hold no subnormals; `tensor` itself where it has them already, or where they
+    broadcast or overlap (no view can hold distinct values there). The view of a parameter
+    is a view of a parameter, as a transposed weight is: what a kernel derives from it is
+    kept between calls as it is in the model (`kope.targets.jit.prepared_input`)."""
+    shape = tuple(tensor.shape)
+    if tuple(tensor.stride()) == strides or not _distinct(shape, strides):
+        return tensor
+    extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
+    memory = torch.zeros(extent, dtype=tensor.dtype, device=tensor.device)
+    if isinstance(tensor, torch.nn.Parameter):
+        memory = torch.nn.Parameter(memory, requires_grad=False)
+    view = memory.as_strided(shape, strides)
+    with torch.no_grad():
+        view.copy_(tensor)
+    return view
+
+
+def _distinct(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """Whether `strides` give every element of `shape` a place of its own."""
+    if len(shape) != len(strides) or 0 in shape:
+        return False
+    dims = sorted((s, n) for n, s in zip(shape, strides, strict=True) if n > 1)
+    reach = 1  # elements the inner dims span
+    for stride, size in dims:
+        if stride < reach:
+            return False
+        reach = stride * (size - 1) + reach
+    return True

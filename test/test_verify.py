@@ -472,3 +472,24 @@ def test_berts_mask_pattern_is_judged_beyond_the_dtype_on_random_trials_too(
     torch.testing.assert_close(got, masked_softmax(s, m), equal_nan=True)
     (task,) = kope.report().tasks
     assert task.kernel == "reference", task
+
+
+def test_timing_inputs_are_laid_out_as_the_model_passes_them() -> None:
+    """A Task's inputs arrive in the model as views (one half of a chunked projection; a
+    weight transposed): they are timed so, with the values a contiguous draw has, the weight a
+    view of a parameter (what a kernel derives from it is kept, as in the model). Strides
+    that broadcast leave the input as drawn; so does a spec that records none."""
+    call = OpCall("aten.addmm.default", (InputRef(2), InputRef(0), InputRef(1)))
+    shapes = [TensorSpec((8, 32), "float32"), TensorSpec((32, 16), "float32")]
+    shapes.append(TensorSpec((16,), "float32"))
+    plain = TaskSpec("addmm", tuple(shapes), (TensorSpec((8, 16), "float32"),), call)
+    strided = TaskSpec(plain.label, plain.inputs, plain.outputs, call, ((64, 1), (1, 32), (0,)))
+    want = verify.timing_inputs(plain, 7, 2)
+    got = verify.timing_inputs(strided, 7, 2)
+    for before, after in zip(want, got, strict=True):
+        assert [t.stride() for t in before] == [(32, 1), (16, 1), (1,)]
+        assert [t.stride() for t in after] == [(64, 1), (1, 32), (1,)]
+        assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+        assert isinstance(after[1]._base, torch.nn.Parameter)
+        torch.testing.assert_close(call(after)[0], call(before)[0])
+    assert got[0][1] is got[1][1]  # the weight is one tensor across the sets, as in a model

@@ -39,6 +39,7 @@ class TaskSeen:
     target_key: str
     eager: dict[str, Any] | None = None  # the eager call as JSON, to re-measure without a model
     payload: str = ""  # the reference lowering's text, to lower it again without a model
+    strides: tuple[tuple[int, ...], ...] = ()  # per input, as the model passes it; () unknown
 
 
 @dataclass(frozen=True)

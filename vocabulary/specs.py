@@ -151,12 +151,15 @@ class TaskSpec:
     """One operator as a target sees it: its signature and its eager baseline.
 
     `eager` is None for an operator known only as IR (a function in a `kope-optimize`
-    pipeline): its reference lowering is then its oracle and its baseline."""
+    pipeline): its reference lowering is then its oracle and its baseline. `strides`: the
+    strides (elements) the model passes each input in, where known (empty: contiguous), so
+    that a kernel is timed on inputs laid out as its calls will get them (`timing_inputs`)."""
 
     label: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     eager: OpCall | Program | None
+    strides: tuple[tuple[int, ...], ...] = ()
 
 
 # -- the eager call as JSON (the store keeps it; a kernel pack carries it) -----------------------

@@ -207,11 +207,12 @@ def make_task(
     group = nodes if isinstance(nodes, list) else [nodes]
     inputs, call, in_specs, out_specs = group_signature(group)
     label = label_for(call, in_specs)
-    request = ImportRequest(call, in_specs, input_strides(inputs), decomposed)
+    strides = input_strides(inputs)
+    request = ImportRequest(call, in_specs, strides, decomposed)
     payload = reference_lowering(request, out_specs, label)
     if attention is not None:
         payload = mark_attention(payload, *attention)
-    spec = TaskSpec(label, in_specs, out_specs, call)
+    spec = TaskSpec(label, in_specs, out_specs, call, strides)
     return Task(
         group, inputs, spec, payload, task_key(payload, target_key), workload_digest(payload)
     )

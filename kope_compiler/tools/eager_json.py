@@ -19,5 +19,6 @@ def task_from_record(record: TaskRecord, payload: str) -> Task | None:
         tuple(TensorSpec(tuple(shape), dtype) for shape, dtype in record.inputs),
         tuple(TensorSpec(tuple(shape), dtype) for shape, dtype in record.outputs),
         eager_from_json(record.eager),
+        tuple(tuple(s) for s in record.strides or ()),
     )
     return Task([], [], spec, payload, record.key, record.workload)

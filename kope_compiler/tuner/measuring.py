@@ -76,6 +76,7 @@ def task_seen(task: Task, target: Target) -> TaskSeen:
         target_key=target.key(),
         eager=eager_json(spec.eager),
         payload=task.payload,
+        strides=spec.strides,
     )
 
 
