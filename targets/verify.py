@@ -81,6 +81,7 @@ from typing import Any
 
 import torch
 
+from kope.vocabulary.layouts import span
 from kope.vocabulary.specs import InputRef, OpCall, Program, TaskSpec, TensorSpec, dtype_name
 
 # (rtol, atol): |got - want| <= atol * max(1, max|want|) + rtol * |want|, elementwise.
@@ -791,8 +792,7 @@ def _laid_out(tensor: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
     shape = tuple(tensor.shape)
     if tuple(tensor.stride()) == strides or not _distinct(shape, strides):
         return tensor
-    extent = 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
-    memory = torch.zeros(extent, dtype=tensor.dtype, device=tensor.device)
+    memory = torch.zeros(span(shape, strides), dtype=tensor.dtype, device=tensor.device)
     if isinstance(tensor, torch.nn.Parameter):
         memory = torch.nn.Parameter(memory, requires_grad=False)
     view = memory.as_strided(shape, strides)
