@@ -359,6 +359,7 @@ def _retime_together(
         if task.spec.eager is None or any(r is None for r in arm_rows.values()):
             continue
         kernels: dict[str, Kernel] = {}
+        same: dict[str, str] = {}  # a checkpoint's kernel that is its arm's winner: timed once
         for arm, store in stores.items():
             attempts = store.attempts(key)
             pinned = winner(attempts, threads_now()).pinned
@@ -367,8 +368,10 @@ def _retime_together(
                 kernels[arm] = kernel
             if config.checkpoint is not None:
                 proposals = [a for a in attempts if is_proposal(a, config.agent)]
-                early = _kernel_of(task, store, _best_after(proposals, config.checkpoint))
-                if early is not None:
+                best = _best_after(proposals, config.checkpoint)
+                if best is not None and pinned is not None and best.artifact == pinned.artifact:
+                    same[f"{arm}{AFTER_CHECKPOINT}"] = arm
+                elif (early := _kernel_of(task, store, best)) is not None:
                     kernels[f"{arm}{AFTER_CHECKPOINT}"] = early
         for row in arm_rows.values():
             assert row is not None
@@ -380,6 +383,7 @@ def _retime_together(
             clean = all(t.quality == TIMING_CLEAN for t in timings.values())
             if clean:
                 break
+        timings.update({early: timings[arm] for early, arm in same.items() if arm in timings})
         _apply_retiming(arm_rows, timings, clean)
 
 
