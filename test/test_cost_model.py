@@ -207,6 +207,32 @@ def test_the_model_is_trusted_as_far_as_it_ranks_unseen_operators_right() -> Non
     assert coin.trust < learnable.trust and coin.blend < learnable.blend
 
 
+def test_a_search_fits_the_other_operators_folds_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A search adds one row of its own operator per attempt; the other operators' rows, on
+    which the model's transfer is checked fold by fold, stay the same: their folds are fitted
+    at the first attempt only, and later attempts fit the model alone. The searched
+    operator's attempts are checked against a model of the others: ordered as the plant
+    orders them they keep the trust, ordered against it they lower it."""
+    sizes = [16, 24, 32, 48, 192, 256, 320, 384]
+    others = _planted(sizes, lambda s, t: 1.0 if t == 1 else (2.0 if s >= 128 else 0.5))
+    here = _workload(288, 288, 288)
+    fits: list[int] = []
+    regressor = cost_model._regressor
+    monkeypatch.setattr(cost_model, "_regressor", lambda: fits.append(1) or regressor())
+    monkeypatch.setattr(cost_model, "_FOLDS_CACHE", {})
+    own = [Row(here, _matmul(1), 1.0, 1.0), Row(here, _matmul(2), 2.0, 1.0)]
+    first = cost_model.fit(others + own, here)
+    at_first = len(fits)
+    second = cost_model.fit(others + own + [Row(here, _matmul(1, (4, 16, 1)), 1.0, 1.0)], here)
+    assert at_first > 2 and len(fits) == at_first + 1
+    assert first is not None and second is not None
+    assert first.trust >= 0.5 and second.trust >= 0.5
+    against = [Row(here, _matmul(1), 2.0, 1.0), Row(here, _matmul(2), 0.5, 1.0)]
+    wrong = cost_model.fit(others + against, here)
+    assert wrong is not None and wrong.trust < first.trust
+    assert len(fits) == at_first + 2  # the same other operators: still no fold refitted
+
+
 # -- cold start: the prior alone, as before ------------------------------------------------------
 
 

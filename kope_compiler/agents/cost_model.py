@@ -29,10 +29,12 @@ scales with its `trust`: how well it orders the attempts of operators held out o
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -238,7 +240,11 @@ class CostModel:
     """Predicted log speedup of configurations on an operator, relative to the mean of its
     configurations (`relative`): comparable between configurations of one operator."""
 
-    def __init__(self, rows: list[Row]):
+    def __init__(
+        self, rows: list[Row], own: Workload | None = None, checked: list[Row] | None = None
+    ):
+        """`own`: the operator being searched; `checked`: the rows its trust is measured on
+        (`rows` where None; see `_held_out_concordance`)."""
         rows, targets = relative(rows)
         self.schema = _schema(row.config for row in rows)
         self.evidence = sum(row.weight for row in rows)
@@ -246,8 +252,11 @@ class CostModel:
         y = np.array(targets)
         self.regressor = _regressor()
         self.regressor.fit(x, y, sample_weight=np.array([r.weight for r in rows]))
-
-        self.trust = _held_out_concordance(x, y, rows)
+        if checked is not None:
+            rows, targets = relative(checked)
+            x = np.array([features(r.workload, r.config, self.schema) for r in rows])
+            y = np.array(targets)
+        self.trust = _held_out_concordance(x, y, rows, own) if rows else 0.0
 
     @property
     def blend(self) -> float:
@@ -274,43 +283,102 @@ def _regressor() -> Any:
     )
 
 
-def _held_out_concordance(x: np.ndarray, y: np.ndarray, rows: list[Row]) -> float:
+def _held_out_concordance(
+    x: np.ndarray, y: np.ndarray, rows: list[Row], own: Workload | None = None
+) -> float:
     """How far to trust the model's ranking on an operator it has not seen, in [0, 1]: fitted
     without some operators' attempts (at most `TRUST_FOLDS` grouped folds), the share of each
     held-out operator's pairs of attempts it orders as measured, a coin's 0.5 mapping to 0.
     On the suite, a model fitted on other operators' attempts ranked a new shape's candidates
     worse than the static prior about as often as better; this keeps such a model from
     overruling the prior. Nothing to check it on (no operator with two distinct timings
-    beside another operator): 0."""
+    beside another operator): 0.
+
+    `own` (the operator being searched, whose attempts grow by one each proposal) is held out
+    on its own, against a model of every other operator's attempts; the other operators are
+    folded among themselves, without it. The other operators' rows (the store's evidence) do
+    not change while one operator is searched, so their folds are fitted once per search
+    (`_others`), not at every attempt: a warm store's search had spent more time refitting
+    them than its workers spent starting."""
     groups = [row.workload for row in rows]
+    weights = np.array([row.weight for row in rows])
+    mine = np.array([group == own for group in groups])
+    others = _others(x[~mine], y[~mine], weights[~mine], [g for g in groups if g != own])
+    agree, pairs = others.agree, others.pairs
+    if own is not None and mine.any() and not mine.all():
+        index = np.flatnonzero(mine)
+        predicted = others.model.predict(x[index])
+        for (a, pa), (b, pb) in itertools.combinations(zip(y[index], predicted, strict=True), 2):
+            if abs(a - b) > 1e-6:
+                pairs += 1
+                agree += (pa - pb) * (a - b) > 0
+    return max(0.0, 2.0 * agree / pairs - 1.0) if pairs else 0.0
+
+
+@dataclass
+class _Folds:
+    agree: int  # held-out pairs of attempts ordered as measured
+    pairs: int
+    x: np.ndarray
+    y: np.ndarray
+    weights: np.ndarray
+
+    @cached_property
+    def model(self) -> Any:
+        """Fitted on every row: what an operator outside them is checked against."""
+        model = _regressor()
+        model.fit(self.x, self.y, sample_weight=self.weights)
+        return model
+
+
+_FOLDS_CACHE: dict[str, _Folds] = {}
+_FOLDS_KEPT = 8  # searches whose folds are kept (a precompile searches one operator at a time)
+
+
+def _others(x: np.ndarray, y: np.ndarray, weights: np.ndarray, groups: list[Workload]) -> _Folds:
+    """The grouped folds of these rows, and a model of them all; memoized on the rows."""
+    # In one order whatever order the records came in, and rounded (an operator's mean, which
+    # its targets are relative to, sums in that order), so that the same rows are the same folds.
+    order = sorted(range(len(groups)), key=lambda i: (repr(groups[i]), x[i].tolist(), y[i]))
+    x, y, weights, groups = x[order], y[order], weights[order], [groups[i] for i in order]
+    digest = hashlib.sha1()
+    for part in (x, y, weights):
+        digest.update(np.round(np.asarray(part, dtype=np.float64), 9).tobytes())
+    digest.update(repr(groups).encode())
+    key = digest.hexdigest()
+    if key in _FOLDS_CACHE:
+        return _FOLDS_CACHE[key]
     members: dict[Workload, list[int]] = {}
     for index, group in enumerate(groups):
         members.setdefault(group, []).append(index)
     checkable = [g for g, index in members.items() if len({round(y[i], 6) for i in index}) > 1]
-    if len(members) < 2 or not checkable:
-        return 0.0
-    weights = np.array([row.weight for row in rows])
     agree = pairs = 0
-    for fold in (checkable[i::TRUST_FOLDS] for i in range(min(TRUST_FOLDS, len(checkable)))):
-        held = np.array([group in fold for group in groups])
-        if held.all():
-            continue
-        model = _regressor()
-        model.fit(x[~held], y[~held], sample_weight=weights[~held])
-        predicted = dict(
-            zip(np.flatnonzero(held).tolist(), model.predict(x[held]).tolist(), strict=True)
-        )
-        for group in fold:
-            for i, j in itertools.combinations(members[group], 2):
-                if abs(y[i] - y[j]) > 1e-6:
-                    pairs += 1
-                    agree += (predicted[i] - predicted[j]) * (y[i] - y[j]) > 0
-    return max(0.0, 2.0 * agree / pairs - 1.0) if pairs else 0.0
+    if len(members) >= 2:
+        for fold in (checkable[i::TRUST_FOLDS] for i in range(min(TRUST_FOLDS, len(checkable)))):
+            held = np.array([group in fold for group in groups])
+            model = _regressor()
+            model.fit(x[~held], y[~held], sample_weight=weights[~held])
+            predicted = dict(
+                zip(np.flatnonzero(held).tolist(), model.predict(x[held]).tolist(), strict=True)
+            )
+            for group in fold:
+                for i, j in itertools.combinations(members[group], 2):
+                    if abs(y[i] - y[j]) > 1e-6:
+                        pairs += 1
+                        agree += (predicted[i] - predicted[j]) * (y[i] - y[j]) > 0
+    found = _Folds(agree, pairs, x, y, weights)
+    if len(_FOLDS_CACHE) >= _FOLDS_KEPT:
+        _FOLDS_CACHE.pop(next(iter(_FOLDS_CACHE)))
+    _FOLDS_CACHE[key] = found
+    return found
 
 
-def fit(rows: list[Row]) -> CostModel | None:
+def fit(
+    rows: list[Row], own: Workload | None = None, checked: list[Row] | None = None
+) -> CostModel | None:
     """A model of these rows, or None while too few of them compare configurations on one
-    operator, or they weigh too little."""
+    operator, or they weigh too little. `own` and `checked`: what its trust is measured on
+    (`CostModel`)."""
     compared, _ = relative(rows)
     enough = len(compared) >= MIN_ROWS and sum(row.weight for row in compared) >= MIN_EVIDENCE
-    return CostModel(compared) if enough else None
+    return CostModel(compared, own, checked) if enough else None
