@@ -207,6 +207,21 @@ def test_the_model_is_trusted_as_far_as_it_ranks_unseen_operators_right() -> Non
     assert coin.trust < learnable.trust and coin.blend < learnable.blend
 
 
+def test_trust_counts_the_pairs_that_differ_by_more_than_noise() -> None:
+    """Planted: on every operator two threads run 2x one thread (learnable), and a register
+    tile moves the speed by a random 3% (noise, as remeasuring one kernel moves it). Only the
+    pairs farther apart than noise say whether the model ranks right: it does."""
+    sizes = [16, 24, 32, 48, 192, 256, 320, 384]
+    toss = random.Random(0)
+    rows = [
+        Row(_workload(s, s, s), _matmul(t, r), t * toss.uniform(0.97, 1.03), 1.0)
+        for s in sizes
+        for t in (1, 2)
+        for r in ((8, 16, 1), (4, 16, 1))
+    ]
+    assert CostModel(rows).trust > 0.9
+
+
 def test_a_search_fits_the_other_operators_folds_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A search adds one row of its own operator per attempt; the other operators' rows, on
     which the model's transfer is checked fold by fold, stay the same: their folds are fitted

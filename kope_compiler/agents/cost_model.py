@@ -53,6 +53,12 @@ ESTIMATE_WEIGHT = 0.5
 HALF_EVIDENCE = 1.0  # summed row weight (an operator's attempt, twenty unlike ones) for half
 MAX_BLEND = 1.0  # the model's share of the score with plentiful evidence it is shown right on
 TRUST_FOLDS = 4  # held-out groups of operators that measure how far the model ranks right
+# Pairs of one operator's attempts that the trust counts: those whose speedups differ by more
+# than 10%. The same kernel measured twice moved by 5.6% (median; p90 14.5%) on this project's
+# stores: pairs closer than that are ordered by the noise, and counting them measured the
+# noise, not the model (a warm store's trust read 0.12-0.20, where the pairs 10% apart gave
+# 0.22-0.47).
+TRUST_PAIR_GAP = math.log(1.10)
 RANGE_SLOTS = 7  # loop trip counts kept (a convolution has 7 loops), right-aligned
 # Which decision tiles which loop, per schedule family: (decision, list index or None, loop
 # index into the tiled op's loop ranges; negative counts from the innermost).
@@ -288,7 +294,8 @@ def _held_out_concordance(
 ) -> float:
     """How far to trust the model's ranking on an operator it has not seen, in [0, 1]: fitted
     without some operators' attempts (at most `TRUST_FOLDS` grouped folds), the share of each
-    held-out operator's pairs of attempts it orders as measured, a coin's 0.5 mapping to 0.
+    held-out operator's pairs of attempts (those farther apart than noise, `TRUST_PAIR_GAP`)
+    it orders as measured, a coin's 0.5 mapping to 0.
     On the suite, a model fitted on other operators' attempts ranked a new shape's candidates
     worse than the static prior about as often as better; this keeps such a model from
     overruling the prior. Nothing to check it on (no operator with two distinct timings
@@ -309,7 +316,7 @@ def _held_out_concordance(
         index = np.flatnonzero(mine)
         predicted = others.model.predict(x[index])
         for (a, pa), (b, pb) in itertools.combinations(zip(y[index], predicted, strict=True), 2):
-            if abs(a - b) > 1e-6:
+            if abs(a - b) > TRUST_PAIR_GAP:
                 pairs += 1
                 agree += (pa - pb) * (a - b) > 0
     return max(0.0, 2.0 * agree / pairs - 1.0) if pairs else 0.0
@@ -363,7 +370,7 @@ def _others(x: np.ndarray, y: np.ndarray, weights: np.ndarray, groups: list[Work
             )
             for group in fold:
                 for i, j in itertools.combinations(members[group], 2):
-                    if abs(y[i] - y[j]) > 1e-6:
+                    if abs(y[i] - y[j]) > TRUST_PAIR_GAP:
                         pairs += 1
                         agree += (predicted[i] - predicted[j]) * (y[i] - y[j]) > 0
     found = _Folds(agree, pairs, x, y, weights)
