@@ -493,3 +493,31 @@ def test_timing_inputs_are_laid_out_as_the_model_passes_them() -> None:
         assert isinstance(after[1]._base, torch.nn.Parameter)
         torch.testing.assert_close(call(after)[0], call(before)[0])
     assert got[0][1] is got[1][1]  # the weight is one tensor across the sets, as in a model
+
+
+def test_a_fused_groups_eager_program_runs_as_written_out_code() -> None:
+    """The eager baseline of a fused group, bound to its inputs, is straight code calling each
+    overload's C++ entry; it returns what interpreting the steps returns, through nested
+    arguments, a step's several results and keyword arguments, a Python keyword among them."""
+    from kope.vocabulary.specs import Program, StepRef, _run, _substitute
+
+    i = [InputRef(0), InputRef(1)]
+    program = Program(
+        (
+            OpCall("aten.mul.Tensor", (i[0], 2.0)),
+            OpCall("aten.cat.default", ([StepRef(0), i[1]],), (("dim", 0),)),
+            OpCall("aten.split.Tensor", (StepRef(1), 2)),
+            OpCall("aten.add.Tensor", (StepRef(2, 0), StepRef(2, 1)), (("alpha", 3),)),
+            OpCall("aten.clamp.default", (StepRef(3),), (("min", -1.0), ("max", 1.0))),
+        ),
+        (StepRef(4), StepRef(2, 1)),
+    )
+    inputs = [torch.randn(2, 3, generator=torch.Generator().manual_seed(k)) for k in range(2)]
+    steps = [(step.resolve(), step) for step in program.steps]
+    values = _run(steps, inputs)
+    want = [_substitute(ref, inputs, values) for ref in program.outputs]
+    got = program.bind(inputs)()
+    assert len(got) == 2 and all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    fill = Program((OpCall("aten.random_.from", (i[0],), (("from", 3), ("to", 4))),), (StepRef(0),))
+    (filled,) = fill.bind([torch.zeros(4)])()
+    assert torch.equal(filled, torch.full((4,), 3.0))  # `from=` passed where Python cannot
