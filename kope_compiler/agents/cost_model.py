@@ -314,12 +314,20 @@ def _held_out_concordance(
     agree, pairs = others.agree, others.pairs
     if own is not None and mine.any() and not mine.all():
         index = np.flatnonzero(mine)
-        predicted = others.model.predict(x[index])
-        for (a, pa), (b, pb) in itertools.combinations(zip(y[index], predicted, strict=True), 2):
-            if abs(a - b) > TRUST_PAIR_GAP:
-                pairs += 1
-                agree += (pa - pb) * (a - b) > 0
+        more = _ordered(y[index].tolist(), others.model.predict(x[index]).tolist())
+        agree, pairs = agree + more[0], pairs + more[1]
     return max(0.0, 2.0 * agree / pairs - 1.0) if pairs else 0.0
+
+
+def _ordered(measured: list[float], predicted: list[float]) -> tuple[int, int]:
+    """Of one operator's pairs of attempts farther apart than noise, how many the predictions
+    order as measured, and how many there are."""
+    agree = pairs = 0
+    for (a, pa), (b, pb) in itertools.combinations(zip(measured, predicted, strict=True), 2):
+        if abs(a - b) > TRUST_PAIR_GAP:
+            pairs += 1
+            agree += (pa - pb) * (a - b) > 0
+    return agree, pairs
 
 
 @dataclass
@@ -369,10 +377,9 @@ def _others(x: np.ndarray, y: np.ndarray, weights: np.ndarray, groups: list[Work
                 zip(np.flatnonzero(held).tolist(), model.predict(x[held]).tolist(), strict=True)
             )
             for group in fold:
-                for i, j in itertools.combinations(members[group], 2):
-                    if abs(y[i] - y[j]) > TRUST_PAIR_GAP:
-                        pairs += 1
-                        agree += (predicted[i] - predicted[j]) * (y[i] - y[j]) > 0
+                rows_of = members[group]
+                more = _ordered([float(y[i]) for i in rows_of], [predicted[i] for i in rows_of])
+                agree, pairs = agree + more[0], pairs + more[1]
     found = _Folds(agree, pairs, x, y, weights)
     if len(_FOLDS_CACHE) >= _FOLDS_KEPT:
         _FOLDS_CACHE.pop(next(iter(_FOLDS_CACHE)))

@@ -320,8 +320,12 @@ class Search:
         rows = cost_model.training_rows(records, history, here, family)
         # Trust is measured on the store's evidence, the same rows through one search (ACMI's
         # context adds a few more, different at each attempt), and this operator's attempts.
-        checked = cost_model.training_rows(request.evidence, history, here, family)
-        model = cost_model.fit(rows, here, checked if request.evidence else None)
+        checked = (
+            cost_model.training_rows(request.evidence, history, here, family)
+            if request.evidence
+            else None
+        )
+        model = cost_model.fit(rows, here, checked)
         tried = {config_key(f.config) for f in history if f.config}
         candidates = [
             (config, prior)
