@@ -20,6 +20,7 @@ from kope.passes.abi import function_type
 from kope.passes.base import PipelineElement, defining_op
 from kope.passes.integer_powers import ExpandPowers
 from kope.passes.narrow_f64 import NarrowF64, boundary_has_f64, has_f64
+from kope.passes.refine_reshapes import RefineReshapes
 
 OP_ATTR = "kope.op"
 CLEANUP = (
@@ -271,22 +272,33 @@ def _linalg_ops(func: ir.Operation) -> list[ir.Operation]:
     ]
 
 
-def prepare_payload(text: str, *, approximate_math: bool = False, narrow_f64: bool = False) -> str:
-    """The payload cleaned up (math approximated and f64 intermediates computed in f32, if
-    asked) with every linalg op tagged."""
-    prepared, lost_contraction = _prepared(text, CLEANUP, approximate_math, narrow_f64)
+def prepare_payload(
+    text: str,
+    *,
+    approximate_math: bool = False,
+    narrow_f64: bool = False,
+    refine_reshapes: bool = False,
+) -> str:
+    """The payload cleaned up (math approximated, f64 intermediates computed in f32, and
+    regrouping reshapes refined (`kope.passes.refine_reshapes`), if asked) with every
+    linalg op tagged."""
+    cleanup: tuple[PipelineElement, ...] = CLEANUP
+    if refine_reshapes:
+        at = CLEANUP.index("linalg-fuse-elementwise-ops")
+        cleanup = (*CLEANUP[:at], RefineReshapes(), *CLEANUP[at:])
+    prepared, lost_contraction = _prepared(text, cleanup, approximate_math, narrow_f64)
     if lost_contraction:
         # Elementwise fusion propagates a reshape by expanding the ops around it, and a
         # per-row epilogue operand (a 1x1 convolution's bias, 64x1) had it expand the
         # matmul into a 64x1x784 generic that no contraction schedule takes. Unfused, the
         # epilogue stays a chain of generics over the product's M x N.
-        unfused = tuple(p for p in CLEANUP if p != "linalg-fuse-elementwise-ops")
+        unfused = tuple(p for p in cleanup if p != "linalg-fuse-elementwise-ops")
         prepared, _ = _prepared(text, unfused, approximate_math, narrow_f64)
     return prepared
 
 
 def _prepared(
-    text: str, cleanup: tuple[str, ...], approximate_math: bool, narrow_f64: bool
+    text: str, cleanup: tuple[PipelineElement, ...], approximate_math: bool, narrow_f64: bool
 ) -> tuple[str, bool]:
     """The payload prepared with `cleanup`, and whether that lost its named contractions."""
     context = ir.Context()

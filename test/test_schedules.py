@@ -7,6 +7,7 @@ reductions whose whole tensor was vectorized at once (minutes to build)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable
@@ -22,6 +23,8 @@ from kope.agents.heuristic import HeuristicAgent
 from kope.core.task import Task
 from kope.frontend.partition import partition
 from kope.passes.analysis import analyze, prepare_payload
+from kope.passes.refine_reshapes import common_refinement
+from kope.spaces.kernels import kernel_source
 from kope.targets.cpu import CpuTarget
 from kope.tools.precompile import trace_tasks
 from kope.tuner.optimize import task_view
@@ -233,6 +236,64 @@ def test_a_widened_variance_is_first_computed_in_f32(name: str, target: CpuTarge
     proposal = HeuristicAgent(seed=0).propose(ProposalRequest(task_view(task, target)))
     assert proposal is not None and proposal.config.get("narrow_f64"), proposal
     assert "f64" not in proposal.source.split("transform.named_sequence")[0]
+    result = target.evaluate(
+        task.spec, Kernel(proposal.source), oracle=Kernel(task.payload), measure=False
+    )
+    assert result.verdict == "verified", result.error
+
+
+def test_common_refinement_of_two_regroupings() -> None:
+    """The shape both sides of a collapse-then-expand regroup, with the dim each side's
+    dims fall in; none where dims straddle without dividing or a unit dim meets a larger."""
+    assert common_refinement([4, 8, 4096], [4, 32, 32, 32]) == (
+        [4, 8, 4, 32, 32],
+        [0, 1, 2, 2, 2],
+        [0, 1, 1, 2, 3],
+    )
+    assert common_refinement([1, 6, 1350], [1, 36, 15, 15]) == (
+        [1, 6, 6, 15, 15],
+        [0, 1, 2, 2, 2],
+        [0, 1, 1, 2, 3],
+    )
+    assert common_refinement([2, 3], [3, 2]) is None
+    assert common_refinement([6, 1], [1, 6]) is None
+
+
+def _group_norm_silu(groups: int) -> Callable[..., torch.Tensor]:
+    return lambda x, w, b: torch.nn.functional.silu(torch.nn.functional.group_norm(x, groups, w, b))
+
+
+@pytest.mark.parametrize(
+    "shape, groups, first",
+    [((2, 16, 8, 16), 4, True), ((2, 12, 5, 5), 3, False)],
+    ids=["rows_of_whole_vectors", "rows_of_5"],
+)
+def test_a_regrouped_group_norm_shares_one_row_loop_and_verifies(
+    shape: tuple[int, ...], groups: int, first: bool, target: CpuTarget
+) -> None:
+    """Group norm + SiLU with its reshapes refined: every op over (batch, groups) first, so
+    one row loop fuses the statistics and the epilogue. Ranked first where the refined rows
+    are whole vectors (16 floats), last where they are not (5); either verifies."""
+    args = (_rows_of(*shape), _rows_of(shape[1]), _rows_of(shape[1]))
+    (task,) = partition(make_fx(_group_norm_silu(groups), tracing_mode="fake")(*args), target).tasks
+    info = analyze(prepare_payload(task.payload, refine_reshapes=True))
+    assert all(op.ranges[:2] == [shape[0], groups] for op in info.ops if not op.is_fill), info
+    view = task_view(task, target)
+    agent = HeuristicAgent(seed=0)
+    proposal = agent.propose(ProposalRequest(view))
+    assert proposal is not None and bool(proposal.config.get("regroup")) == first, proposal
+    assert ("reshapes regrouped" in proposal.decision) == first
+    if not first:  # the regrouped kernel, built all the same
+        config = {**proposal.config, "regroup": True}
+        payload = prepare_payload(
+            task.payload,
+            approximate_math=bool(config.get("approximate_math")),
+            narrow_f64=bool(config.get("narrow_f64")),
+            refine_reshapes=True,
+        )
+        proposal = dataclasses.replace(
+            proposal, source=kernel_source(payload, analyze(payload), config)
+        )
     result = target.evaluate(
         task.spec, Kernel(proposal.source), oracle=Kernel(task.payload), measure=False
     )

@@ -13,14 +13,20 @@ verified kernels: the device ranks them (`kope export`).
 from __future__ import annotations
 
 import logging
-from functools import partial
 from typing import Any
 
 from kope.agents import cost_model
 from kope.agents.base import Agent, Feedback, Proposal, ProposalRequest
 from kope.agents.search import WIDENED, Choice, Search, Space
 from kope.passes.analysis import PayloadInfo, analyze, prepare_payload
-from kope.spaces.cpu import BIG_WORK, STRUCTURAL, renders, schedule_space
+from kope.spaces.cpu import (
+    BIG_WORK,
+    REGROUP,
+    STRUCTURAL,
+    regrouped_space,
+    renders,
+    schedule_space,
+)
 from kope.spaces.kernels import kernel_source
 from kope.spaces.schedules import Config, config_key, describe, work
 from kope.spaces.triton_kernels import describe_config as describe_triton
@@ -63,18 +69,28 @@ class HeuristicAgent(Agent):
         self.prior = prior
         # flat: no hand-written ranking at all (what experience finds on its own)
         self.search = Search(seed, jitter, prior_weight=1.0 if prior == "static" else 0.0)
-        self._prepared: dict[tuple[str, bool, bool], str] = {}
+        self._prepared: dict[tuple[str, bool, bool, bool], str] = {}
 
     def _payload(self, request: ProposalRequest, config: Config | None = None) -> str:
-        """The task's payload prepared as `config` asks (polynomial math, f64 narrowed)."""
+        """The task's payload prepared as `config` asks (polynomial math, f64 narrowed,
+        reshapes regrouped)."""
         approximate = bool(config and config.get("approximate_math"))
         narrow = bool(config and config.get("narrow_f64"))
-        key = (request.task.key, approximate, narrow)
+        regroup = bool(config and config.get(REGROUP))
+        key = (request.task.key, approximate, narrow, regroup)
         if key not in self._prepared:
             self._prepared[key] = prepare_payload(
-                request.task.payload, approximate_math=approximate, narrow_f64=narrow
+                request.task.payload,
+                approximate_math=approximate,
+                narrow_f64=narrow,
+                refine_reshapes=regroup,
             )
         return self._prepared[key]
+
+    def _regrouped(self, request: ProposalRequest) -> PayloadInfo | None:
+        """The payload with its regrouping reshapes refined, where that changes it."""
+        regrouped = self._payload(request, {REGROUP: True})
+        return None if regrouped == self._payload(request) else analyze(regrouped)
 
     def propose(self, request: ProposalRequest) -> Proposal | None:
         forms = request.task.kernel_forms
@@ -86,10 +102,19 @@ class HeuristicAgent(Agent):
 
     def _propose_schedule(self, request: ProposalRequest) -> Proposal | None:
         info = analyze(self._payload(request))
-        points, widened = schedule_space(info, request.task.capabilities)
-        space = Space(
-            points, widened, partial(renders, info, request.task.capabilities), STRUCTURAL
-        )
+        capabilities = request.task.capabilities
+        points, widened = schedule_space(info, capabilities)
+        regrouped = self._regrouped(request)
+        if regrouped is not None:
+            more, more_widened = regrouped_space(regrouped, capabilities)
+            points, widened = [*points, *more], widened | more_widened
+
+        def fits(config: Config) -> bool:
+            if config.get(REGROUP):
+                return regrouped is not None and renders(regrouped, capabilities, config)
+            return renders(info, capabilities, config)
+
+        space = Space(points, widened, fits, STRUCTURAL)
         found = self._search(space, request, info)
         if found is None:
             return None
