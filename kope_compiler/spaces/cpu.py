@@ -83,7 +83,7 @@ def _fewest_zero_rows(m: int, threads: int, heights: tuple[int, ...]) -> int:
 
 
 def _packed_points(
-    info: PayloadInfo, threads: list[int], big: bool, lanes: int
+    info: PayloadInfo, capabilities: dict[str, Any], threads: list[int], big: bool, lanes: int
 ) -> list[tuple[Config, float, bool]]:
     """Contraction points that take B in panels, for a plain matmul at least a tile large.
 
@@ -95,12 +95,25 @@ def _packed_points(
     plain = info.plain_matmul
     if plain is None:
         return found
-    # Register tiles of 12 accumulators (6 rows of two vectors: with two vectors of B and a
-    # broadcast of A, 15 of AVX2's 16 registers) and of 8. The 12 hide the FMA's latency
-    # better: 6x16 ran 1.05-1.25x faster than 4x16 at 255x129x193, 256^3 and 512^3 on AVX2,
-    # unless padding a few rows to sixes computes many zeros (8x256x1024: 0.85x).
-    registers = [(6, 2 * lanes, 1), (4, 2 * lanes, 1)]
-    more_registers = [(8, lanes, 1), (6, 2 * lanes, 4), (4, 2 * lanes, 4), (2, 4 * lanes, 1)]
+    # Register tiles sized by the machine's vector registers. 16 (AVX2): 12 accumulators (6
+    # rows of two vectors: with two vectors of B and a broadcast of A, 15 registers) and 8.
+    # The 12 hide the FMA's latency better: 6x16 ran 1.05-1.25x faster than 4x16 at
+    # 255x129x193, 256^3 and 512^3, unless padding a few rows to sixes computes many zeros
+    # (8x256x1024: 0.85x). 32 (AVX-512): 16 accumulators, 8 rows of two vectors or 4 of
+    # four: 1.15-1.49x the 6x32 tile at 128x384x2048, 128x1024x384, 256^3, 512^3 and
+    # 64x1024x256 (B packed once, 2 threads); 24 accumulators (12x32, 6x64) fell between.
+    if _registers(capabilities) >= 32:
+        registers = [(8, 2 * lanes, 1), (4, 4 * lanes, 1)]
+        more_registers = [
+            (6, 2 * lanes, 1),
+            (12, 2 * lanes, 1),
+            (6, 4 * lanes, 1),
+            (8, 2 * lanes, 4),
+            (4, 2 * lanes, 1),
+        ]
+    else:
+        registers = [(6, 2 * lanes, 1), (4, 2 * lanes, 1)]
+        more_registers = [(8, lanes, 1), (6, 2 * lanes, 4), (4, 2 * lanes, 4), (2, 4 * lanes, 1)]
     if plain.m < FEW_ROWS:
         # Tiles of exactly its rows, as for the unpacked points: a 1x256x1024 product, bound
         # by reading B, ran 1.17x torch.mm on 1 thread and 1.45x on 2 with 1x32, 0.88x and
@@ -112,6 +125,7 @@ def _packed_points(
     # on 2 threads: 0.76-0.78x -> 0.81-0.87x torch.mm; 1024^3 loses with it: not the default).
     more_caches = [(32, 128, 512), (64, 128, 128), (256, 256, 256)]
     heights = tuple(mr for mr, _, _ in registers)
+    core = {(mr, nr) for mr, nr, _ in registers}
     favoured = {t: _fewest_zero_rows(plain.m, t, heights) for t in threads}
     for (t, (mr, nr, kr), cache), wide in _grid(
         [threads, registers, caches], [[], more_registers, more_caches]
@@ -119,7 +133,7 @@ def _packed_points(
         if not _packed_fits(info, plain, mr, nr, kr):
             continue
         score = 1.0 + (2.0 if (t > 1) == big else 0.0)
-        if mr in heights and (nr == 2 * lanes or plain.m < FEW_ROWS):
+        if mr in heights and (plain.m < FEW_ROWS or (mr, nr) in core):
             score += 1.0 if mr == favoured[t] else 0.5
         score += 0.5 if cache == (64, 256, 256) else 0.0
         config = {
@@ -200,7 +214,7 @@ def schedule_space(
                     wide,
                 )
             )
-        found += _packed_points(info, threads, big, lanes)
+        found += _packed_points(info, capabilities, threads, big, lanes)
         if info.math & APPROXIMABLE:
             # An epilogue's tanh, erf or exp (GELU, SiLU after a matmul): exact, each is a
             # scalar libm call per element, which cost a 64x256x1024 linear + GELU more than
