@@ -14,7 +14,7 @@ from kope.frontend.partition import partition
 from kope.passes.analysis import PlainMatmul, analyze, prepare_payload
 from kope.spaces.cpu import schedule_space
 from kope.spaces.kernels import kernel_source
-from kope.spaces.schedules import _panels, _thread_tiles, k_tile
+from kope.spaces.schedules import _panels, _thread_tiles, config_key, k_tile
 from kope.targets.cpu import BuildError, CpuTarget, build_kernel
 from kope.vocabulary.kernels import Kernel
 from kope.vocabulary.layouts import (
@@ -133,6 +133,42 @@ def test_packed_matmuls_verify(name: str, target: CpuTarget) -> None:
             task.spec, Kernel(_source(task, config)), oracle=Kernel(task.payload), measure=False
         )
         assert result.verdict == "verified", f"{task.label}, {config}: {result.error}"
+
+
+@pytest.mark.parametrize(
+    "vector_bits, first, accumulators", [(256, [6, 16, 1], {12, 8}), (512, [8, 32, 1], {16})]
+)
+def test_packed_register_tiles_are_sized_by_the_machines_vector_registers(
+    vector_bits: int, first: list[int], accumulators: set[int]
+) -> None:
+    """AVX2 (16 registers): 6 rows of two vectors first; AVX-512 (32): 8 rows of two, and 4
+    of four beside them (16 accumulators), which ran faster there than AVX2's 12."""
+    task = _task(lambda x, w: x @ w, torch.randn(128, 96), torch.randn(96, 256))
+    info = analyze(prepare_payload(task.payload))
+    capabilities = {**CAPABILITIES, "vector_bits": vector_bits}
+    space, widened = schedule_space(info, capabilities)
+    core = [(c, score) for c, score in space if c.get("pack") and config_key(c) not in widened]
+    best = max(core, key=lambda point: point[1])[0]
+    assert best["register"] == first, best
+    lanes = vector_bits // 32
+    for config, _ in core:
+        mr, nr, _ = config["register"]
+        assert mr * nr // lanes in accumulators, config
+
+
+def test_avx512_sized_packed_tiles_verify(target: CpuTarget) -> None:
+    """The 16-accumulator tiles (8 rows x two vectors of 16, 4 x four) on a ragged product
+    and one with an epilogue: correct wherever they run (wider than this machine's vectors,
+    LLVM splits them)."""
+    for name in ("mm_gated_ragged", "addmm_matrix_ragged"):
+        fn, args = CASES[name]
+        task = _task(fn, *args)
+        for register in ([8, 32, 1], [4, 64, 1]):
+            config = _packed(2, register)
+            result = target.evaluate(
+                task.spec, Kernel(_source(task, config)), oracle=Kernel(task.payload), measure=False
+            )
+            assert result.verdict == "verified", f"{task.label}, {config}: {result.error}"
 
 
 EPILOGUES = ["addmm_gelu", "addmm_matrix_ragged", "mm_gated_ragged", "mm_residual"]
