@@ -19,16 +19,9 @@ from kope.agents import cost_model
 from kope.agents.base import Agent, Feedback, Proposal, ProposalRequest
 from kope.agents.search import WIDENED, Choice, Search, Space
 from kope.passes.analysis import PayloadInfo, analyze, prepare_payload
-from kope.spaces.cpu import (
-    BIG_WORK,
-    REGROUP,
-    STRUCTURAL,
-    regrouped_space,
-    renders,
-    schedule_space,
-)
+from kope.spaces.cpu import BIG_WORK, STRUCTURAL, regrouped_space, renders, schedule_space
 from kope.spaces.kernels import kernel_source
-from kope.spaces.schedules import Config, config_key, describe, work
+from kope.spaces.schedules import REGROUP, Config, config_key, describe, work
 from kope.spaces.triton_kernels import describe_config as describe_triton
 from kope.spaces.triton_kernels import render_triton, triton_space, unsupported_reason
 from kope.vocabulary.kernels import FORM_MLIR, FORM_TRITON

@@ -22,6 +22,7 @@ from kope.spaces import attention, depthwise, im2col
 from kope.spaces.schedules import (
     CONVOLUTIONS,
     DEPTHWISE,
+    REGROUP,
     Config,
     config_key,
     conv_dims,
@@ -43,13 +44,9 @@ EITHER_ROWS = BIG_WORK // 2
 FEW_ROWS = 4  # a product of fewer rows than the shortest usual register tile
 # The decisions that change a kernel's structure rather than a number on it (the search's
 # sketches, `kope.agents.search.Space.structural`): the algorithm (im2col or direct, row
-# blocks), an operand packed in panels, the loop order, how a transpose is lowered.
-STRUCTURAL = ("algorithm", "pack", "columns_inner", "lowering", "regroup")
-
-#: A rows configuration over the payload prepared with its regrouping reshapes refined
-#: (`kope-refine-reshapes`, `prepare_payload(refine_reshapes=True)`): a group norm's
-#: statistics and its epilogue in one row loop, over vectors as long as the refined last dim.
-REGROUP = "regroup"
+# blocks), an operand packed in panels, the loop order, how a transpose is lowered, whether
+# regrouping reshapes are refined.
+STRUCTURAL = ("algorithm", "pack", "columns_inner", "lowering", REGROUP)
 
 
 def _lanes(capabilities: dict[str, Any], element_type: str) -> int:

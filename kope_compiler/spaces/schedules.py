@@ -50,6 +50,12 @@ from kope.vocabulary.layouts import LAYOUT_ATTR, panels
 Config = dict[str, Any]
 
 
+#: A rows configuration over the payload prepared with its regrouping reshapes refined
+#: (`kope-refine-reshapes`, `prepare_payload(refine_reshapes=True)`): a group norm's
+#: statistics and its epilogue in one row loop, over vectors as long as the refined last dim.
+REGROUP = "regroup"
+
+
 def config_key(config: Config | list[Any]) -> str:
     """A configuration (or one list-valued decision of it) as canonical JSON."""
     return json.dumps(config, sort_keys=True, separators=(",", ":"))
@@ -108,7 +114,7 @@ def describe(config: Config) -> str:
         parts.append("polynomial math")
     if config.get("narrow_f64"):
         parts.append("f64 intermediates in f32")
-    if config.get("regroup"):
+    if config.get(REGROUP):
         parts.append("reshapes regrouped")
     return ", ".join(parts)
 
