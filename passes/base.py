@@ -49,6 +49,11 @@ def nested_ops(op: ir.Operation) -> list[ir.Operation]:
     return found
 
 
+# The two reshapes of static tensors that passes look through or rewrite.
+EXPAND_SHAPE = "tensor.expand_shape"
+COLLAPSE_SHAPE = "tensor.collapse_shape"
+
+
 def defining_op(value: ir.Value) -> ir.Operation | None:
     """The op whose result `value` is; None for a block argument."""
     if not isinstance(value, ir.OpResult):

@@ -25,10 +25,13 @@ from dataclasses import dataclass
 from torch_mlir import ir
 from torch_mlir.dialects import tensor
 
-from kope.passes.base import ModulePass, defining_op, nested_ops
-
-_EXPAND = "tensor.expand_shape"
-_COLLAPSE = "tensor.collapse_shape"
+from kope.passes.base import (
+    COLLAPSE_SHAPE,
+    EXPAND_SHAPE,
+    ModulePass,
+    defining_op,
+    nested_ops,
+)
 
 
 @dataclass
@@ -40,10 +43,10 @@ class RefineReshapes(ModulePass):
 
     def run(self, module: ir.Operation) -> None:
         for op in nested_ops(module):
-            if op.name == _EXPAND:
+            if op.name == EXPAND_SHAPE:
                 _refine(op)
         for op in nested_ops(module):
-            if op.name in (_EXPAND, _COLLAPSE):
+            if op.name in (EXPAND_SHAPE, COLLAPSE_SHAPE):
                 _one_per_use(op)
 
 
@@ -100,7 +103,7 @@ def _reassociation(owners: list[int]) -> ir.ArrayAttr:
 
 def _refine(expand: ir.Operation) -> None:
     collapse = defining_op(expand.operands[0])
-    if collapse is None or collapse.name != _COLLAPSE:
+    if collapse is None or collapse.name != COLLAPSE_SHAPE:
         return
     source = ir.RankedTensorType(collapse.operands[0].type)
     result = ir.RankedTensorType(expand.results[0].type)

@@ -22,10 +22,13 @@ from dataclasses import dataclass
 from torch_mlir import ir
 from torch_mlir.dialects import bufferization, tensor
 
-from kope.passes.base import ModulePass, defining_op, nested_ops
-
-_EXPAND = "tensor.expand_shape"
-_COLLAPSE = "tensor.collapse_shape"
+from kope.passes.base import (
+    COLLAPSE_SHAPE,
+    EXPAND_SHAPE,
+    ModulePass,
+    defining_op,
+    nested_ops,
+)
 
 
 @dataclass
@@ -51,7 +54,7 @@ def _reshape_destination(materialize: ir.Operation) -> None:
         return
     reshapes: list[ir.Operation] = []  # from the written value inwards
     op = defining_op(value)
-    while op is not None and op.name in (_EXPAND, _COLLAPSE) and _only_use(op.results[0]):
+    while op is not None and op.name in (EXPAND_SHAPE, COLLAPSE_SHAPE) and _only_use(op.results[0]):
         reshapes.append(op)
         value = op.operands[0]
         op = defining_op(value)
@@ -67,7 +70,7 @@ def _reshape_destination(materialize: ir.Operation) -> None:
         for reshape in reshapes:  # each undone, outermost first
             source = ir.RankedTensorType(reshape.operands[0].type)
             reassociation = reshape.attributes["reassociation"]
-            if reshape.name == _EXPAND:
+            if reshape.name == EXPAND_SHAPE:
                 current = tensor.CollapseShapeOp(source, current, reassociation).result
             else:
                 current = tensor.ExpandShapeOp(
