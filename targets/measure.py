@@ -19,7 +19,6 @@ import logging
 import math
 import os
 import statistics
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -211,17 +210,7 @@ class SchedstatProbe:
     """Reads the run-queue wait (second field of `/proc/self/task/<tid>/schedstat`, ns) of
     every thread of this process. Files stay open and are re-read with `pread`: ~12 µs for four
     threads, where opening them each time took ~100 µs. None where schedstat is missing (a
-    kernel without CONFIG_SCHED_INFO): the timing's quality is then unknown.
-
-    For the thread that reads it (the one that times), the figure is the clock less that
-    thread's CPU time (`time.thread_time_ns`, exact when read; schedstat's own CPU time
-    lags by up to a scheduler tick, which flagged every round): it grows by the thread's
-    run-queue wait and also by time a hypervisor took its virtual CPU away (steal), which no
-    run queue of this machine shows. On these shared virtual machines steal reached 37% of
-    the CPUs' time while run-queue waits stayed under the limit, and eager's time moved up
-    to 14x between runs of one model. On a quiet machine both readings flag as few rounds
-    (225 of 228 clean against 225 of 225: a 256x256 product, a 64x64 one and a ReLU on 2
-    threads, five timings)."""
+    kernel without CONFIG_SCHED_INFO): the timing's quality is then unknown."""
 
     def __init__(self) -> None:
         self._fds: dict[int, int] = {}
@@ -231,16 +220,13 @@ class SchedstatProbe:
             tids = [int(t) for t in os.listdir("/proc/self/task")]
         except OSError:
             return None
-        timing = threading.get_native_id()
         waits: dict[int, int] = {}
         for tid in tids:
             try:
                 fd = self._fds.get(tid)
                 if fd is None:
                     fd = self._fds[tid] = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
-                wait = int(os.pread(fd, 128, 0).split()[1])
-                # Reading schedstat first keeps a thread without it unknown, as before.
-                waits[tid] = time.monotonic_ns() - time.thread_time_ns() if tid == timing else wait
+                waits[tid] = int(os.pread(fd, 128, 0).split()[1])
             except (OSError, IndexError, ValueError):
                 # A thread that ended in between: nothing of it to count.
                 self._forget(tid)
