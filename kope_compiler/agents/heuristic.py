@@ -47,6 +47,18 @@ def candidate_space(info: PayloadInfo, capabilities: dict[str, Any]) -> list[tup
 
 # -- the agent ---------------------------------------------------------------------------------
 
+# A payload's preparation: the task, polynomial math, f64 narrowed, reshapes regrouped.
+_Prepared = tuple[str, bool, bool, bool]
+
+
+def _prepared_key(request: ProposalRequest, config: Config | None) -> _Prepared:
+    return (
+        request.task.key,
+        bool(config and config.get("approximate_math")),
+        bool(config and config.get("narrow_f64")),
+        bool(config and config.get(REGROUP)),
+    )
+
 
 class HeuristicAgent(Agent):
     """Schedules from a searched grid, ordered by a prior and by experience."""
@@ -64,16 +76,15 @@ class HeuristicAgent(Agent):
         self.prior = prior
         # flat: no hand-written ranking at all (what experience finds on its own)
         self.search = Search(seed, jitter, prior_weight=1.0 if prior == "static" else 0.0)
-        self._prepared: dict[tuple[str, bool, bool, bool], str] = {}
+        self._prepared: dict[_Prepared, str] = {}
+        self._analyzed: dict[_Prepared, PayloadInfo] = {}
 
     def _payload(self, request: ProposalRequest, config: Config | None = None) -> str:
         """The task's payload prepared as `config` asks (polynomial math, f64 narrowed,
         reshapes regrouped)."""
-        approximate = bool(config and config.get("approximate_math"))
-        narrow = bool(config and config.get("narrow_f64"))
-        regroup = bool(config and config.get(REGROUP))
-        key = (request.task.key, approximate, narrow, regroup)
+        key = _prepared_key(request, config)
         if key not in self._prepared:
+            _, approximate, narrow, regroup = key
             self._prepared[key] = prepare_payload(
                 request.task.payload,
                 approximate_math=approximate,
@@ -82,10 +93,19 @@ class HeuristicAgent(Agent):
             )
         return self._prepared[key]
 
+    def _info(self, request: ProposalRequest, config: Config | None = None) -> PayloadInfo:
+        """`_payload`'s analysis, kept with it: every proposal for the task reads it again."""
+        key = _prepared_key(request, config)
+        if key not in self._analyzed:
+            self._analyzed[key] = analyze(self._payload(request, config))
+        return self._analyzed[key]
+
     def _regrouped(self, request: ProposalRequest) -> PayloadInfo | None:
         """The payload with its regrouping reshapes refined, where that changes it."""
-        regrouped = self._payload(request, {REGROUP: True})
-        return None if regrouped == self._payload(request) else analyze(regrouped)
+        regrouped = {REGROUP: True}
+        if self._payload(request, regrouped) == self._payload(request):
+            return None
+        return self._info(request, regrouped)
 
     def propose(self, request: ProposalRequest) -> Proposal | None:
         forms = request.task.kernel_forms
@@ -96,7 +116,7 @@ class HeuristicAgent(Agent):
         return None  # it writes MLIR schedules and Triton kernels; this target builds neither
 
     def _propose_schedule(self, request: ProposalRequest) -> Proposal | None:
-        info = analyze(self._payload(request))
+        info = self._info(request)
         capabilities = request.task.capabilities
         points, widened = schedule_space(info, capabilities)
         regrouped = self._regrouped(request)
@@ -113,8 +133,9 @@ class HeuristicAgent(Agent):
         found = self._search(space, request, info)
         if found is None:
             return None
-        payload = self._payload(request, found.config)
-        source = kernel_source(payload, analyze(payload), found.config)
+        source = kernel_source(
+            self._payload(request, found.config), self._info(request, found.config), found.config
+        )
         return Proposal(
             source=source,
             decision=f"{describe(found.config)} ({found.why})",
@@ -140,7 +161,7 @@ class HeuristicAgent(Agent):
             log.info("%s: no Triton kernel: %s", task.label, reason or "no configuration fits")
             return None
         try:
-            info: PayloadInfo | None = analyze(self._payload(request))
+            info: PayloadInfo | None = self._info(request)
         except Exception:  # its loops only sharpen the cost model's features
             log.warning("%s: the payload's loops are unknown to the cost model", task.label)
             info = None

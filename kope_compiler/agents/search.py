@@ -484,11 +484,11 @@ def _why(
         return f"best schedule of {where}"
     if parent:
         best = next((f for f in request.history if f.attempt_id == parent), None)
-        # a decision either side takes (a flag the mutation dropped changed too)
-        named = [k for k, _ in decisions(config)]
+        changed: list[str] = []
         if best and best.config:
-            named += [k for k, _ in decisions(best.config) if k not in named]
-        changed = [k for k in named if best and best.config and config.get(k) != best.config.get(k)]
+            # a decision either side takes (a flag the mutation dropped changed too)
+            named = dict.fromkeys(k for c in (config, best.config) for k, _ in decisions(c))
+            changed = [k for k in named if config.get(k) != best.config.get(k)]
         return f"changes {', '.join(changed) or 'nothing'} of the best so far"
     if request.history:
         return "exploring"
