@@ -18,6 +18,7 @@ from torch_mlir.passmanager import PassManager
 
 from kope.passes.abi import function_type
 from kope.passes.base import PipelineElement, defining_op
+from kope.passes.collapse_dims import CollapseDims
 from kope.passes.integer_powers import ExpandPowers
 from kope.passes.narrow_f64 import NarrowF64, boundary_has_f64, has_f64
 from kope.passes.refine_reshapes import RefineReshapes
@@ -278,14 +279,18 @@ def prepare_payload(
     approximate_math: bool = False,
     narrow_f64: bool = False,
     refine_reshapes: bool = False,
+    collapse_dims: bool = False,
 ) -> str:
-    """The payload cleaned up (math approximated, f64 intermediates computed in f32, and
-    regrouping reshapes refined (`kope.passes.refine_reshapes`), if asked) with every
-    linalg op tagged."""
+    """The payload cleaned up (math approximated, f64 intermediates computed in f32,
+    regrouping reshapes refined (`kope.passes.refine_reshapes`) and loops that every operand
+    indexes alike collapsed (`kope.passes.collapse_dims`), if asked) with every linalg op
+    tagged."""
     cleanup: tuple[PipelineElement, ...] = CLEANUP
     if refine_reshapes:
         at = CLEANUP.index("linalg-fuse-elementwise-ops")
         cleanup = (*CLEANUP[:at], RefineReshapes(), *CLEANUP[at:])
+    if collapse_dims:  # after fusion, which would expand the ops again
+        cleanup = (*cleanup, CollapseDims(), "canonicalize", "cse")
     prepared, lost_contraction = _prepared(text, cleanup, approximate_math, narrow_f64)
     if lost_contraction:
         # Elementwise fusion propagates a reshape by expanding the ops around it, and a

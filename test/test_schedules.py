@@ -24,7 +24,9 @@ from kope.core.task import Task
 from kope.frontend.partition import partition
 from kope.passes.analysis import analyze, prepare_payload
 from kope.passes.refine_reshapes import common_refinement
+from kope.spaces.cpu import prepared_space, schedule_space
 from kope.spaces.kernels import kernel_source
+from kope.spaces.schedules import COLLAPSE
 from kope.targets.cpu import CpuTarget
 from kope.tools.precompile import trace_tasks
 from kope.tuner.optimize import task_view
@@ -265,7 +267,7 @@ def _group_norm_silu(groups: int) -> Callable[..., torch.Tensor]:
 
 @pytest.mark.parametrize(
     "shape, groups, first",
-    [((2, 16, 8, 16), 4, True), ((2, 12, 5, 5), 3, False)],
+    [((2, 16, 8, 16), 4, True), ((2, 12, 3, 5), 3, False)],
     ids=["rows_of_whole_vectors", "rows_of_5"],
 )
 def test_a_regrouped_group_norm_shares_one_row_loop_and_verifies(
@@ -273,7 +275,8 @@ def test_a_regrouped_group_norm_shares_one_row_loop_and_verifies(
 ) -> None:
     """Group norm + SiLU with its reshapes refined: every op over (batch, groups) first, so
     one row loop fuses the statistics and the epilogue. Ranked first where the refined rows
-    are whole vectors (16 floats), last where they are not (5); either verifies."""
+    are whole vectors (16 floats), last where they are not (5, and 15 collapsed); either
+    verifies."""
     args = (_rows_of(*shape), _rows_of(shape[1]), _rows_of(shape[1]))
     (task,) = partition(make_fx(_group_norm_silu(groups), tracing_mode="fake")(*args), target).tasks
     info = analyze(prepare_payload(task.payload, refine_reshapes=True))
@@ -298,6 +301,83 @@ def test_a_regrouped_group_norm_shares_one_row_loop_and_verifies(
         task.spec, Kernel(proposal.source), oracle=Kernel(task.payload), measure=False
     )
     assert result.verdict == "verified", result.error
+
+
+def _first_proposal(
+    fn: Callable[..., torch.Tensor], args: tuple[torch.Tensor, ...], target: CpuTarget
+) -> tuple[Task, Any]:
+    (task,) = partition(make_fx(fn, tracing_mode="fake")(*args), target).tasks
+    proposal = HeuristicAgent(seed=0).propose(ProposalRequest(task_view(task, target)))
+    assert proposal is not None
+    return task, proposal
+
+
+@pytest.mark.parametrize(
+    "name, fn, shapes, collapsed",
+    [
+        ("silu_rows_of_7", lambda x: torch.nn.functional.silu(x), [(2, 16, 7, 7)], [1568]),
+        (
+            "scale_rows_of_7",
+            lambda x, s: torch.relu(x * s.view(1, -1, 1, 1)),
+            [(2, 16, 7, 7), (16,)],
+            [2, 16, 49],
+        ),
+        ("mean_rows_of_7", lambda x: x.mean((2, 3)), [(2, 16, 7, 7)], [2, 16, 49]),
+        (
+            "group_norm_rows_of_7",
+            _group_norm_silu(4),
+            [(2, 8, 7, 7), (8,), (8,)],
+            [2, 4, 2, 49],
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_short_rows_are_collapsed_first_and_verify(
+    name: str,
+    fn: Callable[..., torch.Tensor],
+    shapes: list[tuple[int, ...]],
+    collapsed: list[int],
+    target: CpuTarget,
+) -> None:
+    """Over NCHW maps 7 floats wide, the agent's first kernel runs on the payload with its
+    innermost loops collapsed (rows of 49 floats or more: whole vectors on AVX2 and AVX-512),
+    a group norm's also regrouped, and verifies."""
+    task, proposal = _first_proposal(fn, tuple(_rows_of(*shape) for shape in shapes), target)
+    assert proposal.config.get("collapse_dims"), proposal
+    assert "inner loops collapsed" in proposal.decision
+    assert bool(proposal.config.get("regroup")) == name.startswith("group_norm"), proposal
+    info = analyze(
+        prepare_payload(
+            task.payload,
+            refine_reshapes=bool(proposal.config.get("regroup")),
+            collapse_dims=True,
+        )
+    )
+    assert collapsed in [op.ranges for op in info.ops], info.ops
+    result = target.evaluate(
+        task.spec, Kernel(proposal.source), oracle=Kernel(task.payload), measure=False
+    )
+    assert result.verdict == "verified", result.error
+
+
+@pytest.mark.parametrize("vector_bits", [256, 512])
+def test_whole_rows_are_not_collapsed(vector_bits: int, target: CpuTarget) -> None:
+    """Rows of many whole vectors (256 floats) offer no collapsed points, where they would
+    only spend the search's attempts; rows of 7 do, ranked above the plain points."""
+    for shape, offered in (((2, 4, 256), False), ((2, 4, 7, 7), True)):
+        (task,) = partition(
+            make_fx(lambda x: torch.nn.functional.silu(x), tracing_mode="fake")(_rows_of(*shape)),
+            target,
+        ).tasks
+        plain = analyze(prepare_payload(task.payload))
+        collapsed = analyze(prepare_payload(task.payload, collapse_dims=True))
+        capabilities = {"vector_bits": vector_bits, "threads": 1}
+        points, _ = prepared_space(collapsed, plain, capabilities, {COLLAPSE: True})
+        assert bool(points) == offered
+        if offered:
+            best_plain = max(score for _, score in schedule_space(plain, capabilities)[0])
+            assert max(score for _, score in points) > best_plain
+            assert all(config[COLLAPSE] for config, _ in points)
 
 
 @pytest.mark.parametrize("channels, size", [(5, (9, 11)), (32, (7, 12)), (16, (28, 28))])

@@ -19,9 +19,9 @@ from kope.agents import cost_model
 from kope.agents.base import Agent, Feedback, Proposal, ProposalRequest
 from kope.agents.search import WIDENED, Choice, Search, Space
 from kope.passes.analysis import PayloadInfo, analyze, prepare_payload
-from kope.spaces.cpu import BIG_WORK, STRUCTURAL, regrouped_space, renders, schedule_space
+from kope.spaces.cpu import BIG_WORK, STRUCTURAL, prepared_space, renders, schedule_space
 from kope.spaces.kernels import kernel_source
-from kope.spaces.schedules import REGROUP, Config, config_key, describe, work
+from kope.spaces.schedules import COLLAPSE, REGROUP, Config, config_key, describe, work
 from kope.spaces.triton_kernels import describe_config as describe_triton
 from kope.spaces.triton_kernels import render_triton, triton_space, unsupported_reason
 from kope.vocabulary.kernels import FORM_MLIR, FORM_TRITON
@@ -47,8 +47,16 @@ def candidate_space(info: PayloadInfo, capabilities: dict[str, Any]) -> list[tup
 
 # -- the agent ---------------------------------------------------------------------------------
 
-# A payload's preparation: the task, polynomial math, f64 narrowed, reshapes regrouped.
-_Prepared = tuple[str, bool, bool, bool]
+# A payload's preparation: the task, polynomial math, f64 narrowed, reshapes regrouped,
+# inner loops collapsed.
+_Prepared = tuple[str, bool, bool, bool, bool]
+# The preparations beyond the plain payload a rows configuration may ask for, each with the
+# one it refines (`prepared_space`).
+_PREPARATIONS: tuple[tuple[Config, Config], ...] = (
+    ({REGROUP: True}, {}),
+    ({COLLAPSE: True}, {}),
+    ({REGROUP: True, COLLAPSE: True}, {REGROUP: True}),
+)
 
 
 def _prepared_key(request: ProposalRequest, config: Config | None) -> _Prepared:
@@ -57,6 +65,7 @@ def _prepared_key(request: ProposalRequest, config: Config | None) -> _Prepared:
         bool(config and config.get("approximate_math")),
         bool(config and config.get("narrow_f64")),
         bool(config and config.get(REGROUP)),
+        bool(config and config.get(COLLAPSE)),
     )
 
 
@@ -81,15 +90,16 @@ class HeuristicAgent(Agent):
 
     def _payload(self, request: ProposalRequest, config: Config | None = None) -> str:
         """The task's payload prepared as `config` asks (polynomial math, f64 narrowed,
-        reshapes regrouped)."""
+        reshapes regrouped, inner loops collapsed)."""
         key = _prepared_key(request, config)
         if key not in self._prepared:
-            _, approximate, narrow, regroup = key
+            _, approximate, narrow, regroup, collapse = key
             self._prepared[key] = prepare_payload(
                 request.task.payload,
                 approximate_math=approximate,
                 narrow_f64=narrow,
                 refine_reshapes=regroup,
+                collapse_dims=collapse,
             )
         return self._prepared[key]
 
@@ -100,12 +110,12 @@ class HeuristicAgent(Agent):
             self._analyzed[key] = analyze(self._payload(request, config))
         return self._analyzed[key]
 
-    def _regrouped(self, request: ProposalRequest) -> PayloadInfo | None:
-        """The payload with its regrouping reshapes refined, where that changes it."""
-        regrouped = {REGROUP: True}
-        if self._payload(request, regrouped) == self._payload(request):
-            return None
-        return self._info(request, regrouped)
+    def _prepared_variant(self, request: ProposalRequest, marks: Config, base: Config) -> bool:
+        """Whether preparing the payload as `marks` asks changes it from `base`'s, which
+        itself differs from the plain payload (or is the plain payload)."""
+        if base and not self._prepared_variant(request, base, {}):
+            return False
+        return self._payload(request, marks) != self._payload(request, base)
 
     def propose(self, request: ProposalRequest) -> Proposal | None:
         forms = request.task.kernel_forms
@@ -119,14 +129,23 @@ class HeuristicAgent(Agent):
         info = self._info(request)
         capabilities = request.task.capabilities
         points, widened = schedule_space(info, capabilities)
-        regrouped = self._regrouped(request)
-        if regrouped is not None:
-            more, more_widened = regrouped_space(regrouped, capabilities)
-            points, widened = [*points, *more], widened | more_widened
+        variants: set[_Prepared] = set()  # the preparations that change the payload
+        if any(config.get("family") == "rows" for config, _ in points):
+            for marks, base in _PREPARATIONS:
+                if not self._prepared_variant(request, marks, base):
+                    continue
+                more, more_widened = prepared_space(
+                    self._info(request, marks), self._info(request, base), capabilities, marks
+                )
+                points, widened = [*points, *more], widened | more_widened
+                variants.add(_prepared_key(request, marks))
 
         def fits(config: Config) -> bool:
-            if config.get(REGROUP):
-                return regrouped is not None and renders(regrouped, capabilities, config)
+            if config.get(REGROUP) or config.get(COLLAPSE):
+                key = _prepared_key(request, {k: config.get(k) for k in (REGROUP, COLLAPSE)})
+                return key in variants and renders(
+                    self._info(request, config), capabilities, config
+                )
             return renders(info, capabilities, config)
 
         space = Space(points, widened, fits, STRUCTURAL)

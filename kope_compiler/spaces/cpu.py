@@ -20,6 +20,7 @@ from kope.passes.analysis import CONTRACTIONS, OpInfo, PayloadInfo, PlainMatmul
 from kope.passes.approximate_math import APPROXIMATED
 from kope.spaces import attention, depthwise, im2col
 from kope.spaces.schedules import (
+    COLLAPSE,
     CONVOLUTIONS,
     DEPTHWISE,
     REGROUP,
@@ -46,7 +47,7 @@ FEW_ROWS = 4  # a product of fewer rows than the shortest usual register tile
 # sketches, `kope.agents.search.Space.structural`): the algorithm (im2col or direct, row
 # blocks), an operand packed in panels, the loop order, how a transpose is lowered, whether
 # regrouping reshapes are refined.
-STRUCTURAL = ("algorithm", "pack", "columns_inner", "lowering", REGROUP)
+STRUCTURAL = ("algorithm", "pack", "columns_inner", "lowering", REGROUP, COLLAPSE)
 
 
 def _lanes(capabilities: dict[str, Any], element_type: str) -> int:
@@ -317,6 +318,8 @@ def schedule_space(
         approximate = [True, False] if info.math & APPROXIMABLE else [False]
         row_options = [1, 4, 8] if info.kind == "reduction" else [1, 4]
         more_rows = [2, 16] if info.kind == "reduction" else [2, 8]
+        if all(len(op.ranges) <= 1 for op in info.ops):
+            row_options, more_rows = [1], []  # one row (a payload collapsed whole): no choice
         # Longer vectors where they still tile the row (a whole-row vector of exact math has
         # failed to build; the core grid's vectors already cover rows this short).
         row = info.root.ranges[-1] if info.root.ranges else 0
@@ -351,28 +354,68 @@ def schedule_space(
     return space, {key for key, (_, _, wide) in unique.items() if wide}
 
 
-def regrouped_space(
-    info: PayloadInfo, capabilities: dict[str, Any]
+def prepared_space(
+    info: PayloadInfo, base: PayloadInfo, capabilities: dict[str, Any], marks: Config
 ) -> tuple[list[tuple[Config, float]], set[str]]:
-    """The rows points of a payload prepared with its reshapes refined (`info`), each marked
-    `regroup`, and the keys of the widened ones. Regrouping saves the passes over memory
-    between the ops it lets one row loop fuse, and shortens every vector to the refined
-    last dim: ranked just above the plain points where that dim is a whole number of vectors
-    (a 4x32x32x32 group norm + SiLU, refined to 32 floats a row: 0.93x the plain kernel's
-    time), well below where it is not (a 4x36x15x15 group norm, 15 floats a row: 1.4x)."""
+    """The rows points of a payload prepared further than `base` (`info`: with its
+    regrouping reshapes refined, `REGROUP`, or its innermost loops collapsed, `COLLAPSE`, or
+    both, as `marks` says; `base`: the plain payload, or the regrouped one under both), each
+    marked so, and the keys of the widened ones.
+
+    Both decisions change what a rows schedule vectorizes along, the last loop. Regrouping
+    also saves the passes over memory between the ops it lets one row loop fuse. Collapsing
+    lengthens the rows, and is offered only where `base`'s rows are short (fewer than
+    `SHORT_ROW` vectors) or not whole vectors; elsewhere it would only spend attempts. On an
+    AVX2 machine, one configuration each (`benchmarks/collapse_dims.py`): a SiLU over
+    8x64x7x7 took 0.7x the time collapsed, 2x32x56x56 (rows of 7 vectors) 0.92x, a mean over
+    7x7 0.65x, group norm + SiLU regrouped and collapsed 0.91x, 0.74x and 0.93x at 28, 15
+    and 32 positions a row (the best of the four preparations at each).
+
+    Ranks: rows that are whole vectors where `base`'s are not, well above the plain points;
+    longer whole rows than `base`'s short ones, a little above; regrouped rows as whole as
+    the plain ones, a little above them (a 4x32x32x32 group norm + SiLU refined to 32 floats
+    a row: 0.93x the plain kernel's time); rows that are not whole vectors, well below (a
+    4x36x15x15 group norm regrouped to rows of 15: 1.4x the plain kernel's time)."""
+    lanes = _lanes(capabilities, info.element_type)
+    row, base_row = _largest_row(info), _largest_row(base)
+    whole, was_whole = _whole(row, lanes), _whole(base_row, lanes)
+    if marks.get(COLLAPSE) and was_whole and base_row >= SHORT_ROW * lanes:
+        return [], set()
+    fused = 0.25 if marks.get(REGROUP) else 0.0
+    if not whole:
+        shift = -3.0
+    elif not was_whole:
+        shift = 0.75 + fused
+    elif marks.get(COLLAPSE):
+        shift = 0.25 + fused
+    else:
+        shift = fused
     points, widened = schedule_space(info, capabilities)
-    row = info.root.ranges[-1] if info.root.ranges else 0
-    whole = row > 0 and row % _lanes(capabilities, info.element_type) == 0
     marked: list[tuple[Config, float]] = []
     marked_wide: set[str] = set()
     for config, score in points:
         if config.get("family") != "rows":
             continue
-        regrouped = {**config, REGROUP: True}
-        marked.append((regrouped, score + (0.25 if whole else -3.0)))
+        variant = {**config, **marks}
+        marked.append((variant, score + shift))
         if config_key(config) in widened:
-            marked_wide.add(config_key(regrouped))
+            marked_wide.add(config_key(variant))
     return marked, marked_wide
+
+
+#: Rows of fewer vectors than this are worth collapsing even where they are whole vectors.
+SHORT_ROW = 16
+
+
+def _largest_row(info: PayloadInfo) -> int:
+    """The last loop of the payload's largest op (the root, or the reduction feeding it)."""
+    largest = max(info.ops, key=lambda op: math.prod(op.ranges) if op.ranges else 0, default=None)
+    return largest.ranges[-1] if largest is not None and largest.ranges else 0
+
+
+def _whole(row: int, lanes: int) -> bool:
+    """Whether nearly all (95%) of a row falls in whole vectors of `lanes`."""
+    return row >= lanes and (row // lanes * lanes) / row >= 0.95
 
 
 def _im2col_points(
