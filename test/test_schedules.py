@@ -362,9 +362,9 @@ def test_short_rows_are_collapsed_first_and_verify(
 
 @pytest.mark.parametrize("vector_bits", [256, 512])
 def test_whole_rows_are_not_collapsed(vector_bits: int, target: CpuTarget) -> None:
-    """Rows of many whole vectors (256 floats) offer no collapsed points, where they would
+    """Rows of whole vectors (256 floats, 16) offer no collapsed points, where they would
     only spend the search's attempts; rows of 7 do, ranked above the plain points."""
-    for shape, offered in (((2, 4, 256), False), ((2, 4, 7, 7), True)):
+    for shape, offered in (((2, 4, 256), False), ((2, 4, 8, 16), False), ((2, 4, 7, 7), True)):
         (task,) = partition(
             make_fx(lambda x: torch.nn.functional.silu(x), tracing_mode="fake")(_rows_of(*shape)),
             target,

@@ -364,22 +364,22 @@ def prepared_space(
 
     Both decisions change what a rows schedule vectorizes along, the last loop. Regrouping
     also saves the passes over memory between the ops it lets one row loop fuse. Collapsing
-    lengthens the rows, and is offered only where `base`'s rows are short (fewer than
-    `SHORT_ROW` vectors) or not whole vectors; elsewhere it would only spend attempts. On an
-    AVX2 machine, one configuration each (`benchmarks/collapse_dims.py`): a SiLU over
-    8x64x7x7 took 0.7x the time collapsed, 2x32x56x56 (rows of 7 vectors) 0.92x, a mean over
-    7x7 0.65x, group norm + SiLU regrouped and collapsed 0.91x, 0.74x and 0.93x at 28, 15
-    and 32 positions a row (the best of the four preparations at each).
+    lengthens the rows, and is offered where `base`'s rows are not whole vectors, and on
+    regrouped payloads. On an AVX2 machine, one configuration each
+    (`benchmarks/collapse_dims.py`), collapsed against plain: a SiLU over 8x64x7x7 0.7x the
+    time, a mean over 7x7 0.65x, a per-channel scale and shift at 14x14 0.89x; group norm +
+    SiLU regrouped and collapsed 0.91x, 0.74x and 0.93x the best other preparation at 28,
+    15 and 32 positions a row. Over rows that are already whole vectors the evidence was
+    mixed (a SiLU at 56 wide 0.92x, a mean over 16x16 slower): not offered there.
 
     Ranks: rows that are whole vectors where `base`'s are not, well above the plain points;
-    longer whole rows than `base`'s short ones, a little above; regrouped rows as whole as
-    the plain ones, a little above them (a 4x32x32x32 group norm + SiLU refined to 32 floats
-    a row: 0.93x the plain kernel's time); rows that are not whole vectors, well below (a
-    4x36x15x15 group norm regrouped to rows of 15: 1.4x the plain kernel's time)."""
+    regrouped rows as whole as the plain ones, a little above them (a 4x32x32x32 group norm
+    + SiLU refined to 32 floats a row: 0.93x the plain kernel's time), and collapsed as well,
+    a little above that; rows that are not whole vectors, well below (a 4x36x15x15 group
+    norm regrouped to rows of 15: 1.4x the plain kernel's time)."""
     lanes = _lanes(capabilities, info.element_type)
-    row, base_row = _largest_row(info), _largest_row(base)
-    whole, was_whole = _whole(row, lanes), _whole(base_row, lanes)
-    if marks.get(COLLAPSE) and was_whole and base_row >= SHORT_ROW * lanes:
+    whole, was_whole = _whole(_largest_row(info), lanes), _whole(_largest_row(base), lanes)
+    if marks.get(COLLAPSE) and was_whole and not marks.get(REGROUP):
         return [], set()
     fused = 0.25 if marks.get(REGROUP) else 0.0
     if not whole:
@@ -401,10 +401,6 @@ def prepared_space(
         if config_key(config) in widened:
             marked_wide.add(config_key(variant))
     return marked, marked_wide
-
-
-#: Rows of fewer vectors than this are worth collapsing even where they are whole vectors.
-SHORT_ROW = 16
 
 
 def _largest_row(info: PayloadInfo) -> int:
