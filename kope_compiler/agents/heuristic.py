@@ -35,9 +35,9 @@ UNTIMED_KERNELS = 3
 
 def candidate_space(info: PayloadInfo, capabilities: dict[str, Any]) -> list[tuple[Config, float]]:
     """Every configuration worth trying for this payload, with its prior score (a widened
-    point's less WIDENED: what the agent ranks by while it has learned nothing). The
-    regrouped rows points, which need the payload before preparation, the agent adds itself
-    (`regrouped_space`)."""
+    point's less WIDENED: what the agent ranks by while it has learned nothing). The rows
+    points over the payload regrouped or collapsed, which need the payload before
+    preparation, the agent adds itself (`prepared_space`)."""
     space, widened = schedule_space(info, capabilities)
     return [
         (config, prior - (WIDENED if config_key(config) in widened else 0.0))

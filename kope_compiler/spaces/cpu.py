@@ -46,7 +46,7 @@ FEW_ROWS = 4  # a product of fewer rows than the shortest usual register tile
 # The decisions that change a kernel's structure rather than a number on it (the search's
 # sketches, `kope.agents.search.Space.structural`): the algorithm (im2col or direct, row
 # blocks), an operand packed in panels, the loop order, how a transpose is lowered, whether
-# regrouping reshapes are refined.
+# regrouping reshapes are refined, whether inner loops are collapsed.
 STRUCTURAL = ("algorithm", "pack", "columns_inner", "lowering", REGROUP, COLLAPSE)
 
 
