@@ -18,7 +18,7 @@ import contextvars
 import dataclasses
 import logging
 import shlex
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -52,6 +52,26 @@ def nested_ops(op: ir.Operation) -> list[ir.Operation]:
 # The two reshapes of static tensors that passes look through or rewrite.
 EXPAND_SHAPE = "tensor.expand_shape"
 COLLAPSE_SHAPE = "tensor.collapse_shape"
+
+
+def consecutive_runs(owners: Sequence[int]) -> list[list[int]]:
+    """The positions of `owners` in runs of consecutive equal owners: the reassociation of a
+    reshape whose fine dim i falls in coarse dim `owners[i]`."""
+    runs: list[list[int]] = []
+    for position, owner in enumerate(owners):
+        if runs and owners[position - 1] == owner:
+            runs[-1].append(position)
+        else:
+            runs.append([position])
+    return runs
+
+
+def reassociation_attr(runs: list[list[int]]) -> ir.ArrayAttr:
+    """A reshape's `reassociation` attribute of these runs of dims."""
+    i64 = ir.IntegerType.get_signless(64)
+    return ir.ArrayAttr.get(
+        [ir.ArrayAttr.get([ir.IntegerAttr.get(i64, k) for k in run]) for run in runs]
+    )
 
 
 def defining_op(value: ir.Value) -> ir.Operation | None:

@@ -25,12 +25,19 @@ left as it is.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from torch_mlir import ir
 from torch_mlir.dialects import tensor
 
-from kope.passes.base import ModulePass, defining_op, nested_ops
+from kope.passes.base import (
+    ModulePass,
+    consecutive_runs,
+    defining_op,
+    nested_ops,
+    reassociation_attr,
+)
 
 GENERIC = "linalg.generic"
 
@@ -81,14 +88,13 @@ class _Generic:
     def count(self) -> int:
         return len(self.iterators)
 
-    @property
-    def groups(self) -> list[list[int]]:
-        """Each loop alone, but the innermost run from `first` on, which is one."""
-        return [[d] for d in range(self.first)] + [list(range(self.first, self.count))]
+    def loop(self, dim: int) -> int:
+        """The collapsed loop that loop `dim` falls in: itself, or the run from `first` on."""
+        return min(dim, self.first)
 
     def runs(self, operand: int) -> list[list[int]]:
         """How operand number `operand` (inputs, then inits) collapses."""
-        return _reassociation(self.maps[operand], self.groups)
+        return consecutive_runs([self.loop(d) for d in self.maps[operand]])
 
     def init(self, result: int) -> int:
         """The operand number of result number `result`'s init."""
@@ -160,33 +166,9 @@ def _map_dims(attr: ir.Attribute) -> list[int] | None:
     return [ir.AffineDimExpr(expr).position for expr in affine.results]
 
 
-def _reassociation(dims: list[int], groups: list[list[int]]) -> list[list[int]]:
-    """The runs of an operand's dims (`dims`: the loop each indexes) that collapse together."""
-    owner = {d: i for i, group in enumerate(groups) for d in group}
-    runs: list[list[int]] = []
-    for position, dim in enumerate(dims):
-        if runs and owner[dims[position - 1]] == owner[dim]:
-            runs[-1].append(position)
-        else:
-            runs.append([position])
-    return runs
-
-
-def _reassociation_attr(runs: list[list[int]]) -> ir.ArrayAttr:
-    i64 = ir.IntegerType.get_signless(64)
-    return ir.ArrayAttr.get(
-        [ir.ArrayAttr.get([ir.IntegerAttr.get(i64, k) for k in run]) for run in runs]
-    )
-
-
 def _collapsed_type(shaped: ir.RankedTensorType, runs: list[list[int]]) -> ir.RankedTensorType:
     shape = list(shaped.shape)
-    sizes = []
-    for run in runs:
-        size = 1
-        for k in run:
-            size *= shape[k]
-        sizes.append(size)
+    sizes = [math.prod(shape[k] for k in run) for run in runs]
     return ir.RankedTensorType.get(sizes, shaped.element_type)
 
 
@@ -200,8 +182,7 @@ def _operation(owner: ir.Operation | ir.OpView) -> ir.Operation:
 
 def _collapse(generic: _Generic) -> None:
     """Rewrite `generic` over its collapsed loops: operands collapsed, results expanded."""
-    op, groups = generic.op, generic.groups
-    owner = {d: i for i, group in enumerate(groups) for d in group}
+    op, loops = generic.op, generic.first + 1
     with ir.InsertionPoint(op), op.location:
         for index, value in enumerate(list(op.operands)):
             if not generic.collapses(index):
@@ -212,23 +193,16 @@ def _collapse(generic: _Generic) -> None:
             if producer is not None and producer.name == "tensor.empty":
                 collapsed = tensor.EmptyOp(list(fine.shape), fine.element_type).result
             else:
-                collapsed = tensor.CollapseShapeOp(fine, value, _reassociation_attr(runs)).result
+                collapsed = tensor.CollapseShapeOp(fine, value, reassociation_attr(runs)).result
             op.operands[index] = collapsed
         new_maps = []
-        for dims in generic.maps:
-            kept = [
-                owner[d]
-                for position, d in enumerate(dims)
-                if position == 0 or owner[dims[position - 1]] != owner[d]
-            ]
-            new_maps.append(
-                ir.AffineMapAttr.get(
-                    ir.AffineMap.get(len(groups), 0, [ir.AffineExpr.get_dim(g) for g in kept])
-                )
-            )
+        for operand, dims in enumerate(generic.maps):
+            kept = [generic.loop(dims[run[0]]) for run in generic.runs(operand)]
+            results = [ir.AffineExpr.get_dim(loop) for loop in kept]
+            new_maps.append(ir.AffineMapAttr.get(ir.AffineMap.get(loops, 0, results)))
         op.attributes["indexing_maps"] = ir.ArrayAttr.get(new_maps)
         op.attributes["iterator_types"] = ir.ArrayAttr.get(
-            [ir.Attribute.parse(generic.iterators[group[0]]) for group in groups]
+            [ir.Attribute.parse(kind) for kind in generic.iterators[:loops]]
         )
     for number, result in enumerate(op.results):
         init = generic.init(number)
@@ -239,7 +213,7 @@ def _collapse(generic: _Generic) -> None:
         result.set_type(_collapsed_type(original, generic.runs(init)))
         with ir.InsertionPoint.after(op), op.location:
             expanded = tensor.ExpandShapeOp(
-                original, result, _reassociation_attr(generic.runs(init)), [], list(original.shape)
+                original, result, reassociation_attr(generic.runs(init)), [], list(original.shape)
             ).result
         for user, operand in uses:
             user.operands[operand] = expanded

@@ -29,8 +29,10 @@ from kope.passes.base import (
     COLLAPSE_SHAPE,
     EXPAND_SHAPE,
     ModulePass,
+    consecutive_runs,
     defining_op,
     nested_ops,
+    reassociation_attr,
 )
 
 
@@ -88,19 +90,6 @@ def common_refinement(a: list[int], b: list[int]) -> tuple[list[int], list[int],
     return refined, in_a, in_b
 
 
-def _reassociation(owners: list[int]) -> ir.ArrayAttr:
-    """The reassociation grouping consecutive refined dims by the coarse dim they fall in."""
-    i64 = ir.IntegerType.get_signless(64)
-    groups: list[list[int]] = []
-    for index, owner in enumerate(owners):
-        if not groups or owners[index - 1] != owner:
-            groups.append([])
-        groups[-1].append(index)
-    return ir.ArrayAttr.get(
-        [ir.ArrayAttr.get([ir.IntegerAttr.get(i64, k) for k in group]) for group in groups]
-    )
-
-
 def _refine(expand: ir.Operation) -> None:
     collapse = defining_op(expand.operands[0])
     if collapse is None or collapse.name != COLLAPSE_SHAPE:
@@ -119,8 +108,10 @@ def _refine(expand: ir.Operation) -> None:
     with ir.InsertionPoint(expand), expand.location:
         if refined != list(source.shape):
             fine = ir.RankedTensorType.get(refined, source.element_type)
-            value = tensor.ExpandShapeOp(fine, value, _reassociation(in_source), [], refined).result
-        value = tensor.CollapseShapeOp(result, value, _reassociation(in_result)).result
+            grouping = reassociation_attr(consecutive_runs(in_source))
+            value = tensor.ExpandShapeOp(fine, value, grouping, [], refined).result
+        grouping = reassociation_attr(consecutive_runs(in_result))
+        value = tensor.CollapseShapeOp(result, value, grouping).result
     expand.results[0].replace_all_uses_with(value)
     expand.erase()
     if not list(collapse.results[0].uses):

@@ -28,6 +28,7 @@ from kope.spaces.schedules import (
     config_key,
     conv_dims,
     k_unroll,
+    largest_op,
     packable,
     ragged_rows,
     transposed_dims,
@@ -405,7 +406,7 @@ def prepared_space(
 
 def _largest_row(info: PayloadInfo) -> int:
     """The last loop of the payload's largest op (the root, or the reduction feeding it)."""
-    largest = max(info.ops, key=lambda op: math.prod(op.ranges) if op.ranges else 0, default=None)
+    largest = largest_op(info) if info.ops else None
     return largest.ranges[-1] if largest is not None and largest.ranges else 0
 
 

@@ -616,7 +616,7 @@ def _rows(info: PayloadInfo, config: Config) -> str:
     pending = [
         op for op in reversed(info.ops) if op.index != root.index and op.index not in root_inits
     ]
-    largest = _largest_op(info)
+    largest = largest_op(info)
     row_tiled: set[int] = set()  # ops whose leading (reduced) dim the row loop tiles itself
     anchor: OpInfo | None = root
     leads: dict[int, int] = {}  # per op, how many leading dims its row loop walks
@@ -707,7 +707,7 @@ def _reduced_tail(op: OpInfo, lead: int) -> set[int]:
     return whole
 
 
-def _largest_op(info: PayloadInfo) -> OpInfo:
+def largest_op(info: PayloadInfo) -> OpInfo:
     """The op of the most iterations: whose rows a full reduction's (a loss's) loop walks."""
     return max(info.ops, key=lambda op: math.prod(op.ranges) if op.ranges else 0)
 
@@ -730,7 +730,7 @@ def ragged_rows(info: PayloadInfo, threads: int, rows: int) -> bool:
     if rows <= 1:
         return False
     root = info.root
-    largest = _largest_op(info)
+    largest = largest_op(info)
     if len(root.ranges) > 1 or (len(root.ranges) == 1 and len(largest.ranges) > 1):
         pending = [op for op in info.ops if op.index != root.index]
         dim = _shared_row_dims(root, pending) - 1
